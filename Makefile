@@ -1,0 +1,30 @@
+# Two commands for a fresh machine: `make train` and `make test`. Both create .venv and install pinned
+# dependencies first (torch 2.13.0 CPU comes from the wheel already on this machine kind's disk).
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup train test test-fast clean
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -r requirements.lock
+	$(VPY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+train: $(STAMP)
+	$(VPY) train.py $(ARGS)
+
+test: $(STAMP)
+	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(VPY) -m pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) outputs multirun
