@@ -1,0 +1,1 @@
+"""Primus-Hydra: Hydra-composed LLM pretraining performance framework."""
