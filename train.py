@@ -1,0 +1,28 @@
+"""Primus-Hydra entry point: compose -> validate -> resolve -> build the backend trainer -> train -> result.json.
+
+    python train.py backend=megatron model=llama2_7b precision=fp8
+    python train.py --cfg job                       # print the composed config
+    python train.py dry_run=true ...                # validate and print the backend arguments as JSON
+    python train.py -m turbo.use_turbo_attention=true,false precision=bf16,fp8   # sweep
+"""
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from primus.config.hydra_compat import quote_numeric_group_choices
+from primus.config.schema import register
+
+register()
+
+
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig):
+    from primus.run import run
+
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    sys.argv[1:] = quote_numeric_group_choices(sys.argv[1:])
+    main()
