@@ -18,9 +18,19 @@ register()
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig):
+    from primus.config.errors import ConfigError
     from primus.run import run
 
-    return run(cfg)
+    try:
+        return run(cfg)
+    except ConfigError as e:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # a sweep records the failed point (primus/sweep.py) and goes on
+        print(f"[primus] {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

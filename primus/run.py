@@ -1,3 +1,96 @@
-def run(cfg):
-    from omegaconf import OmegaConf
-    print(OmegaConf.to_yaml(cfg))
+"""What train.py does inside the Hydra job: validate, resolve, then plan / dry-run / tune / train.
+
+Order matters: validation runs before any worker process, Slurm task or heavy import, so a bad config costs a
+second, not a GPU allocation.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Dict
+
+from omegaconf import DictConfig, OmegaConf
+
+from primus.config.schema import PrimusConfig
+from primus.config.validate import validate
+from primus.context import RunContext, resolve
+
+
+def hydra_meta() -> Dict[str, Any]:
+    """Group choices and command-line overrides of this job (for result.json and sweep tables)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+    except (ImportError, ValueError):
+        return {"choices": {}, "overrides": [], "run_dir": os.getcwd()}
+    choices = {k: v for k, v in OmegaConf.to_container(hc.runtime.choices).items() if not k.startswith("hydra")}
+    return {"choices": choices, "overrides": list(hc.overrides.task), "run_dir": hc.runtime.output_dir,
+            "job_num": hc.job.get("num")}
+
+
+def resolved_summary(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
+    from primus.context import data_parallel_size
+
+    p = cfg.precision
+    prec = "fp16" if p.fp16 else "bf16"
+    if p.fp8 is not None:
+        prec += f"+fp8({p.fp8.value}, {p.fp8_recipe.value})"
+    if p.fp4 is not None:
+        prec += f"+fp4({p.fp4_recipe.value})"
+    return {"device": ctx.device if not ctx.gpu_name else f"{ctx.device} ({ctx.gpu_name})",
+            "backend": cfg.backend.name.value, "model": cfg.model.name, "precision": prec,
+            "world_size": ctx.world_size, "tp": cfg.parallel.tensor_model_parallel_size,
+            "pp": cfg.parallel.pipeline_model_parallel_size, "cp": cfg.parallel.context_parallel_size,
+            "ep": cfg.parallel.expert_model_parallel_size, "dp": data_parallel_size(cfg, ctx.world_size)}
+
+
+def run(dcfg: DictConfig):
+    cfg: PrimusConfig = OmegaConf.to_object(dcfg)
+    meta = hydra_meta()
+    ctx = resolve(cfg, meta["run_dir"])
+    validate(cfg, ctx)  # raises ConfigError naming key, value, rule and fix
+    # validate() may normalise values (e.g. recompute_layer_ids sorted): workers get the normalised config
+    cfg_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+    if cfg.dry_run:
+        from primus.backends import backend_args
+
+        print(json.dumps({"resolved": resolved_summary(cfg, ctx), "backend_args": backend_args(cfg, ctx)},
+                         indent=2, default=str))
+        return 0
+
+    summary = resolved_summary(cfg, ctx)
+    print("[primus] resolved: " + ", ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
+
+    from primus.tuning_env import effective_stage, tuning_env
+
+    env = tuning_env(cfg, ctx.rocm)
+    os.environ.update(env)
+    meta = {**meta, "resolved": summary, "env": env, "config": OmegaConf.to_container(OmegaConf.structured(cfg))}
+
+    if effective_stage(cfg) == 2:  # the guide: stage 2 tunes offline and does not train
+        from primus.tuning_stage2 import run_stage2
+
+        return run_stage2(cfg, ctx, meta)
+
+    from primus.launch.local import launch_local, single_process_env
+
+    nproc = cfg.launcher.nproc_per_node
+    if "WORLD_SIZE" in os.environ or nproc == 1:
+        if "WORLD_SIZE" not in os.environ:
+            os.environ.update(single_process_env(cfg.launcher.master_port or None))
+        from primus.train_loop import train
+
+        ctx = resolve(cfg, meta["run_dir"])
+        ctx.env = env
+        res = train(cfg, ctx, meta)
+        return res.get("status")
+    res = launch_local(cfg_yaml, meta["run_dir"], nproc, meta, cfg.launcher.master_port)
+    return (res or {}).get("status")
+
+
+def main_error_exit(e: Exception) -> None:
+    print(str(e), file=sys.stderr)
+    sys.exit(2)

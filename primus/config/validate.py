@@ -1,0 +1,425 @@
+"""`validate(cfg)`: every cross-field rule of the guide, each in one place, run before anything launches.
+
+Each rule is a small function returning ConfigIssues (key, value, rule, fix); `validate` runs them all and raises
+one ConfigError listing every problem. Rules that depend on the installed backend or the device live with the
+backend (`primus/backends/<name>/args.py: capability_issues`) and are run from here too. Normalisations the guide
+asks for (recompute_layer_ids deduplicated and sorted) happen here, in place, so every consumer sees one form.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, List, Optional
+
+from primus.config.errors import ConfigError, ConfigIssue
+from primus.config.schema import Backend, PrimusConfig
+from primus.context import RunContext, data_parallel_size
+
+Rule = Callable[[PrimusConfig, RunContext], List[ConfigIssue]]
+RULES: List[Rule] = []
+
+
+def rule(fn: Rule) -> Rule:
+    RULES.append(fn)
+    return fn
+
+
+# ---------------------------------------------------------------- turbo
+
+
+TURBO_FEATURE_FLAGS = (
+    "use_turbo_attention", "use_turbo_parallel_linear", "use_turbo_grouped_gemm", "use_turbo_rms_norm",
+    "moe_use_fused_router_with_aux_score", "use_turbo_deepep", "use_turbo_fused_act_with_probs",
+    "use_turbo_async_tp", "use_turbo_float8_linear",
+)
+
+
+@rule
+def turbo_grouped_mlp_removed(cfg, ctx):
+    if cfg.turbo.use_turbo_grouped_mlp is not None:
+        return [ConfigIssue(["turbo.use_turbo_grouped_mlp"], cfg.turbo.use_turbo_grouped_mlp,
+                            "use_turbo_grouped_mlp was removed",
+                            "delete it and set turbo.use_turbo_grouped_gemm=true instead")]
+    return []
+
+
+@rule
+def turbo_flags_need_master_switch(cfg, ctx):
+    t = cfg.turbo
+    if t.enable_primus_turbo:
+        return []
+    on = [f"turbo.{f}" for f in TURBO_FEATURE_FLAGS if getattr(t, f)]
+    if t.turbo_sync_free_moe_stage > 0:
+        on.append("turbo.turbo_sync_free_moe_stage")
+    if not on:
+        return []
+    return [ConfigIssue(on + ["turbo.enable_primus_turbo"], False,
+                        "Turbo feature flags take effect only with the master switch on (they are never ignored)",
+                        "set turbo.enable_primus_turbo=true, or turn the listed flags off")]
+
+
+@rule
+def turbo_sync_free_stage(cfg, ctx):
+    t, out = cfg.turbo, []
+    s = t.turbo_sync_free_moe_stage
+    if s not in (0, 1, 2, 3):
+        return [ConfigIssue(["turbo.turbo_sync_free_moe_stage"], s, "must be 0, 1, 2 or 3 (0 disables)",
+                            "use turbo=sync_free_stage2 (recommended) or set the stage to 0..3")]
+    # The stages are cumulative (guide + issue 5): each one needs the flags of the ones below it, set explicitly.
+    needs = []
+    if s >= 1:
+        needs += [("turbo.moe_use_fused_router_with_aux_score", t.moe_use_fused_router_with_aux_score),
+                  ("moe.moe_permute_fusion", cfg.moe.moe_permute_fusion)]
+    if s >= 2:
+        needs += [("turbo.use_turbo_grouped_gemm", t.use_turbo_grouped_gemm), ("turbo.use_turbo_deepep", t.use_turbo_deepep)]
+    if s >= 3:
+        needs += [("turbo.use_turbo_fused_act_with_probs", t.use_turbo_fused_act_with_probs)]
+    missing = [k for k, v in needs if not v]
+    if missing:
+        out.append(ConfigIssue(["turbo.turbo_sync_free_moe_stage"] + missing, s,
+                               f"sync-free MoE stage {s} needs " + ", ".join(missing) + " on",
+                               f"use the preset turbo=sync_free_stage{s}, or set those keys to true"))
+    if s > 0 and not cfg.model.num_experts:
+        out.append(ConfigIssue(["turbo.turbo_sync_free_moe_stage", "model.num_experts"], s,
+                               "sync-free MoE stages apply to MoE models only", "choose a MoE model or set the stage to 0"))
+    return out
+
+
+@rule
+def turbo_deepep(cfg, ctx):
+    t, out = cfg.turbo, []
+    if t.use_turbo_deepep:
+        if t.turbo_deepep_num_cu <= 0:
+            out.append(ConfigIssue(["turbo.turbo_deepep_num_cu"], t.turbo_deepep_num_cu, "must be > 0",
+                                   "use 64 or 80 for EP8, 32 for EP16-64"))
+        if cfg.moe.moe_token_dispatcher_type.value != "flex":
+            out.append(ConfigIssue(["turbo.use_turbo_deepep", "moe.moe_token_dispatcher_type"],
+                                   cfg.moe.moe_token_dispatcher_type.value,
+                                   "DeepEP is the flex token dispatcher", "set moe.moe_token_dispatcher_type=flex"))
+        if not cfg.model.num_experts:
+            out.append(ConfigIssue(["turbo.use_turbo_deepep", "model.num_experts"], None,
+                                   "DeepEP dispatches MoE tokens: the model has no experts", "turn it off or pick a MoE model"))
+    return out
+
+
+# ---------------------------------------------------------------- recompute
+
+
+@rule
+def recompute_layer_ids(cfg, ctx):
+    r = cfg.recompute
+    ids = r.recompute_layer_ids
+    if ids is None:
+        return []
+    out = []
+    if len(ids) == 0:
+        return [ConfigIssue(["recompute.recompute_layer_ids"], [], "an empty list recomputes nothing",
+                            "list at least one layer id, or set it to null")]
+    if r.recompute_granularity is None or r.recompute_granularity.value != "full" or r.recompute_method is not None:
+        out.append(ConfigIssue(
+            ["recompute.recompute_layer_ids", "recompute.recompute_granularity", "recompute.recompute_method"],
+            {"granularity": r.recompute_granularity and r.recompute_granularity.value,
+             "method": r.recompute_method and r.recompute_method.value},
+            "recompute_layer_ids needs recompute_granularity=full and recompute_method=null",
+            "use recompute=layer_ids, or set recompute.recompute_granularity=full recompute.recompute_method=null"))
+    top = cfg.model.num_layers + cfg.model.mtp_num_layers
+    bad = sorted({i for i in ids if i < 0 or i >= top})
+    if bad:
+        out.append(ConfigIssue(["recompute.recompute_layer_ids"], bad,
+                               f"ids are global: decoder layers 0..{cfg.model.num_layers - 1}"
+                               + (f", MTP depth d is {cfg.model.num_layers}+d (up to {top - 1})" if cfg.model.mtp_num_layers else ""),
+                               f"use ids in 0..{top - 1}"))
+    if not out:
+        r.recompute_layer_ids = sorted(set(ids))  # the guide: duplicates removed, sorted
+    return out
+
+
+@rule
+def recompute_method_needs_full(cfg, ctx):
+    r = cfg.recompute
+    out = []
+    if r.recompute_method is not None and (r.recompute_granularity is None or r.recompute_granularity.value != "full"):
+        out.append(ConfigIssue(["recompute.recompute_method", "recompute.recompute_granularity"],
+                               r.recompute_method.value, "recompute_method applies to recompute_granularity=full",
+                               "set recompute.recompute_granularity=full or recompute.recompute_method=null"))
+    if r.recompute_method is not None and r.recompute_num_layers is None:
+        out.append(ConfigIssue(["recompute.recompute_num_layers"], None,
+                               f"recompute_method={r.recompute_method.value} needs the number of layers",
+                               "set recompute.recompute_num_layers (e.g. 1 for uniform)"))
+    if r.recompute_num_layers is not None and r.recompute_num_layers <= 0:
+        out.append(ConfigIssue(["recompute.recompute_num_layers"], r.recompute_num_layers, "must be >= 1", "use a positive count"))
+    return out
+
+
+# ---------------------------------------------------------------- precision
+
+
+@rule
+def precision_exclusive(cfg, ctx):
+    p, out = cfg.precision, []
+    if p.bf16 and p.fp16:
+        out.append(ConfigIssue(["precision.bf16", "precision.fp16"], True, "bf16 and fp16 are exclusive",
+                               "use precision=bf16 or precision=fp16"))
+    if p.fp8 is not None and p.fp4 is not None:
+        out.append(ConfigIssue(["precision.fp8", "precision.fp4"], [p.fp8.value, p.fp4.value],
+                               "fp8 and fp4 are exclusive", "pick one: precision=fp8 or precision=fp4"))
+    if not (p.bf16 or p.fp16) and (p.fp8 is not None or p.fp4 is not None):
+        out.append(ConfigIssue(["precision.bf16", "precision.fp16"], False,
+                               "fp8/fp4 linears run inside a bf16 or fp16 model", "set precision.bf16=true"))
+    return out
+
+
+@rule
+def first_last_layers_bf16(cfg, ctx):
+    p, out = cfg.precision, []
+    if not p.first_last_layers_bf16:
+        return []
+    if p.fp8 is None and p.fp4 is None:
+        out.append(ConfigIssue(["precision.first_last_layers_bf16"], True,
+                               "keeps layers in BF16 out of fp8/fp4: needs precision.fp8 or precision.fp4",
+                               "set precision=fp8 (or fp4), or first_last_layers_bf16=false"))
+    n = p.num_layers_at_start_in_bf16 + p.num_layers_at_end_in_bf16
+    if p.num_layers_at_start_in_bf16 < 0 or p.num_layers_at_end_in_bf16 < 0 or n > cfg.model.num_layers:
+        out.append(ConfigIssue(["precision.num_layers_at_start_in_bf16", "precision.num_layers_at_end_in_bf16"],
+                               [p.num_layers_at_start_in_bf16, p.num_layers_at_end_in_bf16],
+                               f"start + end must be in 0..num_layers ({cfg.model.num_layers})", "lower the counts"))
+    return out
+
+
+# Which recipes each backend can run at all (the installed-library checks are the backend's capability_issues).
+FP8_RECIPES = {
+    Backend.megatron: {"delayed", "tensorwise", "blockwise", "mxfp8"},
+    Backend.torchtitan: {"tensorwise", "rowwise"},
+}
+FP4_BACKENDS = {Backend.megatron}
+
+
+@rule
+def low_precision_recipe_for_backend(cfg, ctx):
+    p, out = cfg.precision, []
+    b = cfg.backend.name
+    if p.fp8 is not None and p.fp8_recipe.value not in FP8_RECIPES[b]:
+        out.append(ConfigIssue(["precision.fp8_recipe", "backend.name"], p.fp8_recipe.value,
+                               f"backend {b.value} runs fp8 recipes {sorted(FP8_RECIPES[b])}",
+                               "pick one of those (precision=fp8 is tensorwise, which both backends run)"))
+    if p.fp4 is not None and b not in FP4_BACKENDS:
+        out.append(ConfigIssue(["precision.fp4", "backend.name"], p.fp4.value,
+                               f"backend {b.value} has no fp4 training path", "use backend=megatron with Transformer Engine, or drop fp4"))
+    return out
+
+
+# ---------------------------------------------------------------- parallel layout
+
+
+@rule
+def parallel_layout(cfg, ctx):
+    p, m, t, out = cfg.parallel, cfg.model, cfg.training, []
+    for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size"):
+        if getattr(p, k) < 1:
+            out.append(ConfigIssue([f"parallel.{k}"], getattr(p, k), "must be >= 1", "use a positive size"))
+    if out:
+        return out
+    tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
+    world = ctx.world_size
+    dp = data_parallel_size(cfg, world)
+    if tp * pp * cp * dp != world:
+        out.append(ConfigIssue(["parallel.tensor_model_parallel_size", "parallel.pipeline_model_parallel_size",
+                                "parallel.context_parallel_size", "parallel.data_parallel_size", "launcher.nproc_per_node"],
+                               {"tp": tp, "pp": pp, "cp": cp, "dp": p.data_parallel_size, "world_size": world},
+                               "tp x pp x cp x dp must equal the world size",
+                               f"launch tp*pp*cp*dp ranks (launcher.nproc_per_node x launcher.nnodes), or change the sizes"))
+        dp = max(dp, 1)
+    vp = p.virtual_pipeline_model_parallel_size
+    stages = pp * (vp or 1)
+    if vp is not None and (vp < 1 or pp < 2):
+        out.append(ConfigIssue(["parallel.virtual_pipeline_model_parallel_size"], vp,
+                               "virtual pipeline stages need pipeline_model_parallel_size >= 2 and vp >= 1",
+                               "set parallel.pipeline_model_parallel_size >= 2 or vp=null"))
+    elif m.num_layers % stages:
+        out.append(ConfigIssue(["model.num_layers", "parallel.pipeline_model_parallel_size",
+                                "parallel.virtual_pipeline_model_parallel_size"], m.num_layers,
+                               f"layers must divide evenly across {stages} pipeline stages (pp={pp}, vp={vp})",
+                               "choose pp (x vp) dividing num_layers"))
+    if m.num_attention_heads % tp or m.num_query_groups % tp:
+        out.append(ConfigIssue(["model.num_attention_heads", "model.num_query_groups", "parallel.tensor_model_parallel_size"],
+                               {"heads": m.num_attention_heads, "kv_heads": m.num_query_groups, "tp": tp},
+                               "attention and KV heads must be divisible by tp", "choose tp dividing both head counts"))
+    ep = p.expert_model_parallel_size
+    if ep > 1 and not m.num_experts:
+        out.append(ConfigIssue(["parallel.expert_model_parallel_size", "model.num_experts"], ep,
+                               "expert parallelism needs a MoE model", "set ep=1 or choose a MoE model"))
+    elif m.num_experts and m.num_experts % ep:
+        out.append(ConfigIssue(["model.num_experts", "parallel.expert_model_parallel_size"],
+                               {"experts": m.num_experts, "ep": ep}, "experts must be divisible by ep", "choose ep dividing num_experts"))
+    if t.micro_batch_size < 1 or t.global_batch_size < 1 or t.global_batch_size % (t.micro_batch_size * dp):
+        out.append(ConfigIssue(["training.global_batch_size", "training.micro_batch_size", "parallel.data_parallel_size"],
+                               {"global": t.global_batch_size, "micro": t.micro_batch_size, "dp": dp},
+                               "micro_batch_size x dp must divide global_batch_size (gradient accumulation steps are whole)",
+                               f"use a global batch that is a multiple of {t.micro_batch_size * dp}"))
+    if p.sequence_parallel and tp == 1:
+        out.append(ConfigIssue(["parallel.sequence_parallel", "parallel.tensor_model_parallel_size"], True,
+                               "sequence parallel shards over tp ranks: needs tp > 1", "set tp > 1 or sequence_parallel=false"))
+    if t.seq_length % cp:
+        out.append(ConfigIssue(["training.seq_length", "parallel.context_parallel_size"], t.seq_length,
+                               "seq_length must be divisible by cp", "choose cp dividing seq_length"))
+    if t.seq_length > m.max_position_embeddings:
+        out.append(ConfigIssue(["training.seq_length", "model.max_position_embeddings"], t.seq_length,
+                               f"longer than the model's positions ({m.max_position_embeddings})",
+                               "lower training.seq_length or raise model.max_position_embeddings"))
+    return out
+
+
+@rule
+def training_values(cfg, ctx):
+    t, out = cfg.training, []
+    if t.train_iters < 1:
+        out.append(ConfigIssue(["training.train_iters"], t.train_iters, "must be >= 1", "train at least one step"))
+    if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
+        out.append(ConfigIssue(["training.lr", "training.min_lr"], [t.lr, t.min_lr], "need 0 <= min_lr <= lr, lr > 0", "fix the rates"))
+    if t.lr_warmup_iters < 0 or t.lr_warmup_iters > t.train_iters:
+        out.append(ConfigIssue(["training.lr_warmup_iters"], t.lr_warmup_iters, f"must be in 0..train_iters ({t.train_iters})",
+                               "shorten the warm-up"))
+    if t.timing_warmup_steps < 0:
+        out.append(ConfigIssue(["training.timing_warmup_steps"], t.timing_warmup_steps, "must be >= 0", "use 0 or more"))
+    return out
+
+
+# ---------------------------------------------------------------- memory, MoE
+
+
+@rule
+def memory_values(cfg, ctx):
+    mem, out = cfg.memory, []
+    if not 0.0 <= mem.optimizer_offload_fraction <= 1.0:
+        out.append(ConfigIssue(["memory.optimizer_offload_fraction"], mem.optimizer_offload_fraction,
+                               "a fraction: must be in [0, 1]", "use e.g. 1.0 (all) or 0.5"))
+    if mem.empty_unused_memory_level not in (0, 1, 2):
+        out.append(ConfigIssue(["memory.empty_unused_memory_level"], mem.empty_unused_memory_level,
+                               "must be 0, 1 or 2", "use 0 (default)"))
+    return out
+
+
+MOE_FLAGS = ("moe_permute_fusion", "moe_grouped_gemm", "overlap_moe_expert_parallel_comm")
+
+
+@rule
+def moe_settings_on_dense_model(cfg, ctx):
+    if cfg.model.num_experts:
+        out = []
+        if cfg.moe.overlap_moe_expert_parallel_comm and cfg.parallel.expert_model_parallel_size == 1:
+            out.append(ConfigIssue(["moe.overlap_moe_expert_parallel_comm", "parallel.expert_model_parallel_size"], True,
+                                   "there is no expert-parallel communication to overlap with ep=1",
+                                   "set parallel.expert_model_parallel_size > 1 or use moe=optimized"))
+        if cfg.model.moe_router_topk > cfg.model.num_experts or cfg.model.moe_router_topk < 1:
+            out.append(ConfigIssue(["model.moe_router_topk"], cfg.model.moe_router_topk,
+                                   f"must be in 1..num_experts ({cfg.model.num_experts})", "lower top-k"))
+        return out
+    on = [f"moe.{f}" for f in MOE_FLAGS if getattr(cfg.moe, f)]
+    on += [f"turbo.{f}" for f in ("use_turbo_grouped_gemm", "moe_use_fused_router_with_aux_score",
+                                  "use_turbo_fused_act_with_probs") if getattr(cfg.turbo, f)]
+    if on:
+        return [ConfigIssue(on, True, f"MoE settings on a dense model ({cfg.model.name} has no experts)",
+                            "use moe=off and turbo without MoE flags, or choose a MoE model (e.g. model=debug_moe)")]
+    return []
+
+
+# ---------------------------------------------------------------- determinism, tuning
+
+
+def deterministic_on(cfg) -> bool:
+    return cfg.training.deterministic or os.environ.get("PRIMUS_DETERMINISTIC") == "1"
+
+
+def tuning_enabled(cfg) -> bool:
+    if cfg.tuning.enabled is not None:
+        return cfg.tuning.enabled
+    return os.environ.get("PRIMUS_HIPBLASLT_TUNING") == "1"
+
+
+@rule
+def deterministic_mode(cfg, ctx):
+    if not deterministic_on(cfg):
+        return []
+    out = []
+    if cfg.training.compile:
+        out.append(ConfigIssue(["training.deterministic", "training.compile"], True,
+                               "deterministic mode (PRIMUS_DETERMINISTIC) turns torch.compile off",
+                               "set training.compile=false, or turn deterministic mode off"))
+    if cfg.tuning.enabled or (cfg.tuning.enabled is None and tuning_enabled(cfg) and cfg.tuning.stage > 0):
+        out.append(ConfigIssue(["training.deterministic", "tuning.enabled", "tuning.stage"],
+                               {"enabled": tuning_enabled(cfg), "stage": cfg.tuning.stage},
+                               "deterministic mode turns GEMM tuning off",
+                               "drop tuning.enabled / PRIMUS_HIPBLASLT_TUNING, or turn deterministic mode off"))
+    return out
+
+
+@rule
+def tuning_stage(cfg, ctx):
+    tcfg = cfg.tuning
+    if tcfg.stage not in (0, 1, 2, 3):
+        return [ConfigIssue(["tuning.stage"], tcfg.stage, "must be 0, 1, 2 or 3", "use tuning_stage=0..3")]
+    if tcfg.stage == 3 and tuning_enabled(cfg) and not deterministic_on(cfg):
+        from primus.tuning_env import results_file
+
+        path = results_file(cfg)
+        if not os.path.isfile(path):
+            return [ConfigIssue(["tuning.override_file", "tuning.stage"], path,
+                                "stage 3 trains with tuned GEMMs: the results file does not exist",
+                                "run stage 1 (tuning_stage=1) and stage 2 (tuning_stage=2) first, or point "
+                                "tuning.override_file / HIPBLASLT_TUNING_OVERRIDE_FILE at a results file")]
+    return []
+
+
+# ---------------------------------------------------------------- data
+
+
+@rule
+def data_paths(cfg, ctx):
+    d, out = cfg.data, []
+    kind = d.kind.value
+    if kind == "synthetic":
+        return []
+    if not d.path:
+        return [ConfigIssue(["data.path"], d.path, f"data.kind={kind} reads a local path", "set data.path")]
+    if kind == "indexed":
+        missing = [p for p in (d.path + ".bin", d.path + ".idx") if not os.path.isfile(p)]
+        if missing:
+            out.append(ConfigIssue(["data.path"], d.path, f"indexed dataset files not found: {missing}",
+                                   "give the prefix without .bin/.idx (build one with python -m primus.data.megatron_preprocess)"))
+    elif not os.path.exists(d.path):
+        out.append(ConfigIssue(["data.path"], d.path, "does not exist", "point data.path at a local jsonl file or folder"))
+    if kind in ("jsonl", "indexed") and d.tokenizer and not os.path.isfile(os.path.join(d.tokenizer, "tokenizer.json")):
+        out.append(ConfigIssue(["data.tokenizer"], d.tokenizer, "no tokenizer.json in that folder",
+                               "point data.tokenizer at a local tokenizer folder"))
+    if kind == "jsonl" and not d.tokenizer:
+        out.append(ConfigIssue(["data.tokenizer"], None, "jsonl text needs a local tokenizer", "set data.tokenizer"))
+    return out
+
+
+@rule
+def launcher_values(cfg, ctx):
+    lc, out = cfg.launcher, []
+    if lc.nproc_per_node < 1 or lc.nnodes < 1:
+        out.append(ConfigIssue(["launcher.nproc_per_node", "launcher.nnodes"], [lc.nproc_per_node, lc.nnodes],
+                               "must be >= 1", "use positive counts"))
+    if ctx.device == "cuda" and lc.nproc_per_node > 1:
+        import torch
+
+        n = torch.cuda.device_count()
+        if lc.nproc_per_node > n:
+            out.append(ConfigIssue(["launcher.nproc_per_node"], lc.nproc_per_node,
+                                   f"one process per GPU: this node has {n}", f"use launcher.nproc_per_node<={n}"))
+    return out
+
+
+def validate(cfg: PrimusConfig, ctx: RunContext, rules: Optional[List[Rule]] = None) -> PrimusConfig:
+    """Run every rule (generic, then the backend's capability rules) and raise one ConfigError listing all issues."""
+    issues: List[ConfigIssue] = []
+    for r in rules or RULES:
+        issues += r(cfg, ctx)
+    if not issues and rules is None:
+        from primus.backends import capability_issues
+
+        issues += capability_issues(cfg, ctx)
+    if issues:
+        raise ConfigError(issues)
+    return cfg

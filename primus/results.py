@@ -1,0 +1,66 @@
+"""result.json: what a run was and what it measured. Written atomically (temp file + rename) by rank 0 only."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from importlib import metadata
+from typing import Any, Dict, Optional
+
+RESULT_FILE = "result.json"
+
+PACKAGES = ("torch", "megatron-core", "torchtitan", "triton", "torchao", "transformer-engine", "primus-turbo",
+            "hydra-core", "omegaconf", "submitit")
+
+ENV_VARS = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_NVLS_ENABLE", "TORCH_NCCL_AVOID_RECORD_STREAMS", "NCCL_ALGO",
+            "PRIMUS_DETERMINISTIC", "PRIMUS_HIPBLASLT_TUNING", "PRIMUS_HIPBLASLT_TUNING_STAGE",
+            "HIPBLASLT_TUNING_OVERRIDE_FILE", "HIPBLASLT_LOG_MASK", "HIPBLASLT_LOG_FILE", "TE_HIPBLASLT_TUNING_RUN_COUNT",
+            "TE_HIPBLASLT_TUNING_ALGO_COUNT", "CUBLAS_WORKSPACE_CONFIG", "TORCH_COMPILE_CACHE_KEY_TAG",
+            "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "OMP_NUM_THREADS", "WORLD_SIZE", "SLURM_JOB_ID")
+
+
+def git_sha(repo: Optional[str] = None) -> Optional[str]:
+    repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        sha = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=5).stdout.strip()
+        return (sha + ("-dirty" if dirty else "")) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def package_versions() -> Dict[str, Optional[str]]:
+    out = {}
+    for p in PACKAGES:
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def env_snapshot() -> Dict[str, str]:
+    return {k: os.environ[k] for k in ENV_VARS if k in os.environ}
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_result(run_dir: str) -> Dict[str, Any]:
+    with open(os.path.join(run_dir, RESULT_FILE)) as f:
+        return json.load(f)

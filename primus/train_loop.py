@@ -1,0 +1,120 @@
+"""The per-rank worker: build the backend trainer, run the step loop, log, and (rank 0) write result.json.
+
+One loop for every backend, so timing, log lines, MFU, the non-finite guard and result.json mean the same thing
+whichever trainer runs the steps.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from typing import Any, Dict, Optional
+
+from omegaconf import OmegaConf
+
+from primus.config.schema import PrimusConfig
+from primus.context import RunContext, resolve
+from primus.metrics.meter import Meter, is_finite
+from primus.results import RESULT_FILE, env_snapshot, git_sha, package_versions, write_json_atomic
+
+log = logging.getLogger("primus")
+
+
+class NonFiniteError(RuntimeError):
+    pass
+
+
+def config_from_yaml(text: str) -> PrimusConfig:
+    """Rebuild the typed config in a worker process (workers get the composed config as YAML text)."""
+    base = OmegaConf.structured(PrimusConfig)
+    return OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.create(text)))
+
+
+def _is_oom(e: BaseException) -> bool:
+    try:
+        import torch
+
+        if isinstance(e, torch.OutOfMemoryError):
+            return True
+    except ImportError:
+        pass
+    return "out of memory" in str(e).lower()
+
+
+def _say(ctx: RunContext, msg: str) -> None:
+    if ctx.is_rank0:
+        print(msg, flush=True)
+
+
+def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str, Any]:
+    """Run the training steps on this rank; returns the result dict (rank 0 also writes it)."""
+    from primus.backends import trainer_class
+
+    t = cfg.training
+    meter = Meter(cfg, ctx)
+    result: Dict[str, Any] = {
+        "status": "running",
+        "run_dir": os.path.abspath(ctx.run_dir),
+        "backend": cfg.backend.name.value,
+        "model": cfg.model.name,
+        **meta,
+        "world_size": ctx.world_size,
+        "device": ctx.device,
+        "gpu": ctx.gpu_name,
+        "git_sha": git_sha(),
+        "versions": package_versions(),
+    }
+    trainer = None
+    try:
+        trainer = trainer_class(cfg)(cfg, ctx)
+        info = trainer.setup() or {}
+        result["params"] = info.get("params")
+        result["backend_info"] = {k: v for k, v in info.items() if k != "params"}
+        _say(ctx, f"[primus] model {cfg.model.name}: {result['params']:,} parameters; "
+                  + "; ".join(f"{k}: {v}" for k, v in result["backend_info"].items()))
+        for step in range(1, t.train_iters + 1):
+            t0 = time.perf_counter()
+            r = trainer.train_step(step)
+            dt = time.perf_counter() - t0
+            line = meter.step(step, r.loss, r.grad_norm, r.lr, dt)
+            if step % t.log_interval == 0 or step == t.train_iters:
+                _say(ctx, line.format(t.train_iters))
+            bad = [(n, v) for n, v in (("loss", r.loss), ("grad_norm", r.grad_norm)) if not is_finite(v)]
+            if bad:
+                what = ", ".join(f"{n}={v}" for n, v in bad)
+                if cfg.training.on_nonfinite.value == "stop":
+                    raise NonFiniteError(f"non-finite {what} at step {step}; stopping (training.on_nonfinite=stop)")
+                _say(ctx, f"[primus] non-finite {what} at step {step}: update skipped (training.on_nonfinite=skip)")
+        result["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - every failure ends as a status in result.json, then re-raised
+        result["status"] = "oom" if _is_oom(e) else "failed"
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["traceback"] = traceback.format_exc()
+        raise
+    finally:
+        result.update(meter.summary())
+        result["env"] = {**env_snapshot(), **ctx.env}
+        if ctx.device == "cuda":
+            import torch
+
+            result["memory"] = {"max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+                                "max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+                                "device_total_gib": torch.cuda.get_device_properties(0).total_memory / 2**30}
+        if ctx.is_rank0:
+            write_json_atomic(os.path.join(ctx.run_dir, RESULT_FILE), result)
+        if trainer is not None:
+            try:
+                trainer.close()
+            except Exception:  # noqa: BLE001 - closing must not hide the run's own error
+                log.exception("trainer.close failed")
+    return result
+
+
+def worker(cfg_yaml: str, run_dir: str, meta: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Entry point of each spawned rank (torch elastic launch / Slurm task)."""
+    cfg = config_from_yaml(cfg_yaml)
+    ctx = resolve(cfg, run_dir)
+    ctx.env = dict(meta.get("env", {}))
+    res = train(cfg, ctx, meta)
+    return {k: res.get(k) for k in ("status", "final_loss", "tokens_per_s")} if ctx.is_rank0 else None
