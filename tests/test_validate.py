@@ -1,0 +1,212 @@
+"""One test per validation rule: the error names the key(s), the value, the rule and the fix."""
+import pytest
+
+from conftest import compose_cfg
+from primus.config.errors import ConfigError
+from primus.config.validate import RULES, validate
+from primus.context import RunContext
+
+
+def check(overrides, world=1, device="cpu"):
+    cfg = compose_cfg(overrides)
+    validate(cfg, RunContext(device=device, world_size=world), rules=RULES)
+    return cfg
+
+
+def error_of(overrides, world=1):
+    with pytest.raises(ConfigError) as e:
+        check(overrides, world)
+    return str(e.value)
+
+
+def test_default_config_is_valid():
+    check([])
+
+
+def test_grouped_mlp_removed_points_to_grouped_gemm():
+    msg = error_of(["turbo.enable_primus_turbo=true", "turbo.use_turbo_grouped_mlp=true"])
+    assert "turbo.use_turbo_grouped_mlp" in msg and "use_turbo_grouped_gemm" in msg and "removed" in msg
+
+
+def test_parallel_linear_is_a_live_flag():
+    check(["turbo.enable_primus_turbo=true", "turbo.use_turbo_parallel_linear=true"])
+
+
+@pytest.mark.parametrize("flag", ["use_turbo_attention", "use_turbo_deepep", "moe_use_fused_router_with_aux_score",
+                                  "use_turbo_rms_norm", "use_turbo_float8_linear"])
+def test_turbo_flag_without_master_switch(flag):
+    msg = error_of(["model=debug_moe", f"turbo.{flag}=true"])
+    assert f"turbo.{flag}" in msg and "turbo.enable_primus_turbo" in msg and "enable_primus_turbo=true" in msg
+
+
+def test_sync_free_stage_without_master_switch():
+    msg = error_of(["model=debug_moe", "turbo.turbo_sync_free_moe_stage=1"])
+    assert "turbo.turbo_sync_free_moe_stage" in msg and "enable_primus_turbo" in msg
+
+
+def test_sync_free_stage_range():
+    msg = error_of(["model=debug_moe", "turbo.enable_primus_turbo=true", "turbo.turbo_sync_free_moe_stage=4"])
+    assert "0, 1, 2 or 3" in msg and "= 4" in msg
+
+
+def test_sync_free_stage2_needs_grouped_gemm():
+    msg = error_of(["model=debug_moe", "turbo=sync_free_stage2", "turbo.use_turbo_grouped_gemm=false"])
+    assert "turbo.use_turbo_grouped_gemm" in msg and "stage 2" in msg
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_sync_free_presets_are_valid(stage):
+    check(["model=debug_moe", f"turbo=sync_free_stage{stage}"])
+
+
+def test_deepep_needs_flex_dispatcher_and_moe():
+    msg = error_of(["turbo.enable_primus_turbo=true", "turbo.use_turbo_deepep=true"])
+    assert "moe.moe_token_dispatcher_type" in msg and "flex" in msg and "model.num_experts" in msg
+
+
+def test_recompute_layer_ids_needs_full_and_null_method():
+    msg = error_of(["recompute=selective", "recompute.recompute_layer_ids=[1]"])
+    assert "recompute_granularity=full" in msg and "recompute_method=null" in msg
+
+
+def test_recompute_layer_ids_out_of_range():
+    msg = error_of(["recompute=layer_ids", "recompute.recompute_layer_ids=[0,4]"])
+    assert "[4]" in msg and "0..3" in msg
+
+
+def test_recompute_layer_ids_mtp_ids_are_global():
+    cfg = check(["recompute=layer_ids", "recompute.recompute_layer_ids=[4,0]", "model.mtp_num_layers=1"])
+    assert cfg.recompute.recompute_layer_ids == [0, 4]
+    assert "MTP depth" in error_of(["recompute=layer_ids", "recompute.recompute_layer_ids=[5]", "model.mtp_num_layers=1"])
+
+
+def test_recompute_layer_ids_empty_list():
+    assert "empty list" in error_of(["recompute=layer_ids", "recompute.recompute_layer_ids=[]"])
+
+
+def test_recompute_layer_ids_dedup_and_sort():
+    cfg = check(["recompute=layer_ids", "recompute.recompute_layer_ids=[3,1,3,0]"])
+    assert cfg.recompute.recompute_layer_ids == [0, 1, 3]
+
+
+def test_recompute_method_without_full():
+    assert "recompute_granularity=full" in error_of(["recompute=selective", "recompute.recompute_method=uniform",
+                                                     "recompute.recompute_num_layers=1"])
+
+
+def test_bf16_and_fp16_together():
+    msg = error_of(["precision=fp16", "precision.bf16=true"])
+    assert "precision.bf16, precision.fp16" in msg and "exclusive" in msg
+
+
+def test_fp8_and_fp4_together():
+    assert "fp8 and fp4 are exclusive" in error_of(["precision=fp8", "precision.fp4=e2m1"])
+
+
+def test_recipe_backend_cannot_run():
+    msg = error_of(["backend=torchtitan", "precision=fp8_delayed"])
+    assert "precision.fp8_recipe" in msg and "'delayed'" in msg and "rowwise" in msg
+    assert "backend megatron runs fp8 recipes" in error_of(["precision=fp8_rowwise"])
+    assert "no fp4 training path" in error_of(["backend=torchtitan", "precision=fp4"])
+
+
+def test_first_last_layers_bf16_without_fp8():
+    assert "needs precision.fp8 or precision.fp4" in error_of(["precision.first_last_layers_bf16=true"])
+
+
+def test_first_last_layers_counts_beyond_layers():
+    msg = error_of(["precision=fp8", "precision.first_last_layers_bf16=true", "precision.num_layers_at_start_in_bf16=3",
+                    "precision.num_layers_at_end_in_bf16=2"])
+    assert "num_layers_at_start_in_bf16" in msg and "0..num_layers (4)" in msg
+
+
+def test_parallel_product_must_equal_world():
+    msg = error_of(["parallel.tensor_model_parallel_size=2"], world=1)
+    assert "tp x pp x cp x dp must equal the world size" in msg and "'world_size': 1" in msg
+    check(["parallel.tensor_model_parallel_size=2", "training.global_batch_size=8"], world=2)
+
+
+def test_explicit_dp_must_match_world():
+    assert "must equal the world size" in error_of(["parallel.data_parallel_size=2"], world=4)
+
+
+def test_layers_divisible_by_pipeline_stages():
+    msg = error_of(["parallel.pipeline_model_parallel_size=3", "training.global_batch_size=12"], world=3)
+    assert "model.num_layers" in msg and "3 pipeline stages" in msg
+
+
+def test_virtual_pipeline_stages_divide_layers():
+    msg = error_of(["parallel.pipeline_model_parallel_size=2", "parallel.virtual_pipeline_model_parallel_size=4"], world=2)
+    assert "8 pipeline stages" in msg
+    assert "pipeline_model_parallel_size >= 2" in error_of(["parallel.virtual_pipeline_model_parallel_size=2"])
+
+
+def test_heads_divisible_by_tp():
+    msg = error_of(["parallel.tensor_model_parallel_size=4", "training.global_batch_size=8"], world=4)
+    assert "attention and KV heads must be divisible by tp" in msg and "'kv_heads': 2" in msg
+
+
+def test_experts_divisible_by_ep():
+    msg = error_of(["model=debug_moe", "parallel.expert_model_parallel_size=3", "training.global_batch_size=12"], world=3)
+    assert "experts must be divisible by ep" in msg
+
+
+def test_ep_on_dense_model():
+    assert "expert parallelism needs a MoE model" in error_of(["parallel.expert_model_parallel_size=2"], world=2)
+
+
+def test_micro_batch_times_dp_divides_global():
+    msg = error_of(["training.micro_batch_size=3", "training.global_batch_size=8"])
+    assert "training.global_batch_size" in msg and "multiple of 3" in msg
+
+
+def test_offload_fraction_range():
+    msg = error_of(["memory.optimizer_offload_fraction=1.5"])
+    assert "memory.optimizer_offload_fraction = 1.5" in msg and "[0, 1]" in msg
+
+
+def test_moe_settings_on_dense_model():
+    msg = error_of(["moe=optimized"])
+    assert "MoE settings on a dense model" in msg and "moe.moe_permute_fusion" in msg
+
+
+def test_moe_settings_on_moe_model_ok():
+    check(["model=debug_moe", "moe=optimized"])
+
+
+def test_deterministic_forbids_compile(monkeypatch):
+    monkeypatch.delenv("PRIMUS_DETERMINISTIC", raising=False)
+    assert "turns torch.compile off" in error_of(["training.deterministic=true", "training.compile=true"])
+    monkeypatch.setenv("PRIMUS_DETERMINISTIC", "1")
+    assert "turns torch.compile off" in error_of(["training.compile=true"])
+
+
+def test_deterministic_forbids_tuning(monkeypatch):
+    monkeypatch.delenv("PRIMUS_DETERMINISTIC", raising=False)
+    msg = error_of(["training.deterministic=true", "tuning.enabled=true", "tuning_stage=1"])
+    assert "turns GEMM tuning off" in msg
+
+
+def test_stage3_needs_results_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("HIPBLASLT_TUNING_OVERRIDE_FILE", raising=False)
+    msg = error_of(["tuning_stage=3", "tuning.enabled=true", f"tuning.root={tmp_path}"])
+    assert "tune_hipblas_gemm_results.txt" in msg and "stage 3" in msg
+    f = tmp_path / "r.txt"
+    f.write_text("Git Version: x\n")
+    check(["tuning_stage=3", "tuning.enabled=true", f"tuning.override_file={f}"])
+
+
+def test_stage3_ignored_when_tuning_off(tmp_path, monkeypatch):
+    monkeypatch.delenv("PRIMUS_HIPBLASLT_TUNING", raising=False)
+    check(["tuning_stage=3", f"tuning.root={tmp_path}"])
+
+
+def test_missing_data_path(tmp_path):
+    msg = error_of(["data=indexed", f"data.path={tmp_path}/nothing"])
+    assert "data.path" in msg and "indexed dataset files not found" in msg
+    assert "does not exist" in error_of(["data=jsonl", f"data.path={tmp_path}/none.jsonl", f"data.tokenizer={tmp_path}"])
+
+
+def test_all_problems_reported_together():
+    msg = error_of(["precision=fp16", "precision.bf16=true", "memory.optimizer_offload_fraction=2"])
+    assert "2 problems" in msg
