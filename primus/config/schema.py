@@ -325,6 +325,43 @@ class LauncherConfig:
 
 
 @dataclass
+class LoggingConfig:
+    tensorboard: bool = True  # event files in <run_dir>/tensorboard (rank 0)
+    wandb: bool = False  # Weights & Biases, offline mode (needs the wandb package)
+    wandb_project: str = "primus-hydra"
+
+
+@dataclass
+class ProfileConfig:
+    enabled: bool = False  # torch.profiler trace for a window of steps
+    start_step: int = 3  # first profiled step (1-based); earlier steps warm up
+    steps: int = 2  # profiled steps
+    ranks: List[int] = field(default_factory=lambda: [0])  # ranks that record
+    record_shapes: bool = True  # operator input shapes in the trace
+    with_stack: bool = False  # Python stacks (large traces)
+    top_kernels: int = 15  # rows of the printed kernel table
+    memory_snapshot: bool = False  # CUDA allocator history -> memory_snapshot.pickle (pytorch.org/memory_viz)
+    memory_snapshot_steps: int = 2  # steps recorded from start_step
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = 0  # save every N steps; 0 = never during the run
+    save_at_end: bool = False  # save after the last step
+    keep_last: int = 2  # checkpoints kept (older ones deleted)
+    dir: Optional[str] = None  # null = <run_dir>/checkpoints
+    resume: Optional[str] = None  # null = fresh start; "auto" = latest valid in dir; or a checkpoint path
+
+
+@dataclass
+class PlanConfig:
+    gpu: str = "auto"  # target GPU for the estimate: auto (this machine's, else H200), H100, H200, MI300X, MI325X, MI355X
+    gpu_memory_gb: Optional[float] = None  # override the target's memory (GB)
+    assumed_mfu: float = 0.45  # MFU used to turn FLOPs into step time and tokens/s
+    enforce: bool = True  # refuse to start a run the estimate says cannot fit
+
+
+@dataclass
 class PrimusConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -339,6 +376,10 @@ class PrimusConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     data: DataConfig = field(default_factory=DataConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     device: Device = Device.auto
     mode: Mode = Mode.train
     dry_run: bool = False  # validate and print the backend arguments as JSON, then exit
