@@ -1,0 +1,111 @@
+"""Every CPU-only redirection the TorchTitan backend needs, in one place (never active on a GPU).
+
+TorchTitan 0.2.2 assumes an accelerator. With torch 2.13 CPU it trains once these upstream behaviours are
+worked around:
+
+1. Device type: `torchtitan.tools.utils` resolves `device_type` / `device_module` at import time and falls back to
+   "cuda" / torch.cuda when no accelerator is found; several modules copy both names at import. We point them
+   all at "cpu".
+2. Memory monitor: its DeviceMemoryMonitor calls get_device_name, get_device_properties().total_memory,
+   reset_peak_memory_stats, empty_cache and memory_stats on the device module; `torch.cpu` has none of these.
+   A small stand-in module answers them (no peak statistics on CPU) and forwards everything else to torch.cpu.
+3. Process-group timeout helper: `torchtitan.distributed.utils.set_pg_timeouts` (called after the first step)
+   runs `barrier(device_ids=[current_device()])`; c10d rejects device ids for a CPU/gloo group. Ours barriers
+   without them, then sets the same timeouts.
+4. FSDP reduce op: TorchTitan disables FSDP's gradient division (factor 1.0), which makes FSDP2 reduce-scatter
+   with PREMUL_SUM(1.0); gloo has no PREMUL_SUM. FSDP2's own `set_force_sum_reduction_for_comms` switches to a
+   plain SUM (then divides by 1.0, a no-op), applied right after TorchTitan's parallelize function.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from types import SimpleNamespace
+
+import torch
+
+_ENABLED = False
+
+# torchtitan modules that bind `device_type` / `device_module` at import time
+_DEVICE_MODULES = (
+    "torchtitan.tools.utils",
+    "torchtitan.components.metrics",
+    "torchtitan.distributed.utils",
+    "torchtitan.distributed.parallel_dims",
+    "torchtitan.tools.profiling",
+)
+
+
+class _CpuDeviceModule:
+    """torch.cpu plus the memory-monitor calls it lacks (2)."""
+
+    def __getattr__(self, name):
+        return getattr(torch.cpu, name)
+
+    @staticmethod
+    def get_device_name(device=None) -> str:
+        return "cpu"
+
+    @staticmethod
+    def get_device_properties(device=None):
+        return SimpleNamespace(total_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def memory_stats(device=None) -> dict:
+        return {}  # the monitor reads .get(key, -1): "unknown"
+
+    @staticmethod
+    def reset_peak_memory_stats(device=None) -> None:
+        pass
+
+    @staticmethod
+    def empty_cache() -> None:
+        pass
+
+
+def _set_pg_timeouts(timeout: timedelta, parallel_dims) -> None:
+    """(3) TorchTitan's helper without the device ids in its barrier."""
+    torch.distributed.barrier()
+    groups = [mesh.get_group() for mesh in parallel_dims.get_all_one_dimensional_meshes().values()] + [None]
+    for group in groups:
+        torch.distributed.distributed_c10d._set_pg_timeout(timeout, group)
+
+
+def enable() -> None:
+    """Apply (1)-(3) in this process. Idempotent; call before building torchtitan's Trainer."""
+    global _ENABLED
+    if _ENABLED:
+        return
+    import importlib
+
+    module = _CpuDeviceModule()
+    for name in _DEVICE_MODULES:
+        mod = importlib.import_module(name)
+        if hasattr(mod, "device_type"):
+            mod.device_type = "cpu"
+        if hasattr(mod, "device_module"):
+            mod.device_module = module
+    import torchtitan.distributed.utils as dist_utils
+
+    dist_utils.set_pg_timeouts = _set_pg_timeouts
+    _ENABLED = True
+
+
+def enabled() -> bool:
+    return _ENABLED
+
+
+def after_parallelize(model: torch.nn.Module) -> torch.nn.Module:
+    """(4) SUM instead of PREMUL_SUM for every FSDP unit; a no-op off CPU or without FSDP."""
+    if not _ENABLED:
+        return model
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_force_sum_reduction_for_comms(True)
+    return model
