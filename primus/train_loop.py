@@ -66,7 +66,13 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         "versions": package_versions(),
     }
     trainer = None
+    sinks = prof = None
     try:
+        from primus.metrics.profiler import StepProfiler
+        from primus.metrics.sinks import open_sinks
+
+        sinks = open_sinks(cfg, ctx)
+        prof = StepProfiler(cfg, ctx)
         trainer = trainer_class(cfg)(cfg, ctx)
         info = trainer.setup() or {}
         result["params"] = info.get("params")
@@ -74,10 +80,14 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         _say(ctx, f"[primus] model {cfg.model.name}: {result['params']:,} parameters; "
                   + "; ".join(f"{k}: {v}" for k, v in result["backend_info"].items()))
         for step in range(1, t.train_iters + 1):
+            prof.before_step(step)
             t0 = time.perf_counter()
             r = trainer.train_step(step)
             dt = time.perf_counter() - t0
+            prof.after_step(step)
             line = meter.step(step, r.loss, r.grad_norm, r.lr, dt)
+            for sink in sinks:
+                sink.write(line)
             if step % t.log_interval == 0 or step == t.train_iters:
                 _say(ctx, line.format(t.train_iters))
             bad = [(n, v) for n, v in (("loss", r.loss), ("grad_norm", r.grad_norm)) if not is_finite(v)]
@@ -93,6 +103,12 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         result["traceback"] = traceback.format_exc()
         raise
     finally:
+        from primus.metrics.sinks import close_sinks
+
+        close_sinks(sinks)
+        if prof is not None:
+            prof.close()
+            result["profile"] = {"trace": prof.trace_path, "memory_snapshot": prof.snapshot_path}
         result.update(meter.summary())
         result["env"] = {**env_snapshot(), **ctx.env}
         if ctx.device == "cuda":

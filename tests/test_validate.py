@@ -210,3 +210,16 @@ def test_missing_data_path(tmp_path):
 def test_all_problems_reported_together():
     msg = error_of(["precision=fp16", "precision.bf16=true", "memory.optimizer_offload_fraction=2"])
     assert "2 problems" in msg
+
+
+def test_profile_start_beyond_run():
+    msg = error_of(["profile.enabled=true", "profile.start_step=99", "training.train_iters=10"])
+    assert "profile.start_step = 99" in msg and "1..10" in msg
+
+
+def test_profile_negative_steps():
+    assert "profile.steps = -1" in error_of(["profile.enabled=true", "profile.steps=-1"])
+
+
+def test_memory_snapshot_needs_gpu():
+    assert "needs a GPU" in error_of(["profile.memory_snapshot=true"])

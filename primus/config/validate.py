@@ -411,6 +411,32 @@ def launcher_values(cfg, ctx):
     return out
 
 
+@rule
+def profile_window(cfg, ctx):
+    p, out = cfg.profile, []
+    if not (p.enabled or p.memory_snapshot):
+        return []
+    n = cfg.training.train_iters
+    if p.start_step < 1 or p.start_step > n:
+        out.append(ConfigIssue(["profile.start_step"], p.start_step, f"must be a step of the run (1..{n})",
+                               f"use profile.start_step between 1 and training.train_iters ({n})"))
+    if p.steps < 1:
+        out.append(ConfigIssue(["profile.steps"], p.steps, "must be >= 1", "profile at least one step"))
+    elif p.enabled and p.start_step + p.steps - 1 > n:
+        out.append(ConfigIssue(["profile.start_step", "profile.steps"], [p.start_step, p.steps],
+                               f"the window ends after the run's last step ({n})", "start earlier or profile fewer steps"))
+    if p.memory_snapshot:
+        if ctx.device != "cuda":
+            out.append(ConfigIssue(["profile.memory_snapshot"], True, "records the CUDA allocator: needs a GPU",
+                                   "set profile.memory_snapshot=false on CPU"))
+        if p.memory_snapshot_steps < 1:
+            out.append(ConfigIssue(["profile.memory_snapshot_steps"], p.memory_snapshot_steps, "must be >= 1", "use 1 or more"))
+    bad = [r for r in p.ranks if r < 0 or r >= ctx.world_size]
+    if bad:
+        out.append(ConfigIssue(["profile.ranks"], bad, f"ranks must be in 0..{ctx.world_size - 1}", "list existing ranks"))
+    return out
+
+
 def validate(cfg: PrimusConfig, ctx: RunContext, rules: Optional[List[Rule]] = None) -> PrimusConfig:
     """Run every rule (generic, then the backend's capability rules) and raise one ConfigError listing all issues."""
     issues: List[ConfigIssue] = []

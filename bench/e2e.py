@@ -1,0 +1,146 @@
+"""End-to-end benchmark: the plain-PyTorch reference and this framework's backends, same model, one GPU, one call.
+
+    python bench/e2e.py --suite core          # reference (compile+fused, float8) + both backends bf16/fp8
+    python bench/e2e.py --suite core --append docs/benchmarks.md
+
+Each point runs in its own process (clean memory, own compile caches) with a time limit; a failed point is a row
+with its error. Prints a markdown table of tokens/s, TFLOP/s/GPU, MFU, peak memory and the ratio to the
+reference measured in the same call, and writes it (with date, GPU, versions and commands) to $OUT or --append.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+
+BENCH = ["model=llama3_2_1b", "training=bench", "logging.tensorboard=false", "plan.enforce=false"]
+
+SUITES = {
+    "core": [
+        ("reference/compile_fused", ["bench/reference.py", "--variant", "compile_fused"]),
+        ("reference/float8", ["bench/reference.py", "--variant", "float8"]),
+        ("megatron bf16", ["train.py", "backend=megatron", *BENCH]),
+        ("megatron fp8", ["train.py", "backend=megatron", "precision=fp8", *BENCH]),
+        ("torchtitan bf16 compile", ["train.py", "backend=torchtitan", "training.compile=true", *BENCH]),
+        ("torchtitan fp8 compile", ["train.py", "backend=torchtitan", "training.compile=true", "precision=fp8", *BENCH]),
+    ],
+    "reference": [
+        ("reference/eager", ["bench/reference.py", "--variant", "eager"]),
+        ("reference/compile_fused", ["bench/reference.py", "--variant", "compile_fused"]),
+        ("reference/float8", ["bench/reference.py", "--variant", "float8"]),
+    ],
+}
+
+
+def run_point(name, argv, timeout, log_dir):
+    cmd = [PY] + argv
+    t0 = time.time()
+    run_dir = None
+    if argv[0] == "train.py":
+        run_dir = os.path.join(ROOT, "outputs", "bench", name.replace(" ", "_").replace("/", "_"))
+        cmd += [f"hydra.run.dir={run_dir}"]
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        out, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
+    if log_dir:
+        with open(os.path.join(log_dir, name.replace(" ", "_").replace("/", "_") + ".log"), "w") as f:
+            f.write(" ".join(shlex.quote(c) for c in cmd) + "\n" + out)
+    row = {"name": name, "cmd": " ".join(shlex.quote(c) for c in [os.path.basename(PY)] + cmd[1:]), "rc": rc,
+           "wall_s": time.time() - t0}
+    if run_dir and os.path.exists(os.path.join(run_dir, "result.json")):
+        with open(os.path.join(run_dir, "result.json")) as f:
+            res = json.load(f)
+        row.update(status=res.get("status"), tokens_per_s=res.get("tokens_per_s"),
+                   tflops_per_gpu=res.get("tflops_per_gpu"), mfu=res.get("mfu"),
+                   peak_memory_gib=(res.get("memory") or {}).get("max_allocated_gib", res.get("peak_memory_gib")),
+                   step_time_s=(res.get("step_time_s") or {}).get("median"), error=res.get("error"),
+                   backend_info=res.get("backend_info"))
+    else:
+        for line in reversed(out.splitlines()):
+            if line.startswith("{") and '"tokens_per_s"' in line:
+                row.update(json.loads(line), status="ok")
+                break
+        else:
+            row.update(status="failed", error=out.strip().splitlines()[-1][:300] if out.strip() else f"rc={rc}")
+    return row
+
+
+def table(rows, ref_name):
+    ref = next((r for r in rows if r["name"] == ref_name and r.get("tokens_per_s")), None)
+    lines = ["| run | status | tokens/s | TFLOP/s/GPU | MFU | peak mem (GiB) | vs " + ref_name + " |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        tps = r.get("tokens_per_s")
+        ratio = f"{tps / ref['tokens_per_s']:.3f}x" if ref and tps else "-"
+        f = lambda v, fmt: fmt.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
+        err = "" if r.get("status") == "ok" else f" ({(r.get('error') or '')[:80]})"
+        lines.append(f"| {r['name']} | {r.get('status')}{err} | {f(tps, '{:,.0f}')} | {f(r.get('tflops_per_gpu'), '{:.1f}')} | "
+                     f"{f(r.get('mfu') and 100 * r['mfu'], '{:.1f}%')} | {f(r.get('peak_memory_gib'), '{:.1f}')} | {ratio} |")
+    return "\n".join(lines)
+
+
+def environment():
+    import torch
+
+    vers = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0)}
+    for mod in ("megatron.core", "torchtitan", "torchao", "triton"):
+        try:
+            m = __import__(mod, fromlist=["x"])
+            vers[mod] = getattr(m, "__version__", "?")
+        except Exception as e:  # noqa: BLE001
+            vers[mod] = f"missing ({type(e).__name__})"
+    return vers
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--suite", default="core", choices=sorted(SUITES))
+    ap.add_argument("--only", nargs="*", help="run names to keep")
+    ap.add_argument("--extra", action="append", default=[], help="NAME=ARGV: an extra train.py point, e.g. "
+                    "'mega mb16=backend=megatron training.micro_batch_size=16'")
+    ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--ref", default="reference/compile_fused")
+    ap.add_argument("--append", help="markdown file to append the section to")
+    args = ap.parse_args()
+    points = [p for p in SUITES[args.suite] if not args.only or p[0] in args.only]
+    for e in args.extra:
+        name, argv = e.split("=", 1)
+        points.append((name, ["train.py", *argv.split(), *BENCH]))
+    out = os.environ.get("OUT")
+    log_dir = out or os.path.join(ROOT, "outputs", "bench")
+    os.makedirs(log_dir, exist_ok=True)
+    rows = []
+    for i, (name, argv) in enumerate(points):
+        print(f"[bench {i + 1}/{len(points)}] {name} ...", flush=True)
+        rows.append(run_point(name, argv, args.timeout, log_dir))
+        r = rows[-1]
+        print(f"  -> {r.get('status')} tokens/s={r.get('tokens_per_s')} mfu={r.get('mfu')} ({r['wall_s']:.0f}s)", flush=True)
+    env = environment()
+    md = [f"### {args.suite}: {datetime.datetime.now():%Y-%m-%d %H:%M} on {env['gpu']}", "",
+          "Versions: " + ", ".join(f"{k} {v}" for k, v in env.items()), "", table(rows, args.ref), "", "Commands:", ""]
+    md += [f"- `{r['name']}`: `{r['cmd']}`" for r in rows]
+    text = "\n".join(md) + "\n"
+    print(text)
+    if out:
+        with open(os.path.join(out, f"bench_{args.suite}.md"), "w") as f:
+            f.write(text)
+        with open(os.path.join(out, f"bench_{args.suite}.json"), "w") as f:
+            json.dump({"env": env, "rows": rows}, f, indent=2, default=str)
+    if args.append:
+        with open(args.append, "a") as f:
+            f.write("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
