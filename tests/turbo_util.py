@@ -1,0 +1,26 @@
+"""Helpers for the turbo kernel tests: Triton's interpreter on CPU, poisoned outputs, relative error vs float64."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first `import triton`
+
+import torch  # noqa: E402
+
+from primus.turbo import _common  # noqa: E402
+
+_common.POISON = True  # every kernel output starts as NaN / int-min
+
+ON_GPU = torch.cuda.is_available()
+DEV = "cuda" if ON_GPU else "cpu"
+
+
+def relerr(out, ref) -> float:
+    out = out.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert torch.isfinite(out).all(), "non-finite (unwritten / NaN-poisoned) elements in the output"
+    den = ref.norm().item()
+    return (out - ref).norm().item() / (den if den > 0 else 1.0)
+
+
+# relative-error bands (METHOD.md): fp32 arithmetic far under 1e-3; bf16 operands 1e-3..1e-2
+BAND = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 2e-3}
