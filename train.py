@@ -4,19 +4,19 @@
     python train.py --cfg job                       # print the composed config
     python train.py dry_run=true ...                # validate and print the backend arguments as JSON
     python train.py -m turbo.use_turbo_attention=true,false precision=bf16,fp8   # sweep
+    python train.py --config-dir <run>/.hydra --config-name config               # rerun a finished run exactly
 """
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from primus.config.hydra_compat import quote_numeric_group_choices
+from primus.config.hydra_compat import is_saved_run_dir, quote_numeric_group_choices
 from primus.config.schema import register
 
 register()
 
 
-@hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig):
     from primus.config.errors import ConfigError
     from primus.run import run
@@ -35,4 +35,5 @@ def main(cfg: DictConfig):
 
 if __name__ == "__main__":
     sys.argv[1:] = quote_numeric_group_choices(sys.argv[1:])
-    main()
+    conf = None if is_saved_run_dir(sys.argv[1:]) else "conf"
+    hydra.main(config_path=conf, config_name="config", version_base="1.3")(main)()

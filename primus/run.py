@@ -47,7 +47,8 @@ def resolved_summary(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
 
 
 def run(dcfg: DictConfig):
-    cfg: PrimusConfig = OmegaConf.to_object(dcfg)
+    # merge onto the schema so a saved run config (`--config-dir <run>/.hydra`) is typed and checked as well
+    cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
     meta = hydra_meta()
     ctx = resolve(cfg, meta["run_dir"])
     validate(cfg, ctx)  # raises ConfigError naming key, value, rule and fix

@@ -68,6 +68,9 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
     trainer = None
     sinks = prof = None
     try:
+        from primus import determinism
+
+        ctx.env.update(determinism.apply(cfg, ctx.rank))
         from primus.metrics.profiler import StepProfiler
         from primus.metrics.sinks import open_sinks
 

@@ -223,3 +223,9 @@ def test_profile_negative_steps():
 
 def test_memory_snapshot_needs_gpu():
     assert "needs a GPU" in error_of(["profile.memory_snapshot=true"])
+
+
+def test_warmup_must_end_before_run_ends():
+    msg = error_of(["training.train_iters=4", "training.lr_warmup_iters=4"])
+    assert "training.lr_warmup_iters" in msg and "0..3" in msg
+    check(["training.train_iters=1", "training.lr_warmup_iters=0"])

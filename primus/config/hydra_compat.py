@@ -21,3 +21,26 @@ def quote_numeric_group_choices(overrides: List[str]) -> List[str]:
             o = "%s%s=%s" % (prefix, group, ",".join('"%s"' % v for v in values.split(",")))
         out.append(o)
     return out
+
+
+def is_saved_run_dir(argv: List[str]) -> bool:
+    """True for `--config-dir <run>/.hydra --config-name config` (an exact rerun of a finished run).
+
+    Hydra puts `--config-dir` after the app's own config dir in the search path, so `--config-name config` would
+    find conf/config.yaml instead of the saved one. For a run's `.hydra` dir (it holds hydra.yaml and
+    overrides.yaml beside config.yaml) train.py then composes from that dir alone; any other --config-dir (extra
+    presets of a user) keeps conf/ first, as Hydra intends.
+    """
+    import os
+
+    cdir = name = None
+    for i, a in enumerate(argv):
+        if a in ("--config-dir", "-cd") and i + 1 < len(argv):
+            cdir = argv[i + 1]
+        elif a.startswith("--config-dir="):
+            cdir = a.split("=", 1)[1]
+        elif a in ("--config-name", "-cn") and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif a.startswith("--config-name="):
+            name = a.split("=", 1)[1]
+    return bool(cdir and name and all(os.path.isfile(os.path.join(cdir, f"{n}.yaml")) for n in (name, "hydra", "overrides")))

@@ -291,7 +291,7 @@ class TrainingConfig:
     optimizer: Optimizer = Optimizer.adamw
     lr: float = 3e-3  # peak learning rate
     min_lr: float = 3e-4  # final learning rate of the decay
-    lr_warmup_iters: int = 5  # linear warm-up steps
+    lr_warmup_iters: int = 2  # linear warm-up steps (0 or < train_iters)
     lr_decay_style: LRDecay = LRDecay.cosine
     weight_decay: float = 0.1
     adam_beta1: float = 0.9

@@ -275,9 +275,11 @@ def training_values(cfg, ctx):
         out.append(ConfigIssue(["training.train_iters"], t.train_iters, "must be >= 1", "train at least one step"))
     if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
         out.append(ConfigIssue(["training.lr", "training.min_lr"], [t.lr, t.min_lr], "need 0 <= min_lr <= lr, lr > 0", "fix the rates"))
-    if t.lr_warmup_iters < 0 or t.lr_warmup_iters > t.train_iters:
-        out.append(ConfigIssue(["training.lr_warmup_iters"], t.lr_warmup_iters, f"must be in 0..train_iters ({t.train_iters})",
-                               "shorten the warm-up"))
+    if t.lr_warmup_iters < 0 or (t.lr_warmup_iters and t.lr_warmup_iters >= t.train_iters):
+        # the schedulers need warm-up to end before the decay does (megatron asserts warmup < decay steps)
+        out.append(ConfigIssue(["training.lr_warmup_iters", "training.train_iters"], t.lr_warmup_iters,
+                               f"warm-up must be 0 or shorter than the run (train_iters={t.train_iters})",
+                               f"set training.lr_warmup_iters to 0..{max(t.train_iters - 1, 0)}"))
     if t.timing_warmup_steps < 0:
         out.append(ConfigIssue(["training.timing_warmup_steps"], t.timing_warmup_steps, "must be >= 0", "use 0 or more"))
     return out
