@@ -1,0 +1,278 @@
+"""Hydra callback for sweeps (`python train.py -m a=1,2 b=x,y`): progress lines, failed points as rows, one table.
+
+Registered in conf/config.yaml (hydra.callbacks.primus_sweep); it does nothing in single runs.
+
+What Hydra 1.3 does on its own when a job raises: run_job() catches the exception into the JobReturn (status
+FAILED), the launcher goes on with the other jobs of the batch, then BasicSweeper reads every `return_value` and
+re-raises the first failure: the sweep dies with a traceback after the batch, on_multirun_end never runs (no table)
+and, with hydra.sweeper.max_batch_size set, later batches never run. Here:
+
+* on_job_end (runs where the job ran: in-process for the basic launcher, inside the Slurm task for submitit) records a
+  failed point: when the job died before training wrote result.json (e.g. primus.config.errors.ConfigError from
+  validation), it writes a result.json with status "invalid" (ConfigError), "oom" or "failed" and the error, plus
+  error.txt with the traceback; then it marks the JobReturn completed (return value: the status), so the sweep goes
+  on with the next point.
+* on_multirun_end gathers every job's result.json into results.csv, results.md and throughput.png in the sweep dir
+  (primus/report.py; `python -m primus.report SWEEP_DIR` prints the same table later) and, when a point did not end
+  "ok", exits with status 1 (exit_nonzero_on_failure) after writing the table: scripts see that something failed,
+  the table says what.
+* one progress line per point: `[sweep 2/4 #####-----] job 1 precision=fp8: ok 1,234 tokens/s/GPU in 12.3s (ETA 25s)`.
+  Under the submitit launcher the submitting process also prints each Slurm job id with its log files as the jobs
+  are submitted, and a line as each one finishes.
+* the process env is restored after every in-process point, so one point's env (RANK/WORLD_SIZE of a one-process
+  run, tuning-stage variables) cannot leak into the next.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from primus.results import RESULT_FILE, write_json_atomic
+
+BAR = 20
+
+
+def _is_multirun(config: DictConfig) -> bool:
+    try:
+        from hydra.types import RunMode
+
+        return OmegaConf.select(config, "hydra.mode") == RunMode.MULTIRUN
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _rank0() -> bool:
+    from primus.launch.slurm import task_rank
+
+    return task_rank() == 0
+
+
+def count_points(config: DictConfig) -> Optional[int]:
+    """Number of jobs the basic sweeper will run (product of the sweep overrides), or None when unknown."""
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        args = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
+        params = OmegaConf.select(config, "hydra.sweeper.params")
+        if params:
+            args += [f"{k}={v}" for k, v in params.items()]
+        n = 1
+        for o in OverridesParser.create().parse_overrides(args):
+            if o.is_sweep_override():
+                if o.is_discrete_sweep():
+                    n *= len(list(o.sweep_iterator()))
+                else:
+                    return None
+        return n
+    except Exception:  # noqa: BLE001 - progress is best effort
+        return None
+
+
+def classify(exc: BaseException) -> str:
+    from primus.config.errors import ConfigError
+
+    if isinstance(exc, ConfigError):
+        return "invalid"
+    msg = str(exc).lower()
+    if "out of memory" in msg or type(exc).__name__ == "OutOfMemoryError":
+        return "oom"
+    return "failed"
+
+
+def _fmt_s(s: float) -> str:
+    s = max(0.0, s)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.1f}min"
+
+
+class SweepCallback(Callback):
+    def __init__(self, exit_nonzero_on_failure: bool = True, plot: bool = True, poll_s: float = 1.0) -> None:
+        self.exit_nonzero_on_failure = exit_nonzero_on_failure
+        self.plot = plot
+        self.poll_s = poll_s
+        self.total: Optional[int] = None
+        self.done = 0
+        self.t0 = time.time()
+        self.job_t0 = time.time()
+        self._env: Optional[Dict[str, str]] = None
+        self._env_pid: Optional[int] = None
+        self._watch_stop: Optional[threading.Event] = None
+        self._watch: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------------ multirun (submitting process)
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.t0 = time.time()
+        self.total = count_points(config)
+        self.done = 0
+        self._env, self._env_pid = dict(os.environ), os.getpid()
+        n = self.total if self.total is not None else "?"
+        print(f"[sweep] {n} point(s) -> {config.hydra.sweep.dir}", flush=True)
+        target = str(OmegaConf.select(config, "hydra.launcher._target_") or "")
+        if "submitit" in target:
+            folder = str(OmegaConf.select(config, "hydra.launcher.submitit_folder"))
+            base = folder.split("%j")[0].rstrip("/") if "%j" in folder else folder
+            print(f"[slurm] job logs: {base}/<job id>/<job id>_<task>_log.out|err (task 0 = rank 0)", flush=True)
+            self._watch_stop = threading.Event()
+            self._watch = threading.Thread(target=self._watch_jobs, args=(base,), daemon=True, name="primus-sweep")
+            self._watch.start()
+
+    def _watch_jobs(self, base: str) -> None:
+        """Print each submitit job as its folder appears (= submitted) and when its result file appears (= done)."""
+        seen: Dict[str, bool] = {}
+        stop = self._watch_stop
+        assert stop is not None
+        while True:
+            final = stop.is_set()
+            try:
+                names = sorted(n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n)))
+            except OSError:
+                names = []
+            for name in names:
+                d = os.path.join(base, name)
+                if name not in seen:
+                    seen[name] = False
+                    print(f"[slurm] job {name} submitted: {d}/{name}_0_log.out (and .err)", flush=True)
+                if not seen[name] and os.path.exists(os.path.join(d, f"{name}_0_result.pkl")):
+                    seen[name] = True
+                    k = sum(seen.values())
+                    print(f"[slurm] job {name} finished ({k}/{self.total or len(seen)})", flush=True)
+            if final:
+                return
+            stop.wait(self.poll_s)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self._watch_stop is not None:
+            self._watch_stop.set()
+            if self._watch is not None:
+                self._watch.join(timeout=5)
+        from primus.report import collect, to_markdown, write_reports
+
+        sweep_dir = str(config.hydra.sweep.dir)
+        rows = collect([sweep_dir])
+        if not rows:
+            print(f"[sweep] no job dirs in {sweep_dir}", flush=True)
+            return
+        if self.plot:
+            paths = write_reports(sweep_dir, rows)
+        else:
+            from primus.report import to_csv
+
+            paths = {"csv": os.path.join(sweep_dir, "results.csv"), "md": os.path.join(sweep_dir, "results.md")}
+            with open(paths["csv"], "w", newline="") as f:
+                f.write(to_csv(rows))
+            with open(paths["md"], "w") as f:
+                f.write(to_markdown(rows))
+        statuses: Dict[str, int] = {}
+        for r in rows:
+            statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+        summary = ", ".join(f"{v} {k}" for k, v in sorted(statuses.items(), key=lambda kv: (kv[0] != "ok", kv[0])))
+        print("\n" + to_markdown(rows), flush=True)
+        print(f"[sweep] {len(rows)} point(s): {summary}; {_fmt_s(time.time() - self.t0)}", flush=True)
+        for k, p in paths.items():
+            print(f"[sweep] {k}: {p}", flush=True)
+        bad = len(rows) - statuses.get("ok", 0)
+        if bad and self.exit_nonzero_on_failure:
+            print(f"[sweep] {bad} point(s) did not finish ok: exit status 1", file=sys.stderr, flush=True)
+            # SystemExit is not an Exception: Hydra's callback runner and run_and_report let it through.
+            raise SystemExit(1)
+
+    # ------------------------------------------------------------------ each job (where the job runs)
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not _is_multirun(config):
+            return
+        self.job_t0 = time.time()
+        if _rank0():
+            num = OmegaConf.select(config, "hydra.job.num")
+            ovr = " ".join(OmegaConf.to_container(config.hydra.overrides.task)) or "(defaults)"
+            print(f"[sweep {self._pos(num)}] job {num} start: {ovr}", flush=True)
+
+    def _pos(self, num: Optional[int]) -> str:
+        i = (num if isinstance(num, int) else self.done) + 1
+        return f"{i}/{self.total}" if self.total else f"{i}"
+
+    def _bar(self) -> str:
+        if not self.total:
+            return ""
+        k = min(BAR, round(BAR * self.done / self.total))
+        return " " + "#" * k + "-" * (BAR - k)
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        if not _is_multirun(config):
+            return
+        from hydra.core.utils import JobStatus
+
+        job_dir = str(OmegaConf.select(config, "hydra.runtime.output_dir"))
+        num = OmegaConf.select(config, "hydra.job.num")
+        rank0 = _rank0()
+        status, error = None, None
+        if job_return.status == JobStatus.FAILED:
+            exc = job_return._return_value
+            status, error = classify(exc), f"{type(exc).__name__}: {exc}"
+            if rank0:
+                self._record_failure(config, job_dir, exc, status)
+            # the point is recorded: let the sweep go on (BasicSweeper would re-raise it after the batch)
+            job_return.status = JobStatus.COMPLETED
+            job_return.return_value = status
+        self._restore_env()
+        self.done += 1
+        if not rank0:
+            return
+        from primus.report import _load_json
+
+        res = _load_json(os.path.join(job_dir, RESULT_FILE)) or {}
+        status = res.get("status", status or "?")
+        error = res.get("error", error)
+        tps = res.get("tokens_per_s_per_gpu")
+        what = f"{status}"
+        if status == "ok" and isinstance(tps, (int, float)):
+            mfu = res.get("mfu")
+            what += f" {tps:,.0f} tokens/s/GPU" + (f" ({100 * mfu:.1f}% MFU)" if mfu else "")
+        elif error:
+            what += f" ({' '.join(str(error).split())[:160]})"
+        elapsed = time.time() - self.t0
+        eta = ""
+        if self.total and self.done < self.total:
+            eta = f", ETA {_fmt_s(elapsed / self.done * (self.total - self.done))}"
+        ovr = " ".join(OmegaConf.to_container(config.hydra.overrides.task)) or "(defaults)"
+        print(f"[sweep {self._pos(num)}{self._bar()}] job {num} {ovr}: {what} in {_fmt_s(time.time() - self.job_t0)}"
+              f" (elapsed {_fmt_s(elapsed)}{eta})", flush=True)
+
+    def _record_failure(self, config: DictConfig, job_dir: str, exc: BaseException, status: str) -> None:
+        """result.json for a point that died before the trainer wrote one; error.txt with the traceback."""
+        try:
+            with open(os.path.join(job_dir, "error.txt"), "w") as f:
+                f.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        except OSError:
+            pass
+        path = os.path.join(job_dir, RESULT_FILE)
+        if os.path.exists(path):
+            return  # the trainer's own record (status failed/oom, metrics so far) is better
+        try:
+            choices = {k: v for k, v in OmegaConf.to_container(config.hydra.runtime.choices).items()
+                       if not str(k).startswith("hydra")}
+        except Exception:  # noqa: BLE001
+            choices = {}
+        write_json_atomic(path, {
+            "status": status,
+            "error": f"{type(exc).__name__}: {exc}",
+            "run_dir": job_dir,
+            "job_num": OmegaConf.select(config, "hydra.job.num"),
+            "overrides": list(OmegaConf.to_container(config.hydra.overrides.task)),
+            "choices": choices,
+            "recorded_by": "primus.sweep (the job raised before training wrote result.json)",
+        })
+
+    def _restore_env(self) -> None:
+        if self._env is None or self._env_pid != os.getpid():
+            return  # not the submitting process (a submitit job): nothing of ours to restore
+        for k in [k for k in os.environ if k not in self._env]:
+            del os.environ[k]
+        for k, v in self._env.items():
+            if os.environ.get(k) != v:
+                os.environ[k] = v
