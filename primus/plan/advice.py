@@ -1,0 +1,203 @@
+"""What-if variants of a config, each re-estimated: which single settings (and, failing those, which combinations)
+would make it fit. Every variant is a modified copy of the config; nothing here changes the caller's config."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+from primus.config.schema import ACMode, Backend, PrimusConfig, RecomputeGranularity, RecomputeMethod
+from primus.plan.gpus import GPUS, Gpu, lookup
+from primus.plan.memory import MemoryBreakdown, estimate_memory, layout_of
+
+
+@dataclass
+class Variant:
+    label: str  # what to change, as overrides
+    overrides: List[str]  # Hydra overrides that apply it
+    breakdown: MemoryBreakdown
+    gpus: int  # world size it needs
+    note: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.breakdown.fits
+
+
+Change = Callable[[PrimusConfig, int], Optional[tuple]]  # (cfg, world) -> (label, overrides, new world, note) or None
+
+
+def _full_recompute(cfg, world):
+    if cfg.backend.name == Backend.torchtitan:
+        if cfg.recompute.activation_checkpoint_mode == ACMode.full or (
+                cfg.recompute.activation_checkpoint_mode is None and cfg.recompute.recompute_granularity == RecomputeGranularity.full):
+            return None
+        cfg.recompute.activation_checkpoint_mode = ACMode.full
+        return "full activation checkpointing", ["recompute.activation_checkpoint_mode=full"], world, ""
+    r = cfg.recompute
+    if r.recompute_granularity == RecomputeGranularity.full and r.recompute_layer_ids is None and (
+            r.recompute_method in (None, RecomputeMethod.uniform)) and (r.recompute_num_layers or 1) == 1:
+        return None
+    r.recompute_granularity, r.recompute_method, r.recompute_num_layers, r.recompute_layer_ids = (
+        RecomputeGranularity.full, RecomputeMethod.uniform, 1, None)
+    return "full recompute", ["recompute=full"], world, ""
+
+
+def _selective_recompute(cfg, world):
+    r = cfg.recompute
+    if cfg.backend.name == Backend.torchtitan:
+        if r.activation_checkpoint_mode in (ACMode.selective, ACMode.full) or (
+                r.activation_checkpoint_mode is None and r.recompute_granularity is not None):
+            return None
+        r.activation_checkpoint_mode = ACMode.selective
+        return "selective activation checkpointing (op)", ["recompute.activation_checkpoint_mode=selective"], world, ""
+    if r.recompute_granularity is not None:
+        return None
+    r.recompute_granularity, r.recompute_modules = RecomputeGranularity.selective, ["core_attn"]
+    return "selective recompute (core_attn)", ["recompute=selective"], world, ""
+
+
+def _distributed_optimizer(cfg, world):
+    if cfg.backend.name == Backend.torchtitan or cfg.memory.use_distributed_optimizer:
+        return None
+    cfg.memory.use_distributed_optimizer = True
+    dp = layout_of(cfg, world).dp
+    return ("distributed optimizer", ["memory=distributed_optimizer"], world,
+            "needs dp > 1 to save anything (dp=1 here)" if dp == 1 else f"shards main params + Adam over dp={dp}")
+
+
+def _offload(cfg, world):
+    m = cfg.memory
+    if cfg.backend.name == Backend.torchtitan:
+        if m.enable_cpu_offload:
+            return None
+        m.enable_cpu_offload = True
+        dp = layout_of(cfg, world).dp_shard
+        return ("FSDP CPU offload", ["memory.enable_cpu_offload=true"], world,
+                "torchtitan offloads only under FSDP (dp_shard > 1)" if dp == 1 else "params, grads, optimizer on CPU")
+    if m.optimizer_cpu_offload and m.optimizer_offload_fraction >= 1.0:
+        return None
+    m.use_distributed_optimizer, m.optimizer_cpu_offload, m.optimizer_offload_fraction = True, True, 1.0
+    return "optimizer CPU offload (all Adam states)", ["memory=offload"], world, "slower steps: the optimizer runs on CPU"
+
+
+def _tp2(cfg, world):
+    p = cfg.parallel
+    t = p.tensor_model_parallel_size * 2
+    m = cfg.model
+    if m.num_attention_heads % t or m.num_query_groups % t:
+        return None
+    if t > 8:  # tp stays inside one node
+        return None
+    p.tensor_model_parallel_size = t
+    return f"tensor parallel {t}", [f"parallel.tensor_model_parallel_size={t}"], world * 2, ""
+
+
+def _pp2(cfg, world):
+    p = cfg.parallel
+    pp = p.pipeline_model_parallel_size * 2
+    if cfg.model.num_layers % pp:
+        return None
+    p.pipeline_model_parallel_size = pp
+    return f"pipeline parallel {pp}", [f"parallel.pipeline_model_parallel_size={pp}"], world * 2, ""
+
+
+def _half_micro_batch(cfg, world):
+    t = cfg.training
+    if t.micro_batch_size < 2:
+        return None
+    t.micro_batch_size //= 2
+    return (f"micro batch {t.micro_batch_size}", [f"training.micro_batch_size={t.micro_batch_size}"], world,
+            "same global batch, twice the accumulation steps")
+
+
+SAME_GPUS: List[Change] = [_selective_recompute, _full_recompute, _distributed_optimizer, _offload, _half_micro_batch]
+MORE_GPUS: List[Change] = [_tp2, _pp2]
+CHANGES: List[Change] = SAME_GPUS + MORE_GPUS
+REPEATABLE = {_tp2, _pp2, _half_micro_batch}
+
+
+def _apply(cfg, world, changes):
+    c = copy.deepcopy(cfg)
+    w0 = world
+    labels, notes = [], []
+    overrides = {}  # key -> value: a repeated change (tp 2 then tp 4) keeps its last value
+    for ch in changes:
+        got = ch(c, world)
+        if got is None:
+            return None
+        label, ov, world, note = got
+        key = label.rsplit(" ", 1)[0] if ch in REPEATABLE else label
+        labels = [lab for lab in labels if lab[0] != key] + [(key, label)]
+        for o in ov:
+            k, _, v = o.partition("=")
+            overrides.pop(k, None)
+            overrides[k] = v
+        if note:
+            notes.append(note)
+    if world != w0:
+        per_node = min(8, world) if cfg.launcher.nnodes <= 1 else max(1, world // cfg.launcher.nnodes)
+        overrides["launcher.nproc_per_node"] = str(per_node)
+        if world // per_node > 1:
+            overrides["launcher.nnodes"] = str(world // per_node)
+        notes.insert(0, f"needs {world} GPUs (now {w0}); or keep {w0} at a smaller dp")
+    ovs = [f"{k}={v}" for k, v in overrides.items()]
+    return c, world, " + ".join(lab for _, lab in labels), ovs, "; ".join(dict.fromkeys(notes))
+
+
+def _greedy(cfg, gpu, world, pool, max_steps) -> Optional[tuple]:
+    """Add, one at a time, the change from `pool` that lowers the estimate most, until it fits."""
+    chosen: List[Change] = []
+    last = None
+    for _ in range(max_steps):
+        best = None
+        for ch in pool:
+            if (ch in chosen and ch not in REPEATABLE) or (ch is _selective_recompute and _full_recompute in chosen):
+                continue
+            got = _apply(cfg, world, chosen + [ch])
+            if got is None:
+                continue
+            c, w, label, ov, note = got
+            b = estimate_memory(c, gpu, w)
+            if best is None or (b.total, w) < (best[1].total, best[2]):
+                best = (ch, b, w, label, ov, note)
+        if best is None or (last is not None and best[1].total >= last[1].total):
+            break
+        chosen.append(best[0])
+        last = best
+        if best[1].fits:
+            break
+    return last if (last is not None and len(chosen) > 1) else None
+
+
+def variants(cfg: PrimusConfig, gpu: Gpu, world: int) -> List[Variant]:
+    """Every single change (fitting or not); then, when none fits, the smallest combination found greedily on
+    the same GPUs, and one that may add GPUs (tp / pp doubled as often as needed)."""
+    out: List[Variant] = []
+    for ch in CHANGES:
+        got = _apply(cfg, world, [ch])
+        if got is None:
+            continue
+        c, w, label, ov, note = got
+        out.append(Variant(label, ov, estimate_memory(c, gpu, w), w, note))
+    if any(v.fits for v in out):
+        return out
+    for pool, steps in ((SAME_GPUS, 6), (CHANGES, 12)):
+        found = _greedy(cfg, gpu, world, pool, steps)
+        if found is not None and not any(v.label == found[3] for v in out):
+            out.append(Variant(found[3], found[4], found[1], found[2], found[5]))
+            if found[1].fits and pool is SAME_GPUS:
+                break
+    return out
+
+
+def bigger_gpus(cfg: PrimusConfig, gpu: Gpu, world: int) -> List[str]:
+    """Known GPUs on which this exact config fits."""
+    out = []
+    for frag, (label, _) in GPUS:
+        if frag == "H100 PCIe":
+            continue
+        g = lookup(frag)
+        if g.capacity_bytes > gpu.capacity_bytes and estimate_memory(cfg, g, world).fits:
+            out.append(label)
+    return out
