@@ -20,6 +20,7 @@ class RunContext:
     rocm: bool = False
     dist_backend: str = "gloo"  # gloo on CPU, nccl (RCCL on ROCm) on GPU
     env: dict = field(default_factory=dict)  # env vars this run sets (recorded in result.json)
+    planned: bool = False  # True in a dry run judged for a GPU this machine does not have: skip hardware probes
 
     @property
     def is_rank0(self) -> bool:

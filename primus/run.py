@@ -12,7 +12,7 @@ from typing import Any, Dict
 
 from omegaconf import DictConfig, OmegaConf
 
-from primus.config.schema import PrimusConfig
+from primus.config.schema import Device, PrimusConfig
 from primus.config.validate import validate
 from primus.context import RunContext, resolve
 
@@ -51,6 +51,10 @@ def run(dcfg: DictConfig):
     cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
     meta = hydra_meta()
     ctx = resolve(cfg, meta["run_dir"])
+    if cfg.dry_run and cfg.device == Device.auto and ctx.device == "cpu":
+        # a dry run describes the GPU run the config is meant for (nothing touches a GPU): judge it as one;
+        # device=cpu asks for the CPU run explicitly
+        ctx.device, ctx.dist_backend, ctx.planned = "cuda", "nccl", True
     validate(cfg, ctx)  # raises ConfigError naming key, value, rule and fix
     # validate() may normalise values (e.g. recompute_layer_ids sorted): workers get the normalised config
     cfg_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))

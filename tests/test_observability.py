@@ -1,0 +1,60 @@
+"""Issue 12 on CPU: TensorBoard events read back with the expected tags and steps; a profiled run writes a trace."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import PY, ROOT
+from primus.metrics.profiler import categorize, trace_steps
+from primus.metrics.sinks import TAGS
+
+
+def run(args, tmp_path):
+    p = subprocess.run([PY, "train.py", "backend=torchtitan", f"hydra.run.dir={tmp_path}", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return p
+
+
+@pytest.mark.slow
+def test_tensorboard_events_and_profiler_trace(tmp_path):
+    p = run(["training.train_iters=5", "profile.enabled=true", "profile.start_step=3", "profile.steps=2"], tmp_path)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = tmp_path / "tensorboard"
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    expected = {t for t in TAGS if t != "perf/mfu"}  # MFU is null on CPU (no peak): not written
+    assert expected <= tags, expected - tags
+    assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3, 4, 5]
+    res = json.load(open(tmp_path / "result.json"))
+    assert [round(e.value, 4) for e in acc.Scalars("train/loss")] == [round(x, 4) for x in res["losses"]]
+    trace = res["profile"]["trace"]
+    assert trace and os.path.isfile(trace)
+    assert trace_steps(trace) == ["ProfilerStep#3", "ProfilerStep#4"]
+    assert "| category |" in p.stdout and "gemm" in p.stdout
+
+
+@pytest.mark.slow
+def test_tensorboard_off(tmp_path):
+    run(["training.train_iters=2", "training.lr_warmup_iters=1", "logging.tensorboard=false"], tmp_path)
+    assert not os.path.exists(tmp_path / "tensorboard")
+
+
+def test_bad_profile_window_is_error_before_launch(tmp_path):
+    p = subprocess.run([PY, "train.py", "profile.enabled=true", "profile.start_step=40", f"hydra.run.dir={tmp_path}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "profile.start_step = 40" in p.stderr
+    assert not os.path.exists(tmp_path / "result.json")
+
+
+@pytest.mark.parametrize("name,cat", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "gemm"), ("nvjet_tst_128x256_64x4", "gemm"),
+    ("aten::mm", "gemm"), ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "attention"),
+    ("flash_fwd_kernel", "attention"), ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "communication"),
+    ("multi_tensor_apply_kernel<...FusedAdam", "optimizer"), ("triton_poi_fused_mul_silu_0", "elementwise/other"),
+])
+def test_kernel_categories(name, cat):
+    assert categorize(name) == cat

@@ -1,0 +1,66 @@
+"""train.py end to end as a user runs it: the default job, dry runs, invalid configs, exact reruns."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from conftest import PY, ROOT
+
+
+def train(args, timeout=600, env=None):
+    return subprocess.run([PY, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.slow
+def test_default_run_trains_debug_model_on_cpu(tmp_path):
+    p = train([f"hydra.run.dir={tmp_path}"])
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    first = [l for l in p.stdout.splitlines() if l.startswith("[primus] resolved")][0]
+    assert "device=cpu" in first and "backend=megatron" in first and "precision=bf16" in first and "world_size=1" in first
+    steps = [l for l in p.stdout.splitlines() if l.startswith("step ")]
+    assert len(steps) == 30 and all("tokens/s" in l and "MFU" in l and "grad_norm" in l for l in steps)
+    res = json.load(open(tmp_path / "result.json"))
+    assert res["status"] == "ok" and res["backend"] == "megatron" and res["model"] == "debug"
+    assert res["final_loss"] < res["first_loss"] - 0.5, res["losses"]
+    assert res["params"] > 0 and res["tokens_per_s"] > 0 and res["mfu"] is None  # CPU: no peak, MFU null
+    assert res["versions"]["megatron-core"] == "0.16.1" and res["git_sha"]
+    assert res["choices"]["model"] == "debug" and res["timed_steps"] == 30 - 3
+    assert os.path.isdir(tmp_path / ".hydra") and os.listdir(tmp_path / "tensorboard")
+
+
+def test_dry_run_user_example_prints_backend_args():
+    t0 = time.time()
+    p = train(["backend=megatron", "model=llama2_7b", "precision=fp8", "dry_run=true", "hydra.run.dir=/tmp/primus-dry"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    assert out["resolved"]["backend"] == "megatron" and "fp8" in out["resolved"]["precision"]
+    tc = out["backend_args"]["transformer_config"]
+    assert tc["num_layers"] == 32 and tc["hidden_size"] == 4096 and tc["ffn_hidden_size"] == 11008
+    assert tc["fp8"] == "hybrid" and tc["fp8_recipe"] == "tensorwise"
+    assert time.time() - t0 < 30
+
+
+def test_invalid_config_exits_nonzero_before_any_work(tmp_path):
+    p = train(["turbo.use_turbo_grouped_mlp=true", f"hydra.run.dir={tmp_path}"])
+    assert p.returncode == 2
+    assert "turbo.use_turbo_grouped_mlp" in p.stderr and "use_turbo_grouped_gemm" in p.stderr
+    assert not os.path.exists(tmp_path / "result.json") and "step " not in p.stdout
+
+
+def test_unknown_key_is_hydra_error(tmp_path):
+    p = train(["training.steps=5", f"hydra.run.dir={tmp_path}"])
+    assert p.returncode != 0 and "steps" in p.stderr
+
+
+@pytest.mark.slow
+def test_rerun_from_saved_hydra_dir_is_exact(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    p = train(["backend=torchtitan", "training.train_iters=4", "training.seed=11", f"hydra.run.dir={a}"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = train(["--config-dir", str(a / ".hydra"), "--config-name", "config", f"hydra.run.dir={b}"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    ra, rb = json.load(open(a / "result.json")), json.load(open(b / "result.json"))
+    assert rb["backend"] == "torchtitan" and rb["losses"] == ra["losses"]
