@@ -1,0 +1,448 @@
+"""fp8 linear without Transformer Engine: Triton cast kernels with fused amax/scale + fp8 GEMMs, fwd and bwd.
+
+    y = fp8_linear(x, weight, bias, recipe="tensorwise")   # autograd: dgrad and wgrad also in fp8
+    FP8Linear(in, out, recipe=...)                          # drop-in nn.Linear (same parameters / state_dict)
+    swap_linears_to_fp8(model, recipe, filter_fqns)         # in place, returns the swapped module names
+
+Recipes (all "current scaling": the scale comes from this tensor's own amax, no history):
+  tensorwise  one scale per tensor. Per tensor: one amax pass (per-program partial maxima, no atomics, no host
+              sync) + one cast pass that reduces the partials and computes the scale inside the kernel, writing the
+              fp8 tensor AND its transpose (the layout the backward GEMM needs) in the same pass. GEMMs:
+              torch._scaled_mm (cuBLASLt / hipBLASLt).
+  rowwise     one scale per row of each GEMM operand along the contraction dim (torchao's "rowwise"): each
+              operand is quantised once per GEMM it feeds (x along K for fprop, along M for wgrad...). One kernel
+              per cast: amax and cast in the same program (the row chunk is re-read from L2). torch._scaled_mm
+              with (M,1) x (1,N) scales.
+  blockwise   DeepSeek-V3 / Megatron: activations and grads 1x128 groups, weights 128x128 tiles. One cast
+              kernel per operand; the GEMM is this file's Triton kernel applying the per-block scales inside the
+              K loop (portable: any GPU Triton supports with fp8 dot, and the interpreter).
+Formats: e4m3 everywhere, or "hybrid" (e4m3 forward, e5m2 gradients). On MI300 (gfx942) the fnuz variants are used.
+fp8 GEMM needs K and N (in/out features) multiples of 16; the token dim M is padded to 16 where it is the
+contraction dim (wgrad) by the cast kernels themselves (they write zeros in the pad).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterable, List, Optional, Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+from primus.turbo import _common
+
+log = logging.getLogger("primus.turbo")
+
+RECIPES = ("tensorwise", "rowwise", "blockwise")
+_DEVICE_WORDS = ("cpu", "cuda", "rocm")
+GROUP = 128  # blockwise group / tile edge
+_PARTS = 1024  # max programs of the amax pass (its partial maxima fit one load of the cast kernel)
+
+
+# -------------------------------------------------------------------------------------------------- availability
+
+
+def fp8_dtypes(device=None):
+    """(forward dtype, e5m2 dtype) for this device: the fnuz variants on MI300 (gfx942), OCP fp8 elsewhere."""
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda" and torch.version.hip is not None:
+        arch = getattr(torch.cuda.get_device_properties(dev), "gcnArchName", "")
+        if arch.startswith("gfx94"):
+            return torch.float8_e4m3fnuz, torch.float8_e5m2fnuz
+    return torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _gpu_has_fp8(dev: torch.device) -> bool:
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return False
+    if torch.version.hip is not None:
+        arch = getattr(torch.cuda.get_device_properties(dev), "gcnArchName", "")
+        return arch.startswith(("gfx94", "gfx95", "gfx12"))
+    return torch.cuda.get_device_capability(dev) >= (8, 9)
+
+
+def fp8_linear_available(recipe_or_device=None, device=None, recipe: Optional[str] = None) -> bool:
+    """Can this fp8 linear run `recipe` on `device` here? Accepts `(device)`, `(recipe)` or `(recipe, device)`.
+
+    Device None = "cuda" when a GPU is present. CPU answers True only under TRITON_INTERPRET=1 (kernel tests)."""
+    if recipe_or_device is not None:
+        s = str(recipe_or_device)
+        if isinstance(recipe_or_device, torch.device) or s.split(":")[0] in _DEVICE_WORDS:
+            device = device or recipe_or_device
+        else:
+            recipe = recipe or s
+    recipe = getattr(recipe, "value", recipe)
+    if recipe is not None and recipe not in RECIPES:
+        return False
+    if not hasattr(torch, "_scaled_mm"):
+        return False
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device("cuda" if str(device) == "rocm" else device)
+    if dev.type == "cpu":
+        return _common.interpreting()
+    return _gpu_has_fp8(dev)
+
+
+def fp8_shape_ok(in_features: int, out_features: int) -> bool:
+    """fp8 GEMMs (cuBLASLt / hipBLASLt) need K and N multiples of 16."""
+    return in_features % 16 == 0 and out_features % 16 == 0
+
+
+# ------------------------------------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _absmax_partial(X, PART, n, ITERS, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for i in range(0, ITERS):
+        offs = (pid + i * nprog).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(X + offs, mask=offs < n, other=0.0).to(tl.float32)
+        acc = tl.maximum(acc, tl.abs(x))
+    tl.store(PART + pid, tl.max(acc, axis=0))
+
+
+@triton.jit
+def _cast_tensorwise(X, PART, Y, YT, SINV, R, C, RP, stride_xr, NPART, FP8_MAX,
+                     NP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                     WRITE_Y: tl.constexpr, WRITE_T: tl.constexpr):
+    # scale from the amax partials (reduced here: no separate amax-reduce / scale kernel, no host sync)
+    p = tl.load(PART + tl.arange(0, NP), mask=tl.arange(0, NP) < NPART, other=0.0)
+    amax = tl.max(p, axis=0)
+    scale = FP8_MAX / tl.maximum(amax, 1e-12)
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rows = pid_r * BR + tl.arange(0, BR)
+    cols = pid_c * BC + tl.arange(0, BC)
+    inb = (rows[:, None] < R) & (cols[None, :] < C)
+    x = tl.load(X + rows[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=inb, other=0.0).to(tl.float32)
+    y = tl.clamp(x * scale, -FP8_MAX, FP8_MAX)
+    if WRITE_Y:
+        tl.store(Y + rows[:, None].to(tl.int64) * C + cols[None, :], y.to(Y.dtype.element_ty), mask=inb)
+    if WRITE_T:  # (C, RP) row-major; rows R..RP-1 are the zero pad
+        tmask = (rows[:, None] < RP) & (cols[None, :] < C)
+        tl.store(YT + cols[None, :].to(tl.int64) * RP + rows[:, None], y.to(YT.dtype.element_ty), mask=tmask)
+    if (pid_r == 0) & (pid_c == 0):
+        tl.store(SINV, 1.0 / scale)
+
+
+@triton.jit
+def _cast_rowwise(X, Y, SINV, R, C, CP, stride_xr, stride_xc, stride_yr, stride_yc, FP8_MAX, NCHUNK,
+                  BR: tl.constexpr, BC: tl.constexpr):
+    """Quantise each row of the (R, C) view along C; output (R, CP) (cols C..CP-1 = zero pad), scales (R,)."""
+    pid = tl.program_id(0)
+    rows = pid * BR + tl.arange(0, BR)
+    rmask = rows < R
+    r64 = rows[:, None].to(tl.int64)
+    amax = tl.zeros((BR,), dtype=tl.float32)
+    for i in range(0, NCHUNK):
+        cols = i * BC + tl.arange(0, BC)
+        m = rmask[:, None] & (cols[None, :] < C)
+        x = tl.load(X + r64 * stride_xr + cols[None, :].to(tl.int64) * stride_xc, mask=m, other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+    scale = FP8_MAX / tl.maximum(amax, 1e-12)
+    for i in range(0, NCHUNK):
+        cols = i * BC + tl.arange(0, BC)
+        m = rmask[:, None] & (cols[None, :] < C)
+        x = tl.load(X + r64 * stride_xr + cols[None, :].to(tl.int64) * stride_xc, mask=m, other=0.0)
+        y = tl.clamp(x.to(tl.float32) * scale[:, None], -FP8_MAX, FP8_MAX)
+        om = rmask[:, None] & (cols[None, :] < CP)
+        tl.store(Y + r64 * stride_yr + cols[None, :].to(tl.int64) * stride_yc, y.to(Y.dtype.element_ty), mask=om)
+    tl.store(SINV + rows, 1.0 / scale, mask=rmask)
+
+
+@triton.jit
+def _cast_block(X, Y, S, R, C, stride_xr, stride_xc, stride_yr, stride_yc, stride_sr, stride_sc, FP8_MAX,
+                BR: tl.constexpr, G: tl.constexpr, TILE: tl.constexpr):
+    """Blockwise: TILE=False -> 1xG groups along C (scales (R, C/G)); TILE=True -> GxG tiles (scales (R/G, C/G))."""
+    pid_r = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    rows = pid_r * BR + tl.arange(0, BR)
+    cols = pid_g * G + tl.arange(0, G)
+    m = (rows[:, None] < R) & (cols[None, :] < C)
+    x = tl.load(X + rows[:, None].to(tl.int64) * stride_xr + cols[None, :].to(tl.int64) * stride_xc,
+                mask=m, other=0.0).to(tl.float32)
+    if TILE:
+        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+        scale = FP8_MAX / tl.maximum(amax, 1e-12)
+        y = tl.clamp(x * scale, -FP8_MAX, FP8_MAX)
+        tl.store(S + pid_r * stride_sr + pid_g * stride_sc, 1.0 / scale)
+    else:
+        amax = tl.max(tl.abs(x), axis=1)
+        scale = FP8_MAX / tl.maximum(amax, 1e-12)
+        y = tl.clamp(x * scale[:, None], -FP8_MAX, FP8_MAX)
+        tl.store(S + rows * stride_sr + pid_g * stride_sc, 1.0 / scale, mask=rows < R)
+    tl.store(Y + rows[:, None].to(tl.int64) * stride_yr + cols[None, :].to(tl.int64) * stride_yc,
+             y.to(Y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _gemm_blockwise(A, B, Cp, SA, SB, M, N, K,
+                    s_am, s_ak, s_bk, s_bn, s_cm, s_cn, s_sam, s_sak, s_sbk, s_sbn,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SB_GN: tl.constexpr,
+                    UPCAST: tl.constexpr):
+    """C[M,N] = sum_kb (A[:, kb] @ B[kb, :]) * SA[m, kb] * SB[kb, n // SB_GN]; BK = the scale group (128)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        k = kb * BK + rk
+        a = tl.load(A + rm[:, None].to(tl.int64) * s_am + k[None, :].to(tl.int64) * s_ak,
+                    mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
+        b = tl.load(B + k[:, None].to(tl.int64) * s_bk + rn[None, :].to(tl.int64) * s_bn,
+                    mask=(k[:, None] < K) & (rn[None, :] < N), other=0.0)
+        if UPCAST:
+            p = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        else:
+            p = tl.dot(a, b)
+        sa = tl.load(SA + rm * s_sam + kb * s_sak, mask=rm < M, other=0.0)
+        sb = tl.load(SB + kb * s_sbk + (rn // SB_GN) * s_sbn, mask=rn < N, other=0.0)
+        acc += p * sa[:, None] * sb[None, :]
+    tl.store(Cp + rm[:, None].to(tl.int64) * s_cm + rn[None, :].to(tl.int64) * s_cn, acc.to(Cp.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+# ------------------------------------------------------------------------------------------------ cast wrappers
+
+
+def _fmax(dtype) -> float:
+    return float(torch.finfo(dtype).max)
+
+
+def _pad16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool = False, pad_t: bool = True):
+    """x2 (R, C) -> (y (R, C) fp8 | None, yT (C, RP) fp8 | None, scale_inv fp32 scalar). RP = R padded to 16."""
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    R, C = x2.shape
+    n = R * C
+    flat = x2 if x2.is_contiguous() else x2.contiguous()
+    BLOCK = 4096
+    nprog = max(1, min(_PARTS, triton.cdiv(n, BLOCK)))
+    iters = triton.cdiv(triton.cdiv(n, BLOCK), nprog)
+    part = _common.empty((nprog,), torch.float32, x2.device)
+    _absmax_partial[(nprog,)](flat, part, n, iters, BLOCK=BLOCK, num_warps=8)
+    RP = _pad16(R) if pad_t else R
+    y = _common.empty((R, C), dtype, x2.device) if want_y else None
+    yt = _common.empty((C, RP), dtype, x2.device) if want_t else None
+    sinv = _common.empty((), torch.float32, x2.device)
+    BR, BC = 64, 64
+    _cast_tensorwise[(triton.cdiv(RP, BR), triton.cdiv(C, BC))](
+        x2, part, y if want_y else sinv, yt if want_t else sinv, sinv, R, C, RP, x2.stride(0), nprog, _fmax(dtype),
+        NP=_PARTS, BR=BR, BC=BC, WRITE_Y=want_y, WRITE_T=want_t, num_warps=4)
+    return y, yt, sinv
+
+
+def cast_rowwise(x2: torch.Tensor, dtype, transpose: bool = False, pad: bool = False):
+    """Per-row scaling of x2 (R, C) along C -> (y (R, CP), scale_inv (R, 1)).
+    transpose=True quantises along R instead: y (C, RP) = the transpose, scales (C, 1)."""
+    src = x2.t() if transpose else x2
+    R, C = src.shape
+    CP = _pad16(C) if pad else C
+    y = _common.empty((R, CP), dtype, x2.device)
+    sinv = _common.empty((R, 1), torch.float32, x2.device)
+    if src.stride(1) == 1:  # rows contiguous: wide chunks along C
+        BC = min(1024, triton.next_power_of_2(CP))
+        BR = max(1, 2048 // BC)
+    else:  # column view of a row-major tensor: square tiles, coalesced along R
+        BR, BC = 32, 64
+    _cast_rowwise[(triton.cdiv(R, BR),)](src, y, sinv, R, C, CP, src.stride(0), src.stride(1), y.stride(0),
+                                         y.stride(1), _fmax(dtype), triton.cdiv(CP, BC), BR=BR, BC=BC, num_warps=4)
+    return y, sinv
+
+
+def cast_blockwise(x2: torch.Tensor, dtype, tile: bool = False, transpose: bool = False):
+    """1x128 groups along C (tile=False; scales (R, C/128)) or 128x128 tiles (tile=True; scales (R/128, C/128)).
+    transpose=True quantises x2.t() (groups along the original R) and writes it transposed and contiguous."""
+    src = x2.t() if transpose else x2
+    R, C = src.shape
+    y = _common.empty((R, C), dtype, x2.device)
+    ng = triton.cdiv(C, GROUP)
+    s = _common.empty(((triton.cdiv(R, GROUP) if tile else R), ng), torch.float32, x2.device)
+    BR = GROUP if tile else 32
+    _cast_block[(triton.cdiv(R, BR), ng)](src, y, s, R, C, src.stride(0), src.stride(1), y.stride(0), y.stride(1),
+                                          s.stride(0), s.stride(1), _fmax(dtype), BR=BR, G=GROUP, TILE=tile,
+                                          num_warps=8 if tile else 4)
+    return y, s
+
+
+def gemm_blockwise(a, sa, b, sb, sb_group_n: int, out_dtype, b_scale_strides=None):
+    """a (M,K) fp8 with scales sa (M, K/128); b (K,N) fp8 view with scales sb[kb, n // sb_group_n]."""
+    M, K = a.shape
+    N = b.shape[1]
+    c = _common.empty((M, N), out_dtype, a.device)
+    ssb_k, ssb_n = b_scale_strides if b_scale_strides is not None else (sb.stride(0), sb.stride(1))
+    BM, BN = 128, 128
+    if _common.interpreting():
+        BM, BN = 32, 32
+    upcast = a.dtype != b.dtype
+    _gemm_blockwise[(triton.cdiv(M, BM), triton.cdiv(N, BN))](
+        a, b, c, sa, sb, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        sa.stride(0), sa.stride(1), ssb_k, ssb_n, BM=BM, BN=BN, BK=GROUP, SB_GN=sb_group_n, UPCAST=upcast,
+        num_warps=8, num_stages=3)
+    return c
+
+
+# -------------------------------------------------------------------------------------------------- the linear
+
+
+def _mm(a, b, sa, sb, out_dtype, bias=None, fast=False):
+    return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype, use_fast_accum=fast)
+
+
+def _out_dtype(t: torch.Tensor):
+    return t.dtype if t.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+
+
+class _FP8LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe, fmt):
+        f_dt, e5 = fp8_dtypes(x.device)
+        g_dt = e5 if fmt == "hybrid" else f_dt
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        M, K = x2.shape
+        N = weight.shape[0]
+        out_dt = _out_dtype(x)
+        fast = x.device.type == "cuda"
+        need_w = ctx.needs_input_grad[1]
+        if recipe == "tensorwise":
+            xq, xqt, sx = cast_tensorwise(x2, f_dt, want_y=True, want_t=need_w)
+            wq, wqt, sw = cast_tensorwise(weight, f_dt, want_y=True, want_t=True, pad_t=False)
+            y = _mm(xq, wq.t(), sx, sw, out_dt, bias=bias.to(out_dt) if bias is not None else None, fast=fast)
+            ctx.save_for_backward(xqt, sx, wqt, sw)
+        elif recipe == "rowwise":
+            xq, sx = cast_rowwise(x2, f_dt)
+            wq, sw = cast_rowwise(weight, f_dt)
+            y = _mm(xq, wq.t(), sx, sw.t(), out_dt, fast=fast)
+            if bias is not None:
+                y = y + bias.to(out_dt)
+            ctx.save_for_backward(x2 if need_w else None, weight)
+        elif recipe == "blockwise":
+            xq, sx = cast_blockwise(x2, f_dt)  # 1x128 along K
+            wq, sw = cast_blockwise(weight, f_dt, tile=True)  # 128x128, scales (N/128, K/128)
+            # B = W^T (K, N) view; its scale for (kb, n) is sw[n // 128, kb]
+            y = gemm_blockwise(xq, sx, wq.t(), sw, GROUP, out_dt, b_scale_strides=(sw.stride(1), sw.stride(0)))
+            if bias is not None:
+                y = y + bias.to(out_dt)
+            ctx.save_for_backward(x2 if need_w else None, wq, sw)
+        else:
+            raise ValueError(f"fp8 recipe must be one of {RECIPES}, not {recipe!r}")
+        ctx.recipe, ctx.g_dt, ctx.f_dt, ctx.M, ctx.has_bias = recipe, g_dt, f_dt, M, bias is not None
+        ctx.w_dtype = weight.dtype
+        return y.view(*shape[:-1], N)
+
+    @staticmethod
+    def backward(ctx, dy):
+        recipe, g_dt, f_dt, M = ctx.recipe, ctx.g_dt, ctx.f_dt, ctx.M
+        N = dy.shape[-1]
+        dy2 = dy.reshape(-1, N)
+        if dy2.stride(1) != 1:
+            dy2 = dy2.contiguous()
+        out_dt = _out_dtype(dy)
+        w_dt = ctx.w_dtype if ctx.w_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+        dx = dw = db = None
+        if recipe == "tensorwise":
+            xqt, sx, wqt, sw = ctx.saved_tensors
+            dyq, dyqt, sdy = cast_tensorwise(dy2, g_dt, want_y=ctx.needs_input_grad[0],
+                                             want_t=ctx.needs_input_grad[1])
+            if ctx.needs_input_grad[0]:
+                dx = _mm(dyq, wqt.t(), sdy, sw, out_dt)  # (M,N) @ (N,K)
+            if ctx.needs_input_grad[1]:
+                dw = _mm(dyqt, xqt.t(), sdy, sx, w_dt)  # (N,MP) @ (MP,K), pad rows are zero
+        elif recipe == "rowwise":
+            x2, weight = ctx.saved_tensors
+            if ctx.needs_input_grad[0]:
+                dyq, sdy = cast_rowwise(dy2, g_dt)  # along N
+                wqt, swt = cast_rowwise(weight, f_dt, transpose=True)  # W^T (K, N) rows along N
+                dx = _mm(dyq, wqt.t(), sdy, swt.t(), out_dt)
+            if ctx.needs_input_grad[1]:
+                dyqt, sdyt = cast_rowwise(dy2, g_dt, transpose=True, pad=True)  # dy^T (N, MP) along M
+                xqt, sxt = cast_rowwise(x2, f_dt, transpose=True, pad=True)  # x^T (K, MP) along M
+                dw = _mm(dyqt, xqt.t(), sdyt, sxt.t(), torch.bfloat16 if w_dt == torch.float32 else w_dt)
+                dw = dw.to(w_dt)
+        else:  # blockwise
+            x2, wq, sw = ctx.saved_tensors
+            if ctx.needs_input_grad[0]:
+                dyq, sdy = cast_blockwise(dy2, g_dt)  # 1x128 along N
+                # B = W (N, K) as stored; scale for (kb over N, k) is sw[kb, k // 128]
+                dx = gemm_blockwise(dyq, sdy, wq, sw, GROUP, out_dt)
+            if ctx.needs_input_grad[1]:
+                dyqt, sdyt = cast_blockwise(dy2, g_dt, transpose=True)  # dy^T (N, M), 1x128 along M
+                xqt, sxt = cast_blockwise(x2, f_dt, transpose=True)  # x^T (K, M), 1x128 along M
+                # B = x (M, K) = xqt.t(); scale for (kb over M, k) is sxt[k, kb]
+                dw = gemm_blockwise(dyqt, sdyt, xqt.t(), sxt, 1, w_dt,
+                                    b_scale_strides=(sxt.stride(1), sxt.stride(0)))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.float().sum(0).to(ctx.w_dtype)
+        if dx is not None:
+            dx = dx.view(*dy.shape[:-1], dx.shape[-1])
+        return dx, dw, db, None, None
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+               recipe: str = "tensorwise", fmt: str = "e4m3") -> torch.Tensor:
+    """y = x @ weight.T + bias with all three GEMMs (fprop, dgrad, wgrad) in fp8. fmt: "e4m3" or "hybrid"."""
+    recipe = getattr(recipe, "value", recipe)
+    fmt = getattr(fmt, "value", fmt)
+    return _FP8LinearFn.apply(x, weight, bias, recipe, fmt)
+
+
+class FP8Linear(nn.Linear):
+    """nn.Linear whose matmuls run in fp8 (same parameters, same state_dict keys)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 recipe: str = "tensorwise", fmt: str = "e4m3"):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.recipe, self.fmt = getattr(recipe, "value", recipe), getattr(fmt, "value", fmt)
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear, recipe: str = "tensorwise", fmt: str = "e4m3") -> "FP8Linear":
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = lin.in_features, lin.out_features
+        new.weight, new.bias = lin.weight, lin.bias  # shared, not copied
+        new.recipe, new.fmt = getattr(recipe, "value", recipe), getattr(fmt, "value", fmt)
+        return new
+
+    def forward(self, x):
+        if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        return fp8_linear(x, self.weight, self.bias, self.recipe, self.fmt)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", recipe={self.recipe}, fmt={self.fmt}"
+
+
+def swap_linears_to_fp8(module: nn.Module, recipe: str = "tensorwise", filter_fqns: Iterable[str] = ("output",),
+                        fmt: str = "e4m3") -> List[str]:
+    """Replace, in place, every nn.Linear whose name contains none of `filter_fqns` and whose dims are multiples
+    of 16 by an FP8Linear sharing its parameters. Returns the swapped names; skipped ones are logged."""
+    recipe = getattr(recipe, "value", recipe)
+    if recipe not in RECIPES:
+        raise ValueError(f"fp8 recipe must be one of {RECIPES}, not {recipe!r}")
+    filters: Sequence[str] = tuple(filter_fqns or ())
+    swapped: List[str] = []
+    for name, child in list(module.named_modules()):
+        for cname, c in list(child.named_children()):
+            fqn = f"{name}.{cname}" if name else cname
+            if type(c) is not nn.Linear:
+                continue
+            if any(f and f in fqn for f in filters):
+                continue
+            if not fp8_shape_ok(c.in_features, c.out_features):
+                log.info("fp8: %s kept in high precision (dims %dx%d not multiples of 16)", fqn, c.in_features,
+                         c.out_features)
+                continue
+            setattr(child, cname, FP8Linear.from_linear(c, recipe, fmt))
+            swapped.append(fqn)
+    return swapped
