@@ -1,0 +1,130 @@
+"""The planner's verdicts, advice, refusal path and CLI (pure Python: no GPU, no torch)."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import PY, ROOT, compose_cfg
+from primus.context import RunContext
+from primus.plan import check_fits, plan
+from primus.plan.gpus import GiB, resolve_gpu
+from primus.plan.memory import estimate_memory
+
+GPU_CTX = RunContext(device="cuda", world_size=1)  # judged as a GPU run; no GPU here, so the target is plan.gpu / H200
+
+
+def _bd(overrides, world=1, gpu="H200"):
+    return estimate_memory(compose_cfg(overrides), resolve_gpu(gpu, None), world)
+
+
+def test_llama2_7b_on_h200_says_whether_it_fits_and_lists_fitting_alternatives():
+    p = plan(compose_cfg(["model=llama2_7b", "training=bench", "plan.gpu=H200"]), GPU_CTX)
+    assert "H200 141 GB" in p.text
+    assert not p.fits and "DOES NOT FIT" in p.text
+    fitting = [v for v in p.variants if v.fits]
+    assert fitting, p.text
+    assert any(v.gpus == 1 for v in fitting), "a same-GPU alternative (recompute / offload) should fit"
+    assert "[fits]" in p.text
+    # each listed alternative really fits when applied as its overrides say
+    v = next(v for v in fitting if v.gpus == 1)
+    again = plan(compose_cfg(["model=llama2_7b", "training=bench", "plan.gpu=H200"] + v.overrides), GPU_CTX)
+    assert again.fits and abs(again.breakdown.total - v.breakdown.total) < 1e-6 * v.breakdown.total
+
+
+def test_small_configs_fit_h200_and_get_no_advice():
+    p = plan(compose_cfg(["model=llama3_2_1b", "plan.gpu=H200"]), GPU_CTX)
+    assert p.fits and "verdict: FITS" in p.text and not p.variants
+    # llama2_7b at a tiny batch: weights 2 + fp32 grads 4 + main params 4 + Adam 8 + AdamW foreach temps 4 bytes
+    # per param = 138 GiB at the optimizer step: not on one H200, fine on an MI300X
+    p = plan(compose_cfg(["model=llama2_7b", "plan.gpu=H200"]), GPU_CTX)
+    assert not p.fits and p.breakdown.peak_phase == "optimizer step"
+    assert "MI300X 192 GB" in p.bigger_gpus
+
+
+def test_llama3_70b_on_one_h100_prints_advice():
+    p = plan(compose_cfg(["model=llama3_70b", "training=bench", "plan.gpu=H100"]), GPU_CTX)
+    assert not p.fits
+    assert "H100 80 GB" in p.text and "what-if" in p.text
+    multi = [v for v in p.variants if v.fits]
+    assert multi and all(v.gpus > 1 for v in multi)  # 70B needs more than one GPU whatever the settings
+    assert "needs" in p.text and "GPUs" in p.text
+
+
+def test_check_fits_refuses_and_is_overridable():
+    bad = compose_cfg(["model=llama3_70b", "training=bench", "plan.gpu=H100"])
+    issue = check_fits(bad, GPU_CTX)
+    assert issue is not None and "plan.enforce" in issue.keys and "plan.enforce=false" in issue.fix
+    assert check_fits(compose_cfg(["model=llama3_70b", "training=bench", "plan.gpu=H100", "plan.enforce=false"]),
+                      GPU_CTX) is None
+    assert check_fits(bad, RunContext(device="cpu", world_size=1)) is None  # CPU runs are not judged
+    assert check_fits(compose_cfg(["model=debug"]), GPU_CTX) is None
+
+
+def test_recompute_offload_and_sharding_lower_the_estimate():
+    base = ["model=llama3_8b", "training=bench"]
+    none = _bd(base)
+    sel = _bd(base + ["recompute=selective"])
+    full = _bd(base + ["recompute=full"])
+    assert full.activations < sel.activations < none.activations
+    assert full.activations < 0.15 * none.activations
+    off = _bd(base + ["memory=offload"])
+    assert off.optimizer_cpu > 0 and off.optimizer < none.optimizer
+    # distributed optimizer over dp=8 shards main params + Adam states by 8
+    dist = _bd(base + ["memory=distributed_optimizer", "launcher.nproc_per_node=8", "training.global_batch_size=64"], world=8)
+    plain = _bd(base + ["launcher.nproc_per_node=8", "training.global_batch_size=64"], world=8)
+    assert dist.optimizer == pytest.approx(plain.optimizer / 8, rel=1e-6)
+    # pp=2: stage 0 holds half the layers but two micro batches in flight
+    pp = _bd(base + ["parallel=pp2", "launcher.nproc_per_node=2", "training.global_batch_size=16"], world=2)
+    assert pp.params_numel < none.params_numel
+
+
+def test_torchtitan_fsdp_shards_everything():
+    base = ["backend=torchtitan", "model=llama3_8b", "training=bench"]
+    one = _bd(base)
+    eight = _bd(base + ["launcher.nproc_per_node=8", "training.global_batch_size=64"], world=8)
+    assert eight.optimizer_state_numel * 8 >= one.optimizer_state_numel
+    assert eight.optimizer == pytest.approx(one.optimizer / 8, rel=1e-3)
+
+
+def test_gpu_resolution():
+    assert resolve_gpu("MI300X", None).capacity_bytes == pytest.approx(191.98 * GiB)
+    assert resolve_gpu(None, 100).capacity_bytes == 100 * GiB
+    assert resolve_gpu("H200", 50).capacity_bytes == 50 * GiB  # an explicit size wins
+    with pytest.raises(ValueError):
+        resolve_gpu("Z80", None)
+    p = plan(compose_cfg(["model=debug", "plan.gpu=auto"]), RunContext(device="cpu", world_size=1))
+    assert "H200" in p.text  # no GPU here: auto falls back to H200
+
+
+def test_throughput_at_assumed_mfu():
+    p = plan(compose_cfg(["model=llama3_2_1b", "training=bench", "plan.gpu=H200", "plan.assumed_mfu=0.45"]), GPU_CTX)
+    t = p.throughput
+    assert t.flops_per_step == pytest.approx(t.flops_per_token * 8 * 4096)
+    assert t.step_time_s == pytest.approx(t.flops_per_step / (0.45 * 989.4e12))
+    assert t.tokens_per_s == pytest.approx(8 * 4096 / t.step_time_s)
+
+
+def _run(args, timeout=30):
+    t0 = time.time()
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    return r, time.time() - t0
+
+
+def test_plan_module_cli_is_fast_and_exits_zero():
+    r, dt = _run([PY, "-m", "primus.plan", "model=llama3_70b", "training=bench", "plan.gpu=H100"])
+    assert r.returncode == 0, r.stderr
+    assert "[primus plan]" in r.stdout and "DOES NOT FIT" in r.stdout and "[fits]" in r.stdout
+    assert dt < 10, dt
+
+
+def test_train_py_mode_plan_is_fast_and_exits_zero():
+    with open(os.path.join(ROOT, "primus", "run.py")) as f:
+        if "run_plan" not in f.read():
+            pytest.skip("primus/run.py does not call primus.plan.run_plan yet")
+    r, dt = _run([PY, "train.py", "model=llama2_7b", "training=bench", "mode=plan", "plan.gpu=H200"])
+    assert r.returncode == 0, r.stderr
+    assert "[primus plan]" in r.stdout and "[fits]" in r.stdout
+    assert dt < 10, dt
