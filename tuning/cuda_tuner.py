@@ -1,0 +1,353 @@
+"""Stage 2 on CUDA: time cuBLASLt candidates for one GEMM problem on one GPU.
+
+Candidates: the heuristic's list (at most 8 on an H200), then its top entries with other split-k / swizzle /
+reduction settings, then algorithms enumerated from AlgoGetIds and their tile/stage capabilities; each checked
+with AlgoCheck. Timing: CUDA events around each call, median, over a rotating set of buffers larger than L2 so a
+problem is not timed from cache; the launches queue behind a GPU spin so ctypes launch cost never starves the
+GPU. Every candidate's output is compared with the default algorithm's before it is timed.
+"""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from tuning.gemm_problem import GemmProblem
+from tuning.lt_bindings import Algo, Lt, LtError
+from tuning.results_file import CUBLASLT_ALGO_COLUMNS, row_from_problem
+from tuning.tune_journal import DEFAULT, FAILED, SKIPPED, TUNED, TuneOutcome
+
+TORCH_DTYPES = {"bf16_r": torch.bfloat16, "f16_r": torch.float16, "f32_r": torch.float32}
+# Relative Frobenius error allowed against the default algorithm's output (split-k reorders the sums).
+TOLERANCE = {"bf16_r": 2e-2, "f16_r": 1e-2, "f32_r": 1e-4}
+ALIGNMENT = 256  # bytes; the apply path only routes tensors aligned like this
+SPLITK_LADDER = (1, 2, 3, 4, 6, 8, 16)
+
+
+def buffer_elems(p: GemmProblem) -> tuple[int, int, int, int]:
+    """Elements spanned by A, B, C, D (column-major with leading dims and batch strides)."""
+    ar, ac = (p.m, p.k) if p.transA == "N" else (p.k, p.m)
+    br, bc = (p.k, p.n) if p.transB == "N" else (p.n, p.k)
+    extra = p.batch_count - 1
+    return (p.lda * (ac - 1) + ar + extra * p.stride_a, p.ldb * (bc - 1) + br + extra * p.stride_b,
+            p.ldc * (p.n - 1) + p.m + extra * p.stride_c, p.ldd * (p.n - 1) + p.m + extra * p.stride_d)
+
+
+@dataclass
+class _Candidate:
+    algo: Algo
+    config: dict
+    source: str
+    us: float = math.inf
+
+
+class CudaLtTuner:
+    def __init__(self, device: int = 0, *, max_candidates: int = 64, warmup: int = 5, iters: int = 20,
+                 rotating_mb: int = 512, min_gain: float = 0.01, workspace_mb: int = 32, confirm_top: int = 3,
+                 seed: int = 0):
+        if not torch.cuda.is_available():
+            raise RuntimeError("the CUDA tuner needs a CUDA GPU (torch.cuda.is_available() is False)")
+        self.device = device
+        torch.cuda.set_device(device)
+        self.lt = Lt.load("cublaslt")
+        self.handle = self.lt.create_handle()
+        self.max_candidates, self.warmup, self.iters = max_candidates, warmup, iters
+        self.rotating_bytes, self.min_gain, self.confirm_top = rotating_mb << 20, min_gain, confirm_top
+        self.rotating_mb = rotating_mb
+        self.ws_bytes = workspace_mb << 20
+        self.ws = torch.empty(self.ws_bytes, dtype=torch.uint8, device=f"cuda:{device}")
+        self.seed = seed
+        props = torch.cuda.get_device_properties(device)
+        self.gpu_name = props.name.replace(",", " ")
+        self.sms = props.multi_processor_count
+        self.lib_version = self.lt.version()
+        # ~60 us of spin per timed call covers the CPU cost of launching it through ctypes.
+        self.spin_cycles_per_iter = int(60e-6 * getattr(props, "clock_rate", 1_980_000) * 1e3)
+
+    def git_version(self) -> str:
+        return self.lt.git_version()
+
+    # -- public --------------------------------------------------------------------------------------------------
+
+    def tune_one(self, p: GemmProblem) -> TuneOutcome:
+        why = self._unsupported(p)
+        if why:
+            return TuneOutcome(SKIPPED, detail=why, device=self.device)
+        descs = self.lt.create_descs(p)
+        try:
+            with torch.cuda.device(self.device):
+                return self._tune(p, descs)
+        finally:
+            self.lt.destroy_descs(descs)
+            torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        self.lt.destroy_handle(self.handle)
+
+    # -- internals -----------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _unsupported(p: GemmProblem) -> str:
+        types = {p.a_type, p.b_type, p.c_type, p.d_type}
+        if not types <= set(TORCH_DTYPES):
+            return f"types {sorted(types)} not tuned on CUDA (bf16/f16/f32 only)"
+        if p.a_type != p.b_type:
+            return "mixed input types"
+        if p.scaleA or p.scaleB or p.activation_type != "none" or p.compute_type != "f32_r":
+            return "scaled / activation / non-f32 compute GEMMs are not tuned on CUDA"
+        return ""
+
+    def _buffers(self, p: GemmProblem):
+        """Flat A/B/C/D(/bias) buffers, enough sets to cover the rotating size."""
+        dev = torch.device("cuda", self.device)
+        na, nb, nc, nd = buffer_elems(p)
+        dt = {k: TORCH_DTYPES[getattr(p, k + "_type")] for k in "abcd"}
+        set_bytes = (na * dt["a"].itemsize + nb * dt["b"].itemsize + nd * dt["d"].itemsize
+                     + (nc * dt["c"].itemsize if p.beta else 0))
+        free, _ = torch.cuda.mem_get_info(self.device)
+        nsets = max(1, min(64, math.ceil(self.rotating_bytes / max(set_bytes, 1)), int(0.5 * free // set_bytes)))
+        gen = torch.Generator(device=dev).manual_seed(self.seed)
+
+        def rnd(n, dtype):
+            return torch.randn(n, generator=gen, device=dev, dtype=torch.float32).to(dtype)
+
+        sets = []
+        for _ in range(nsets):
+            s = {"a": rnd(na, dt["a"]), "b": rnd(nb, dt["b"]), "d": torch.empty(nd, dtype=dt["d"], device=dev)}
+            s["c"] = rnd(nc, dt["c"]) if p.beta else s["d"]
+            if p.bias_vector:
+                s["bias"] = rnd(p.m, TORCH_DTYPES.get(p.bias_type, dt["d"]))
+            sets.append(s)
+        return sets
+
+    def _lt_runner(self, p, descs, sets, out_key="d"):
+        lt, h, ws, wsb = self.lt, self.handle, self.ws.data_ptr(), self.ws_bytes
+
+        def run(algo: Algo, i: int, out=None):
+            s = sets[i]
+            if p.bias_vector:
+                lt.set_bias_pointer(descs, s["bias"].data_ptr())
+            d = (out if out is not None else s[out_key]).data_ptr()
+            c = s["c"].data_ptr() if p.beta else d
+            lt.matmul(h, descs, algo, s["a"].data_ptr(), s["b"].data_ptr(), c, d, ws, wsb,
+                      torch.cuda.current_stream().cuda_stream, beta=p.beta)
+        return run
+
+    @staticmethod
+    def _torch_views(p: GemmProblem, s: dict):
+        """The torch call training made for this problem, on buffer set s (None when not expressible)."""
+        def view(flat, rows, cols, ld, op, batch_stride):
+            # torch operand [rows, cols]: op N = row-major with ld, op T = column-major with ld
+            size, stride = (rows, cols), ((ld, 1) if op == "N" else (1, ld))
+            if p.batch_count > 1:
+                size, stride = (p.batch_count,) + size, (batch_stride,) + stride
+            return flat.as_strided(size, stride)
+
+        x = view(s["b"], p.n, p.k, p.ldb, p.transB, p.stride_b)   # torch left operand  = cuBLAS B
+        w = view(s["a"], p.k, p.m, p.lda, p.transA, p.stride_a)   # torch right operand = cuBLAS A
+        bias = s.get("bias")
+        if p.batch_count > 1:
+            if bias is not None:
+                return None
+            if p.beta:
+                c = view(s["c"], p.n, p.m, p.ldc, "N", p.stride_c)
+                return lambda: torch.baddbmm(c, x, w, beta=p.beta, alpha=p.alpha)
+            return lambda: torch.bmm(x, w)
+        if bias is not None:
+            return lambda: torch.addmm(bias, x, w)
+        if p.beta:
+            c = view(s["c"], p.n, p.m, p.ldc, "N", 0)
+            return lambda: torch.addmm(c, x, w, beta=p.beta, alpha=p.alpha)
+        return lambda: torch.mm(x, w)
+
+    @staticmethod
+    def _lt_output(p: GemmProblem, flat: torch.Tensor) -> torch.Tensor:
+        size, stride = (p.n, p.m), (p.ldd, 1)
+        if p.batch_count > 1:
+            size, stride = (p.batch_count,) + size, (p.stride_d,) + stride
+        return flat.as_strided(size, stride)
+
+    @staticmethod
+    def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+        x, ref = x.float(), ref.float()
+        return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+    def _time(self, fn, nsets: int, iters: int | None = None, warmup: int | None = None) -> float:
+        iters = iters or self.iters
+        for i in range(self.warmup if warmup is None else warmup):
+            fn(i % nsets)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(self.spin_cycles_per_iter * iters)
+        for i in range(iters):
+            starts[i].record()
+            fn((i + 1) % nsets)
+            ends[i].record()
+        ends[-1].synchronize()
+        return 1e3 * statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+    def _candidates(self, p, descs, heuristic: list[Algo]):
+        """Heuristic list, then variations of its best, then enumerated algorithms; deduplicated, checked."""
+        lt, h = self.lt, self.handle
+        seen: set = set()
+        checks = 0
+
+        def admit(algo: Algo, source: str):
+            nonlocal checks
+            try:
+                cfg = lt.get_config(algo)
+            except LtError:
+                return None
+            ident = tuple(cfg[c] for c in CUBLASLT_ALGO_COLUMNS)
+            if ident in seen:
+                return None
+            seen.add(ident)
+            if source != "heuristic":
+                checks += 1
+                ws = lt.algo_check(h, descs, algo)
+                if ws is None or ws > self.ws_bytes:
+                    return None
+                if any(lt.cap_int(algo, f"MIN_ALIGNMENT_{x}_BYTES", 0) > ALIGNMENT for x in "ABCD"):
+                    return None
+            return _Candidate(algo, cfg, source)
+
+        def variant(cfg: dict, **changes):
+            algo = lt.algo_init(h, p, cfg["algo_id"])
+            if algo is None:
+                return None
+            lt.set_config(algo, {**cfg, **changes})
+            return algo
+
+        for algo in heuristic:
+            c = admit(algo, "heuristic")
+            if c:
+                yield c
+        for base in heuristic[:3]:
+            cfg = lt.get_config(base)
+            splitk = lt.cap_int(base, "SPLITK_SUPPORT")
+            red_mask = lt.cap_int(base, "REDUCTION_SCHEME_MASK")
+            swizzle = lt.cap_int(base, "CTA_SWIZZLING_SUPPORT")
+            changes = [{"cta_swizzling": 1 - min(cfg["cta_swizzling"], 1)}] if swizzle else []
+            if splitk:
+                for sk in SPLITK_LADDER:
+                    for red in [r for r in (1, 2, 4) if red_mask & r] if sk > 1 else [0]:
+                        changes.append({"splitk_num": sk, "reduction_scheme": red})
+            for ch in changes:
+                algo = variant(cfg, **ch)
+                c = algo and admit(algo, "variant")
+                if c:
+                    yield c
+        # Enumeration: per algorithm id, its tile x stage combinations in a fixed shuffled order, taken
+        # round-robin across ids so a bounded budget still sees every kernel family.
+        rng = random.Random(self.seed)
+        streams = []
+        for algo_id in lt.algo_ids(h, p):
+            base = lt.algo_init(h, p, algo_id)
+            if base is None:
+                continue
+            tiles = lt.cap_list(base, "TILE_IDS") or [0]
+            stages = lt.cap_list(base, "STAGES_IDS") or [0]
+            combos = [(t, s) for t in tiles for s in stages]
+            rng.shuffle(combos)
+            streams.append((algo_id, iter(combos)))
+        max_checks = 40 * self.max_candidates
+        while streams and checks < max_checks:
+            alive = []
+            for algo_id, it in streams:
+                combo = next(it, None)
+                if combo is None:
+                    continue
+                alive.append((algo_id, it))
+                algo = lt.algo_init(h, p, algo_id)
+                if algo is None:
+                    continue
+                lt.set_config(algo, {"tile_id": combo[0], "stages_id": combo[1]})
+                c = admit(algo, "enumerated")
+                if c:
+                    yield c
+            streams = alive
+
+    def _tune(self, p: GemmProblem, descs) -> TuneOutcome:
+        lt = self.lt
+        pref = lt.create_preference(self.ws_bytes, min_alignment=ALIGNMENT)
+        try:
+            heuristic = lt.heuristics(self.handle, descs, pref, 32)
+        finally:
+            lt.destroy_preference(pref)
+        if not heuristic:
+            return TuneOutcome(FAILED, detail="the heuristic returned no algorithm", device=self.device)
+        sets = self._buffers(p)
+        nsets = len(sets)
+        run = self._lt_runner(p, descs, sets)
+        tol = TOLERANCE[p.d_type]
+
+        ref = torch.empty_like(sets[0]["d"])
+        check = torch.empty_like(sets[0]["d"])
+        run(heuristic[0], 0, out=ref)
+        torch_call = self._torch_views(p, sets[0])
+        if torch_call is not None:
+            err = self._rel_err(torch_call(), self._lt_output(p, ref))
+            if not err <= tol:
+                return TuneOutcome(FAILED, device=self.device,
+                                   detail=f"default cuBLASLt output differs from torch's by {err:.3g}: layout mapping?")
+            calls = [self._torch_views(p, s) for s in sets]
+
+        timed: list[_Candidate] = []
+        rejected = 0
+        for cand in self._candidates(p, descs, heuristic):
+            if len(timed) + rejected >= self.max_candidates:
+                break
+            try:
+                run(cand.algo, 0, out=check)
+                err = self._rel_err(check, ref)
+                if not err <= tol:
+                    rejected += 1
+                    continue
+                cand.us = self._time(lambda i, a=cand.algo: run(a, i), nsets)
+                timed.append(cand)
+            except LtError:
+                rejected += 1
+        if not timed:
+            return TuneOutcome(FAILED, detail="no candidate ran", rejected=rejected, device=self.device)
+        timed.sort(key=lambda c: c.us)
+        # the library's own pick (heuristic[0]) is the reference; any heuristic entry if it failed to run
+        default_cand = next((c for c in timed if c.algo is heuristic[0]),
+                            next((c for c in timed if c.source == "heuristic"), timed[0]))
+
+        # Confirm the leaders against the baselines in interleaved rounds: the minimum of many noisy medians
+        # is biased low, and a speedup must survive a re-measurement.
+        finalists = timed[: self.confirm_top]
+        if all(c is not default_cand for c in finalists):
+            finalists.append(default_cand)
+        rounds: dict[int, list[float]] = {id(c): [] for c in finalists}
+        torch_rounds: list[float] = []
+        for _ in range(3):
+            for c in finalists:
+                rounds[id(c)].append(self._time(lambda i, a=c.algo: run(a, i), nsets, warmup=2))
+            if torch_call is not None:
+                torch_rounds.append(self._time(lambda i: calls[i](), nsets, warmup=2))
+        for c in finalists:
+            c.us = statistics.median(rounds[id(c)])
+        best = min(finalists, key=lambda c: c.us)
+        heuristic_us = default_cand.us
+        default_us = statistics.median(torch_rounds) if torch_rounds else heuristic_us
+
+        outcome = TuneOutcome(DEFAULT, default_us=default_us, tuned_us=default_us, candidates=len(timed),
+                              rejected=rejected, device=self.device, git_version=self.git_version(),
+                              detail=f"best: {best.source} algo {best.config['algo_id']} {best.us:.2f} us")
+        if best.us <= default_us * (1.0 - self.min_gain):
+            row = row_from_problem(p, us=best.us, solution_index=-1, arch=self.gpu_name, cus=self.sms,
+                                   rotating_mb=self.rotating_mb)
+            row.update({"library": "cublasLt", "library_version": self.lib_version, **best.config,
+                        "default_us": f"{default_us:.4f}", "heuristic_us": f"{heuristic_us:.4f}"})
+            outcome.status, outcome.tuned_us, outcome.row = TUNED, best.us, row
+        return outcome
+
+
+def make_cuda_tuner(device: int, **kwargs) -> CudaLtTuner:
+    """Picklable factory for worker processes."""
+    return CudaLtTuner(device, **kwargs)
