@@ -1,0 +1,188 @@
+"""Grouped GEMM over MoE experts: y[rows of group g] = x[rows of group g] @ w[g], forward and backward.
+
+    y = grouped_gemm(x, w, group_sizes)          # x (M, K) rows sorted by expert, w (G, K, N), sizes (G,) ints
+    y = grouped_gemm(x, w, group_sizes, trans_b=True)   # w (G, N, K)
+
+`group_sizes` may be a device tensor: nothing here reads it on the host (sync-free; the Triton kernels walk the
+groups on the device). Providers, first that serves the device/dtype:
+  "torch"   torch._grouped_mm (CUTLASS; CUDA sm90/sm100, bf16), autograd built in
+  "triton"  this file's persistent Triton grouped GEMM (any GPU Triton runs on, ROCm included; the interpreter)
+  "loop"    a per-expert torch.mm loop (reference / tests only; syncs on group sizes)
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+import triton
+import triton.language as tl
+
+from primus.turbo import _common
+
+
+@triton.jit
+def _gg_fwd(X, W, Y, ENDS, G, N, K, s_xm, s_xk, s_wg, s_wk, s_wn, s_ym, s_yn, NUM_PROGS,
+            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Persistent: program p takes tiles p, p+P, ... of the concatenated (group, m-tile, n-tile) space."""
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BN)
+    base = 0
+    start = 0
+    for g in range(0, G):
+        end = tl.load(ENDS + g)
+        m = end - start
+        tiles = tl.cdiv(m, BM) * tiles_n
+        first = base + (pid - base % NUM_PROGS + NUM_PROGS) % NUM_PROGS
+        for t in range(first, base + tiles, NUM_PROGS):
+            local = t - base
+            tm = local // tiles_n
+            tn = local % tiles_n
+            rm = start + tm * BM + tl.arange(0, BM)
+            rn = tn * BN + tl.arange(0, BN)
+            rk = tl.arange(0, BK)
+            mmask = rm < end
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            wg = W + g * s_wg.to(tl.int64)
+            for kk in range(0, tl.cdiv(K, BK)):
+                k = kk * BK + rk
+                a = tl.load(X + rm[:, None].to(tl.int64) * s_xm + k[None, :] * s_xk,
+                            mask=mmask[:, None] & (k[None, :] < K), other=0.0)
+                b = tl.load(wg + k[:, None].to(tl.int64) * s_wk + rn[None, :] * s_wn,
+                            mask=(k[:, None] < K) & (rn[None, :] < N), other=0.0)
+                acc += tl.dot(a, b)
+            tl.store(Y + rm[:, None].to(tl.int64) * s_ym + rn[None, :] * s_yn, acc.to(Y.dtype.element_ty),
+                     mask=mmask[:, None] & (rn[None, :] < N))
+        base += tiles
+        start = end
+
+
+@triton.jit
+def _gg_wgrad(X, DY, DW, ENDS, K, N, s_xm, s_xk, s_dm, s_dn, s_wg, s_wk, s_wn,
+              BK: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
+    """DW[g] (K, N) = X[g rows]^T @ DY[g rows]; grid (G, K tiles, N tiles). Empty groups write zeros."""
+    g = tl.program_id(0)
+    rk = tl.program_id(1) * BK + tl.arange(0, BK)
+    rn = tl.program_id(2) * BN + tl.arange(0, BN)
+    end = tl.load(ENDS + g)
+    start = tl.load(ENDS + g - 1, mask=g > 0, other=0)
+    acc = tl.zeros((BK, BN), dtype=tl.float32)
+    for mm in range(0, tl.cdiv(end - start, BM)):
+        rm = start + mm * BM + tl.arange(0, BM)
+        mmask = rm < end
+        xt = tl.load(X + rm[None, :].to(tl.int64) * s_xm + rk[:, None] * s_xk,
+                     mask=mmask[None, :] & (rk[:, None] < K), other=0.0)
+        d = tl.load(DY + rm[:, None].to(tl.int64) * s_dm + rn[None, :] * s_dn,
+                    mask=mmask[:, None] & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(xt, d)
+    tl.store(DW + g.to(tl.int64) * s_wg + rk[:, None] * s_wk + rn[None, :] * s_wn, acc.to(DW.dtype.element_ty),
+             mask=(rk[:, None] < K) & (rn[None, :] < N))
+
+
+def _cfg():
+    if _common.interpreting():
+        return 16, 32, 32, 2
+    return 128, 128, 64, 8
+
+
+def _triton_fwd(x, w_kn, ends, N, K):
+    """w_kn: a (G, K, N) view (any strides)."""
+    M = x.shape[0]
+    y = _common.empty((M, N), x.dtype, x.device)
+    BM, BN, BK, warps = _cfg()
+    progs = _common.num_sms(x.device) * (1 if _common.interpreting() else 2)
+    G = w_kn.shape[0]
+    _gg_fwd[(progs,)](x, w_kn, y, ends, G, N, K, x.stride(0), x.stride(1), w_kn.stride(0), w_kn.stride(1),
+                      w_kn.stride(2), y.stride(0), y.stride(1), progs, BM=BM, BN=BN, BK=BK, num_warps=warps,
+                      num_stages=3)
+    return y
+
+
+def _triton_wgrad(x, dy, ends, G, out_dtype, trans_b: bool):
+    K, N = x.shape[1], dy.shape[1]
+    dw = _common.empty((G, N, K) if trans_b else (G, K, N), out_dtype, x.device)
+    v = dw.transpose(1, 2) if trans_b else dw  # write through a (G, K, N) view
+    BMr, BNr, BKr, warps = _cfg()
+    BKw, BNw, BMw = (32, 32, 16) if _common.interpreting() else (128, 128, 64)
+    _gg_wgrad[(G, triton.cdiv(K, BKw), triton.cdiv(N, BNw))](
+        x, dy, v, ends, K, N, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), v.stride(0), v.stride(1),
+        v.stride(2), BK=BKw, BN=BNw, BM=BMw, num_warps=warps, num_stages=3)
+    return dw
+
+
+class _TritonGroupedGemm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, ends, trans_b):
+        w_kn = w.transpose(1, 2) if trans_b else w
+        K, N = w_kn.shape[1], w_kn.shape[2]
+        ctx.save_for_backward(x, w, ends)
+        ctx.trans_b = trans_b
+        return _triton_fwd(x, w_kn, ends, N, K)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, ends = ctx.saved_tensors
+        dy = dy.contiguous()
+        w_kn = w.transpose(1, 2) if ctx.trans_b else w
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            w_nk = w_kn.transpose(1, 2)  # (G, N, K)
+            dx = _triton_fwd(dy, w_nk, ends, w_nk.shape[2], w_nk.shape[1])
+        if ctx.needs_input_grad[1]:
+            dw = _triton_wgrad(x, dy, ends, w.shape[0], w.dtype, ctx.trans_b)
+        return dx, dw, None, None
+
+
+def _ends(group_sizes, device) -> torch.Tensor:
+    if not torch.is_tensor(group_sizes):
+        group_sizes = torch.tensor(list(group_sizes), device=device)
+    return torch.cumsum(group_sizes.to(device), 0).to(torch.int32)
+
+
+def torch_grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """torch._grouped_mm serves this device/dtype (CUDA sm90/sm100 bf16; K and N 16-byte aligned)."""
+    if not hasattr(torch, "_grouped_mm") or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
+        return False
+    if x.device.type == "cuda":
+        if torch.version.hip is not None:
+            return False
+        if torch.cuda.get_device_capability(x.device)[0] not in (9, 10):
+            return False
+        return x.shape[1] % 8 == 0 and w.shape[-1] % 8 == 0 and w.shape[-2] % 8 == 0
+    return x.device.type == "cpu"
+
+
+def pick_provider(x: torch.Tensor, w: torch.Tensor) -> str:
+    if torch_grouped_mm_ok(x, w) and not (x.device.type == "cpu" and _common.interpreting()):
+        return "torch"
+    if x.device.type == "cuda" or _common.interpreting():
+        return "triton"
+    return "torch" if hasattr(torch, "_grouped_mm") and x.dtype == torch.bfloat16 else "loop"
+
+
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, group_sizes: Union[torch.Tensor, Sequence[int]],
+                 trans_b: bool = False, provider: Optional[str] = None) -> torch.Tensor:
+    """Rows of x are grouped consecutively by expert, `group_sizes` (G,) summing to x.shape[0] (empty groups are
+    fine). Returns (M, N). Differentiable in x and w."""
+    provider = provider or pick_provider(x, w)
+    ends = _ends(group_sizes, x.device)
+    if provider == "torch":
+        wb = w.transpose(1, 2) if trans_b else w
+        return torch._grouped_mm(x, wb, offs=ends)
+    if provider == "triton":
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        return _TritonGroupedGemm.apply(x, w, ends, trans_b)
+    if provider == "loop":
+        return grouped_gemm_reference(x, w, group_sizes, trans_b)
+    raise ValueError(f"grouped_gemm provider must be torch, triton or loop, not {provider!r}")
+
+
+def grouped_gemm_reference(x, w, group_sizes, trans_b: bool = False) -> torch.Tensor:
+    """Per-expert loop (syncs on the sizes): the eager baseline and test reference."""
+    sizes = group_sizes.tolist() if torch.is_tensor(group_sizes) else list(group_sizes)
+    outs, s = [], 0
+    for g, m in enumerate(sizes):
+        wg = w[g].t() if trans_b else w[g]
+        outs.append(x[s:s + m] @ wg)
+        s += m
+    return torch.cat(outs, 0)
