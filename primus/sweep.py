@@ -19,6 +19,8 @@ and, with hydra.sweeper.max_batch_size set, later batches never run. Here:
 * one progress line per point: `[sweep 2/4 #####-----] job 1 precision=fp8: ok 1,234 tokens/s/GPU in 12.3s (ETA 25s)`.
   Under the submitit launcher the submitting process also prints each Slurm job id with its log files as the jobs
   are submitted, and a line as each one finishes.
+* in a task of a multi-task submitit Slurm job, on_job_start exports the task's rank and the rendezvous address
+  (primus.launch.slurm.slurm_task_env) before the job function runs, unless WORLD_SIZE is already set.
 * the process env is restored after every in-process point, so one point's env (RANK/WORLD_SIZE of a one-process
   run, tuning-stage variables) cannot leak into the next.
 """
@@ -105,6 +107,12 @@ class SweepCallback(Callback):
         self._watch_stop: Optional[threading.Event] = None
         self._watch: Optional[threading.Thread] = None
 
+    def __getstate__(self) -> Dict[str, Any]:
+        # submitit pickles the callbacks into every job: leave the watcher thread and the env snapshot behind
+        state = dict(self.__dict__)
+        state.update(_watch_stop=None, _watch=None, _env=None, _env_pid=None)
+        return state
+
     # ------------------------------------------------------------------ multirun (submitting process)
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.t0 = time.time()
@@ -186,6 +194,12 @@ class SweepCallback(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not _is_multirun(config):
             return
+        if "WORLD_SIZE" not in os.environ:
+            from primus.launch.slurm import slurm_task_env
+
+            env = slurm_task_env()  # a task of a multi-task Slurm job: its rank and the job's rendezvous address
+            if env:
+                os.environ.update(env)
         self.job_t0 = time.time()
         if _rank0():
             num = OmegaConf.select(config, "hydra.job.num")

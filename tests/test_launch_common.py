@@ -1,0 +1,41 @@
+"""Helpers shared by the launch, sweep and Slurm tests (no tests here): run train.py as a user would, in a subprocess."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+
+# A short run of the debug model: 3 steps, no LR warm-up (warm-up must be shorter than the run), every step timed.
+SHORT = ["training.train_iters=3", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0"]
+
+
+def run_train(args, timeout=240, env=None):
+    """python train.py ARGS from the repo root; returns the CompletedProcess (stdout and stderr merged)."""
+    e = dict(os.environ)
+    # One BLAS thread per process: on a loaded 2-core CI machine, oversubscribed OpenMP threads make CPU steps
+    # seconds instead of milliseconds.
+    e["OMP_NUM_THREADS"] = "1"
+    e.pop("WORLD_SIZE", None)
+    e.pop("RANK", None)
+    e.update(env or {})
+    p = subprocess.run([PY, "train.py", *args], cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=timeout)
+    return p
+
+
+def tail(p, n=60):
+    return "\n".join(p.stdout.splitlines()[-n:])
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def result_files(d):
+    out = []
+    for root, _, files in os.walk(d):
+        out += [os.path.join(root, f) for f in files if f == "result.json"]
+    return sorted(out)
