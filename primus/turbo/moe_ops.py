@@ -1,0 +1,473 @@
+"""Fused MoE kernels (Triton), each forward and backward, none of them syncing with the host.
+
+    probs, routing_map, aux_scores = fused_router(logits, topk, score_function="softmax", pre_softmax=False)
+        probs (T, E) float32, zero off the top-k; routing_map (T, E) bool; aux_scores (T, E) float32: the scores
+        the aux (load-balancing) loss uses (softmax over all experts, or sigmoid normalised per token) - computed
+        from the same read of the logits. Megatron's TE-fused router returns the same (probs, routing_map).
+    y = swiglu_with_probs(h, probs)          # h (T, 2F) = [gate | up], probs (T,) -> silu(gate) * up * probs
+    permuted, permuted_probs, row_id_map = permute(tokens, routing_map, probs, num_out_tokens)
+    out = unpermute(permuted, row_id_map, probs)   # sum over each token's experts, weighted by probs if given
+
+Permutation order: expert-major, tokens in order within an expert (megatron-core's), so `routing_map.sum(0)`
+(a device tensor) is directly the group sizes of `grouped_gemm`. `row_id_map` is (E, T) int32: the destination
+row of token t for expert e, or -1. Pass `num_out_tokens` (T * topk for dropless routing) to stay sync-free.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from primus.turbo import _common
+
+# ------------------------------------------------------------------------------------------------------- router
+
+
+@triton.jit
+def _router_fwd(L, P, RMAP, A, BIAS, T, E, s_l, TOPK: tl.constexpr, SIGMOID: tl.constexpr,
+                PRE_SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE, BT: tl.constexpr, BE: tl.constexpr):
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    cols = tl.arange(0, BE)
+    rmask = rows < T
+    cmask = cols < E
+    m2 = rmask[:, None] & cmask[None, :]
+    r64 = rows[:, None].to(tl.int64)
+    x = tl.load(L + r64 * s_l + cols[None, :], mask=m2, other=float("-inf")).to(tl.float32)
+    if SIGMOID:
+        s = tl.where(m2, 1.0 / (1.0 + tl.exp(-x)), 0.0)
+        ssum = tl.sum(s, axis=1)
+        aux = s / (ssum[:, None] + 1e-20)
+        sel_val = s
+        if HAS_BIAS:
+            sel_val = s + tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    else:
+        mx = tl.max(x, axis=1)
+        ex = tl.exp(x - mx[:, None])
+        ex = tl.where(m2, ex, 0.0)
+        sm = ex / tl.sum(ex, axis=1)[:, None]
+        aux = sm
+        if PRE_SOFTMAX:
+            sel_val = sm
+        else:
+            sel_val = x
+    sel_val = tl.where(m2, sel_val, float("-inf"))
+    sel = tl.zeros((BT, BE), dtype=tl.int1)
+    for _ in tl.static_range(TOPK):
+        idx = tl.argmax(sel_val, axis=1)
+        hit = cols[None, :] == idx[:, None]
+        sel = sel | hit
+        sel_val = tl.where(hit, float("-inf"), sel_val)
+    if SIGMOID:
+        q = tl.where(sel, s, 0.0)
+        if TOPK > 1:
+            q = q / (tl.sum(q, axis=1)[:, None] + 1e-20)
+        p = q
+    else:
+        if PRE_SOFTMAX:
+            p = tl.where(sel, sm, 0.0)
+        else:
+            xs = tl.where(sel, x, float("-inf"))
+            mxs = tl.max(xs, axis=1)
+            es = tl.where(sel, tl.exp(xs - mxs[:, None]), 0.0)
+            p = es / tl.sum(es, axis=1)[:, None]
+    p = p * SCALE
+    off = r64 * E + cols[None, :]
+    tl.store(P + off, p, mask=m2)
+    tl.store(RMAP + off, sel.to(tl.int8), mask=m2)
+    tl.store(A + off, aux, mask=m2)
+
+
+@triton.jit
+def _router_bwd(L, RMAP, GP, GA, DL, T, E, s_l, TOPK: tl.constexpr, SIGMOID: tl.constexpr,
+                PRE_SOFTMAX: tl.constexpr, SCALE, HAS_GA: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr):
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    cols = tl.arange(0, BE)
+    m2 = (rows[:, None] < T) & (cols[None, :] < E)
+    r64 = rows[:, None].to(tl.int64)
+    off = r64 * E + cols[None, :]
+    x = tl.load(L + r64 * s_l + cols[None, :], mask=m2, other=float("-inf")).to(tl.float32)
+    sel = tl.load(RMAP + off, mask=m2, other=0) != 0
+    g = tl.load(GP + off, mask=m2, other=0.0).to(tl.float32) * SCALE
+    if SIGMOID:
+        s = tl.where(m2, 1.0 / (1.0 + tl.exp(-x)), 0.0)
+        ds = s * (1.0 - s)
+        q = tl.where(sel, s, 0.0)
+        if TOPK > 1:
+            z = tl.sum(q, axis=1)[:, None] + 1e-20
+            p = q / z
+            dq = (g - tl.sum(g * p, axis=1)[:, None]) / z
+        else:
+            dq = g
+        dl = tl.where(sel, dq * ds, 0.0)
+        if HAS_GA:
+            ga = tl.load(GA + off, mask=m2, other=0.0).to(tl.float32)
+            ssum = tl.sum(s, axis=1)[:, None] + 1e-20
+            a = s / ssum
+            dl += (ga - tl.sum(ga * a, axis=1)[:, None]) / ssum * ds
+    else:
+        mx = tl.max(x, axis=1)
+        ex = tl.where(m2, tl.exp(x - mx[:, None]), 0.0)
+        sm = ex / tl.sum(ex, axis=1)[:, None]
+        if PRE_SOFTMAX:
+            gs = tl.where(sel, g, 0.0)
+            dl = sm * (gs - tl.sum(gs * sm, axis=1)[:, None])
+        else:
+            xs = tl.where(sel, x, float("-inf"))
+            mxs = tl.max(xs, axis=1)
+            es = tl.where(sel, tl.exp(xs - mxs[:, None]), 0.0)
+            p = es / tl.sum(es, axis=1)[:, None]
+            dl = p * (g - tl.sum(g * p, axis=1)[:, None])
+        if HAS_GA:
+            ga = tl.load(GA + off, mask=m2, other=0.0).to(tl.float32)
+            dl += sm * (ga - tl.sum(ga * sm, axis=1)[:, None])
+    tl.store(DL + r64 * E + cols[None, :], dl.to(DL.dtype.element_ty), mask=m2)
+
+
+def _router_blocks(E: int):
+    BE = max(16, triton.next_power_of_2(E))
+    BT = max(1, min(64, 4096 // BE))
+    return BT, BE
+
+
+class _RouterFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, topk, sigmoid, pre_softmax, scale, expert_bias):
+        T, E = logits.shape
+        if logits.stride(1) != 1:
+            logits = logits.contiguous()
+        p = _common.empty((T, E), torch.float32, logits.device)
+        rmap = _common.empty((T, E), torch.int8, logits.device)
+        aux = _common.empty((T, E), torch.float32, logits.device)
+        BT, BE = _router_blocks(E)
+        has_bias = expert_bias is not None
+        _router_fwd[(triton.cdiv(T, BT),)](logits, p, rmap, aux, expert_bias if has_bias else p, T, E,
+                                          logits.stride(0), TOPK=topk, SIGMOID=sigmoid, PRE_SOFTMAX=pre_softmax,
+                                          HAS_BIAS=has_bias, SCALE=scale, BT=BT, BE=BE, num_warps=4)
+        ctx.save_for_backward(logits, rmap)
+        ctx.cfg = (topk, sigmoid, pre_softmax, scale)
+        routing_map = rmap.view(torch.bool)
+        ctx.mark_non_differentiable(routing_map)
+        return p, routing_map, aux
+
+    @staticmethod
+    def backward(ctx, gp, _gmap, ga):
+        logits, rmap = ctx.saved_tensors
+        topk, sigmoid, pre_softmax, scale = ctx.cfg
+        T, E = logits.shape
+        if gp is None:
+            gp = torch.zeros(T, E, device=logits.device, dtype=torch.float32)
+        gp = gp.contiguous()
+        has_ga = ga is not None
+        ga = ga.contiguous() if has_ga else gp
+        dl = _common.empty((T, E), logits.dtype, logits.device)
+        BT, BE = _router_blocks(E)
+        _router_bwd[(triton.cdiv(T, BT),)](logits, rmap, gp, ga, dl, T, E, logits.stride(0), TOPK=topk,
+                                          SIGMOID=sigmoid, PRE_SOFTMAX=pre_softmax, SCALE=scale, HAS_GA=has_ga,
+                                          BT=BT, BE=BE, num_warps=4)
+        return dl, None, None, None, None, None
+
+
+def fused_router(logits: torch.Tensor, topk: int, score_function: str = "softmax", pre_softmax: bool = False,
+                 scaling_factor: Optional[float] = None, expert_bias: Optional[torch.Tensor] = None):
+    """Top-k routing with the aux-loss scores in one kernel (fwd) and one kernel (bwd). See the module doc."""
+    score_function = getattr(score_function, "value", score_function)
+    if score_function not in ("softmax", "sigmoid"):
+        raise ValueError(f"score_function must be softmax or sigmoid, not {score_function!r}")
+    if logits.shape[-1] > 1024:
+        raise ValueError("fused_router supports up to 1024 experts")
+    return _RouterFn.apply(logits, int(topk), score_function == "sigmoid", bool(pre_softmax),
+                           float(scaling_factor or 1.0), expert_bias)
+
+
+def router_reference(logits, topk, score_function="softmax", pre_softmax=False, scaling_factor=None,
+                     expert_bias=None):
+    """megatron-core's topk_softmax_with_capacity (dropless) + compute_routing_scores_for_aux_loss, in torch."""
+    x = logits.float() if logits.dtype != torch.float64 else logits
+    if score_function == "softmax":
+        aux = torch.softmax(x, -1)
+        if pre_softmax:
+            vals, idx = torch.topk(aux, topk, dim=-1)
+            probs = vals
+        else:
+            vals, idx = torch.topk(x, topk, dim=-1)
+            probs = torch.softmax(vals, -1)
+    else:
+        s = torch.sigmoid(x)
+        aux = s / (s.sum(-1, keepdim=True) + 1e-20)
+        sel = s + expert_bias.to(s.dtype) if expert_bias is not None else s
+        _, idx = torch.topk(sel, topk, dim=-1)
+        probs = torch.gather(s, 1, idx)
+        if topk > 1:
+            probs = probs / (probs.sum(-1, keepdim=True) + 1e-20)
+    probs = probs * (scaling_factor or 1.0)
+    dense = torch.zeros_like(x).scatter(1, idx, probs)
+    rmap = torch.zeros_like(x, dtype=torch.bool).scatter(1, idx, True)
+    return dense, rmap, aux
+
+
+# ------------------------------------------------------------------------------------------ swiglu with probs
+
+
+@triton.jit
+def _swiglu_probs_fwd(H, P, Y, T, F, s_h, s_y, BT: tl.constexpr, BF: tl.constexpr):
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    cols = tl.program_id(1) * BF + tl.arange(0, BF)
+    m = (rows[:, None] < T) & (cols[None, :] < F)
+    r64 = rows[:, None].to(tl.int64)
+    gate = tl.load(H + r64 * s_h + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    up = tl.load(H + r64 * s_h + F + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    p = tl.load(P + rows, mask=rows < T, other=0.0).to(tl.float32)
+    y = gate / (1.0 + tl.exp(-gate)) * up * p[:, None]
+    tl.store(Y + r64 * s_y + cols[None, :], y.to(Y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _swiglu_probs_bwd(H, P, DY, DH, DP, T, F, s_h, s_dy, s_dh, NCHUNK, BT: tl.constexpr, BF: tl.constexpr):
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    rmask = rows < T
+    r64 = rows[:, None].to(tl.int64)
+    p = tl.load(P + rows, mask=rmask, other=0.0).to(tl.float32)
+    dp = tl.zeros((BT,), dtype=tl.float32)
+    for i in range(0, NCHUNK):
+        cols = i * BF + tl.arange(0, BF)
+        m = rmask[:, None] & (cols[None, :] < F)
+        gate = tl.load(H + r64 * s_h + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        up = tl.load(H + r64 * s_h + F + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(DY + r64 * s_dy + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        sig = 1.0 / (1.0 + tl.exp(-gate))
+        silu = gate * sig
+        dp += tl.sum(dy * silu * up, axis=1)
+        dyp = dy * p[:, None]
+        dgate = dyp * up * sig * (1.0 + gate * (1.0 - sig))
+        dup = dyp * silu
+        tl.store(DH + r64 * s_dh + cols[None, :], dgate.to(DH.dtype.element_ty), mask=m)
+        tl.store(DH + r64 * s_dh + F + cols[None, :], dup.to(DH.dtype.element_ty), mask=m)
+    tl.store(DP + rows, dp.to(DP.dtype.element_ty), mask=rmask)
+
+
+class _SwiGLUProbsFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, probs):
+        shape = h.shape
+        h2 = h.reshape(-1, shape[-1])
+        if h2.stride(1) != 1:
+            h2 = h2.contiguous()
+        T, F2 = h2.shape
+        F = F2 // 2
+        p = probs.reshape(-1)
+        if p.numel() != T:
+            raise ValueError(f"probs must have one value per row of h ({T}), got {tuple(probs.shape)}")
+        p = p.contiguous()
+        y = _common.empty((T, F), h.dtype, h.device)
+        BF = min(1024, triton.next_power_of_2(F))
+        BT = max(1, 2048 // BF)
+        _swiglu_probs_fwd[(triton.cdiv(T, BT), triton.cdiv(F, BF))](h2, p, y, T, F, h2.stride(0), y.stride(0),
+                                                                   BT=BT, BF=BF, num_warps=4)
+        ctx.save_for_backward(h2, p)
+        ctx.shapes = (shape, probs.shape, probs.dtype)
+        return y.view(*shape[:-1], F)
+
+    @staticmethod
+    def backward(ctx, dy):
+        h2, p = ctx.saved_tensors
+        shape, pshape, pdtype = ctx.shapes
+        T, F2 = h2.shape
+        F = F2 // 2
+        dy2 = dy.reshape(T, F)
+        if dy2.stride(1) != 1:
+            dy2 = dy2.contiguous()
+        dh = _common.empty((T, F2), h2.dtype, h2.device)
+        dp = _common.empty((T,), torch.float32, h2.device)
+        BF = min(512, triton.next_power_of_2(F))
+        BT = max(1, 1024 // BF)
+        _swiglu_probs_bwd[(triton.cdiv(T, BT),)](h2, p, dy2, dh, dp, T, F, h2.stride(0), dy2.stride(0), dh.stride(0),
+                                                 triton.cdiv(F, BF), BT=BT, BF=BF, num_warps=4)
+        return dh.view(shape), dp.to(pdtype).view(pshape)
+
+
+def swiglu_with_probs(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """silu(h[..., :F]) * h[..., F:] * probs[..., None]  (fused fwd + bwd; probs one value per row)."""
+    return _SwiGLUProbsFn.apply(h, probs)
+
+
+def swiglu_with_probs_reference(h, probs):
+    gate, up = h.chunk(2, dim=-1)
+    y = torch.nn.functional.silu(gate.float()) * up.float() * probs.reshape(*h.shape[:-1], 1).float()
+    return y.to(h.dtype) if h.dtype != torch.float64 else y.double()
+
+
+# ------------------------------------------------------------------------------------------ permute / unpermute
+
+
+@triton.jit
+def _permute_kernel(X, MAP, P, Y, PY, T, E, H, s_x, s_y, HAS_P: tl.constexpr, BH: tl.constexpr):
+    """Scatter token t (one H chunk) to every expert row it is routed to; pid_h 0 also moves its probs."""
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    cm = cols < H
+    x = tl.load(X + t.to(tl.int64) * s_x + cols, mask=cm, other=0.0)
+    for e in range(0, E):
+        dst = tl.load(MAP + e * T + t)
+        if dst >= 0:
+            tl.store(Y + dst.to(tl.int64) * s_y + cols, x, mask=cm)
+            if HAS_P:
+                if tl.program_id(1) == 0:
+                    tl.store(PY + dst, tl.load(P + t.to(tl.int64) * E + e))
+
+
+@triton.jit
+def _unpermute_kernel(Y, MAP, P, OUT, T, E, H, s_y, s_o, HAS_P: tl.constexpr, BH: tl.constexpr):
+    """out[t] = sum over experts e of token t: y[map[e, t]] (* probs[t, e])."""
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    cm = cols < H
+    acc = tl.zeros((BH,), dtype=tl.float32)
+    for e in range(0, E):
+        src = tl.load(MAP + e * T + t)
+        if src >= 0:
+            v = tl.load(Y + src.to(tl.int64) * s_y + cols, mask=cm, other=0.0).to(tl.float32)
+            if HAS_P:
+                v = v * tl.load(P + t.to(tl.int64) * E + e).to(tl.float32)
+            acc += v
+    tl.store(OUT + t.to(tl.int64) * s_o + cols, acc.to(OUT.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def _unpermute_bwd_kernel(DO, Y, MAP, P, DY, DP, T, E, H, s_do, s_y, s_dy, NCHUNK, BH: tl.constexpr):
+    """d y[map[e,t]] = dout[t] * probs[t,e];  d probs[t,e] = <dout[t], y[map[e,t]]> (0 off the routing map)."""
+    t = tl.program_id(0)
+    t64 = t.to(tl.int64)
+    for e in range(0, E):
+        src = tl.load(MAP + e * T + t)
+        if src >= 0:
+            p = tl.load(P + t64 * E + e).to(tl.float32)
+            acc = tl.zeros((BH,), dtype=tl.float32)
+            for i in range(0, NCHUNK):
+                cols = i * BH + tl.arange(0, BH)
+                cm = cols < H
+                do = tl.load(DO + t64 * s_do + cols, mask=cm, other=0.0).to(tl.float32)
+                y = tl.load(Y + src.to(tl.int64) * s_y + cols, mask=cm, other=0.0).to(tl.float32)
+                acc += do * y
+                tl.store(DY + src.to(tl.int64) * s_dy + cols, (do * p).to(DY.dtype.element_ty), mask=cm)
+            tl.store(DP + t64 * E + e, tl.sum(acc, axis=0))
+        else:
+            tl.store(DP + t64 * E + e, 0.0)
+
+
+def make_row_id_map(routing_map: torch.Tensor) -> torch.Tensor:
+    """(T, E) bool -> (E, T) int32: destination row of (token, expert) in expert-major order, -1 if not routed."""
+    m = routing_map.t().contiguous().to(torch.int32)
+    pos = torch.cumsum(m.view(-1), 0).view_as(m) - 1
+    return torch.where(m.bool(), pos, torch.full_like(pos, -1)).to(torch.int32)
+
+
+def _bh(H):
+    return min(1024 if not _common.interpreting() else 256, triton.next_power_of_2(H))
+
+
+def _permute_rows(x, row_id_map, n_out, probs=None):
+    T, H = x.shape
+    E = row_id_map.shape[0]
+    y = _common.empty((n_out, H), x.dtype, x.device)
+    py = _common.empty((n_out,), probs.dtype, x.device) if probs is not None else None
+    BH = _bh(H)
+    _permute_kernel[(T, triton.cdiv(H, BH))](x, row_id_map, probs if probs is not None else x, y,
+                                            py if py is not None else y, T, E, H, x.stride(0), y.stride(0),
+                                            HAS_P=probs is not None, BH=BH, num_warps=4)
+    return y, py
+
+
+def _unpermute_rows(y, row_id_map, T, probs=None, out_dtype=None):
+    H = y.shape[1]
+    E = row_id_map.shape[0]
+    out = _common.empty((T, H), out_dtype or y.dtype, y.device)
+    BH = _bh(H)
+    _unpermute_kernel[(T, triton.cdiv(H, BH))](y, row_id_map, probs if probs is not None else y, out, T, E, H,
+                                              y.stride(0), out.stride(0), HAS_P=probs is not None, BH=BH,
+                                              num_warps=4)
+    return out
+
+
+class _PermuteFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, row_id_map, n_out, probs):
+        ctx.save_for_backward(row_id_map)
+        ctx.T = x.shape[0]
+        ctx.has_p = probs is not None
+        y, py = _permute_rows(x, row_id_map, n_out, probs)
+        return y, py
+
+    @staticmethod
+    def backward(ctx, dy, dpy):
+        (row_id_map,) = ctx.saved_tensors
+        dx = _unpermute_rows(dy.contiguous(), row_id_map, ctx.T)
+        dp = None
+        if ctx.has_p and dpy is not None:  # probs move with the rows: gather the grads back to (T, E)
+            E, T = row_id_map.shape
+            idx = row_id_map.t().long()
+            dp = torch.where(idx >= 0, dpy[idx.clamp_min(0)], torch.zeros((), dtype=dpy.dtype, device=dpy.device))
+        return dx, None, None, dp
+
+
+class _UnpermuteFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, row_id_map, T, probs):
+        ctx.has_p = probs is not None
+        ctx.save_for_backward(y, row_id_map, probs)
+        return _unpermute_rows(y, row_id_map, T, probs)
+
+    @staticmethod
+    def backward(ctx, dout):
+        y, row_id_map, probs = ctx.saved_tensors
+        dout = dout.contiguous()
+        if not ctx.has_p:
+            dy, _ = _permute_rows(dout, row_id_map, y.shape[0])
+            return dy, None, None, None
+        E, T = row_id_map.shape
+        H = y.shape[1]
+        dy = _common.empty(y.shape, y.dtype, y.device)
+        dp = _common.empty((T, E), torch.float32, y.device)
+        BH = _bh(H)
+        _unpermute_bwd_kernel[(T,)](dout, y, row_id_map, probs, dy, dp, T, E, H, dout.stride(0), y.stride(0),
+                                    dy.stride(0), triton.cdiv(H, BH), BH=BH, num_warps=4)
+        return dy, None, None, dp.to(probs.dtype)
+
+
+def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[torch.Tensor] = None,
+            num_out_tokens: Optional[int] = None):
+    """Copy each token to one row per expert it is routed to (expert-major). Returns (permuted (n, H),
+    permuted_probs (n,) or None, row_id_map (E, T) int32). num_out_tokens=None reads routing_map.sum() (a sync)."""
+    if tokens.stride(-1) != 1:
+        tokens = tokens.contiguous()
+    row_id_map = make_row_id_map(routing_map)
+    n_out = int(num_out_tokens) if num_out_tokens is not None else int(routing_map.sum().item())
+    p = probs.contiguous() if probs is not None else None
+    y, py = _PermuteFn.apply(tokens, row_id_map, n_out, p)
+    return y, py, row_id_map
+
+
+def unpermute(permuted: torch.Tensor, row_id_map: torch.Tensor, probs: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Inverse of `permute`: out[t] = sum over t's experts of permuted[row] (times probs[t, e] when given)."""
+    if permuted.stride(-1) != 1:
+        permuted = permuted.contiguous()
+    T = row_id_map.shape[1]
+    return _UnpermuteFn.apply(permuted, row_id_map, T, probs.contiguous() if probs is not None else None)
+
+
+def permute_reference(tokens, routing_map, probs=None):
+    idx_e, idx_t = routing_map.t().nonzero(as_tuple=True)  # expert-major, tokens in order
+    y = tokens[idx_t]
+    py = probs.t()[idx_e, idx_t] if probs is not None else None
+    return y, py, (idx_e, idx_t)
+
+
+def unpermute_reference(permuted, idx, T, probs=None):
+    idx_e, idx_t = idx
+    v = permuted.double() if permuted.dtype == torch.float64 else permuted.float()
+    if probs is not None:
+        v = v * probs[idx_t, idx_e].to(v.dtype)[:, None]
+    out = torch.zeros(T, permuted.shape[1], dtype=v.dtype, device=permuted.device)
+    out.index_add_(0, idx_t, v)
+    return out.to(permuted.dtype)
