@@ -70,7 +70,7 @@ def check_fits(cfg: PrimusConfig, ctx: RunContext) -> Optional[ConfigIssue]:
     """The refusal before a real run: None when it fits, on CPU, or with plan.enforce=false."""
     from primus.plan.memory import plan_settings
 
-    if ctx.device != "cuda" or not plan_settings(cfg).enforce:
+    if ctx.device != "cuda" or getattr(ctx, "planned", False) or not plan_settings(cfg).enforce:
         return None
     p = plan(cfg, ctx)
     if p.fits:
