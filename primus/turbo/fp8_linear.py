@@ -303,87 +303,113 @@ def _out_dtype(t: torch.Tensor):
     return t.dtype if t.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
 
 
+class FP8State:
+    """What the fp8 backward needs from the forward (tensors are listed for ctx.save_for_backward)."""
+
+    def __init__(self, recipe, f_dt, g_dt, w_dtype, has_bias, tensors):
+        self.recipe, self.f_dt, self.g_dt, self.w_dtype, self.has_bias = recipe, f_dt, g_dt, w_dtype, has_bias
+        self.tensors = tensors
+
+
+def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], recipe: str = "tensorwise",
+                fmt: str = "e4m3", need_wgrad: bool = True):
+    """y2 (M, N) = x2 (M, K) @ weight.T (+ bias) in fp8, plus the FP8State the backward needs."""
+    f_dt, e5 = fp8_dtypes(x2.device)
+    g_dt = e5 if fmt == "hybrid" else f_dt
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    out_dt = _out_dtype(x2)
+    fast = x2.device.type == "cuda"
+    if recipe == "tensorwise":
+        xq, xqt, sx = cast_tensorwise(x2, f_dt, want_y=True, want_t=need_wgrad)
+        wq, wqt, sw = cast_tensorwise(weight, f_dt, want_y=True, want_t=True, pad_t=False)
+        y = _mm(xq, wq.t(), sx, sw, out_dt, bias=bias.to(out_dt) if bias is not None else None, fast=fast)
+        tensors = [xqt, sx, wqt, sw]
+    elif recipe == "rowwise":
+        xq, sx = cast_rowwise(x2, f_dt)
+        wq, sw = cast_rowwise(weight, f_dt)
+        y = _mm(xq, wq.t(), sx, sw.t(), out_dt, fast=fast)
+        if bias is not None:
+            y = y + bias.to(out_dt)
+        tensors = [x2 if need_wgrad else None, weight]
+    elif recipe == "blockwise":
+        xq, sx = cast_blockwise(x2, f_dt)  # 1x128 along K
+        wq, sw = cast_blockwise(weight, f_dt, tile=True)  # 128x128, scales (N/128, K/128)
+        # B = W^T (K, N) view; its scale for (kb, n) is sw[n // 128, kb]
+        y = gemm_blockwise(xq, sx, wq.t(), sw, GROUP, out_dt, b_scale_strides=(sw.stride(1), sw.stride(0)))
+        if bias is not None:
+            y = y + bias.to(out_dt)
+        tensors = [x2 if need_wgrad else None, wq, sw]
+    else:
+        raise ValueError(f"fp8 recipe must be one of {RECIPES}, not {recipe!r}")
+    return y, FP8State(recipe, f_dt, g_dt, weight.dtype, bias is not None, tensors)
+
+
+def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw: bool = True,
+                 need_db: bool = True, after_dgrad=None):
+    """(dx2, dw, db) for y2 = fp8_forward(...). `after_dgrad(dx2)` runs between the dgrad and the wgrad GEMMs
+    (tensor parallelism launches the dgrad all-reduce / reduce-scatter there, so it overlaps the wgrad)."""
+    recipe, g_dt, f_dt = st.recipe, st.g_dt, st.f_dt
+    if dy2.stride(1) != 1:
+        dy2 = dy2.contiguous()
+    out_dt = _out_dtype(dy2)
+    w_dt = st.w_dtype if st.w_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    dx = dw = db = None
+    if recipe == "tensorwise":
+        xqt, sx, wqt, sw = st.tensors
+        dyq, dyqt, sdy = cast_tensorwise(dy2, g_dt, want_y=need_dx, want_t=need_dw)
+        if need_dx:
+            dx = _mm(dyq, wqt.t(), sdy, sw, out_dt)  # (M,N) @ (N,K)
+        if after_dgrad is not None:
+            after_dgrad(dx)
+        if need_dw:
+            dw = _mm(dyqt, xqt.t(), sdy, sx, w_dt)  # (N,MP) @ (MP,K), pad rows are zero
+    elif recipe == "rowwise":
+        x2, weight = st.tensors
+        if need_dx:
+            dyq, sdy = cast_rowwise(dy2, g_dt)  # along N
+            wqt, swt = cast_rowwise(weight, f_dt, transpose=True)  # W^T (K, N) rows along N
+            dx = _mm(dyq, wqt.t(), sdy, swt.t(), out_dt)
+        if after_dgrad is not None:
+            after_dgrad(dx)
+        if need_dw:
+            dyqt, sdyt = cast_rowwise(dy2, g_dt, transpose=True, pad=True)  # dy^T (N, MP) along M
+            xqt, sxt = cast_rowwise(x2, f_dt, transpose=True, pad=True)  # x^T (K, MP) along M
+            dw = _mm(dyqt, xqt.t(), sdyt, sxt.t(), torch.bfloat16 if w_dt == torch.float32 else w_dt).to(w_dt)
+    else:  # blockwise
+        x2, wq, sw = st.tensors
+        if need_dx:
+            dyq, sdy = cast_blockwise(dy2, g_dt)  # 1x128 along N
+            # B = W (N, K) as stored; scale for (kb over N, k) is sw[kb, k // 128]
+            dx = gemm_blockwise(dyq, sdy, wq, sw, GROUP, out_dt)
+        if after_dgrad is not None:
+            after_dgrad(dx)
+        if need_dw:
+            dyqt, sdyt = cast_blockwise(dy2, g_dt, transpose=True)  # dy^T (N, M), 1x128 along M
+            xqt, sxt = cast_blockwise(x2, f_dt, transpose=True)  # x^T (K, M), 1x128 along M
+            # B = x (M, K) = xqt.t(); scale for (kb over M, k) is sxt[k, kb]
+            dw = gemm_blockwise(dyqt, sdyt, xqt.t(), sxt, 1, w_dt, b_scale_strides=(sxt.stride(1), sxt.stride(0)))
+    if st.has_bias and need_db:
+        db = dy2.float().sum(0).to(st.w_dtype)
+    return dx, dw, db
+
+
 class _FP8LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, recipe, fmt):
-        f_dt, e5 = fp8_dtypes(x.device)
-        g_dt = e5 if fmt == "hybrid" else f_dt
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        M, K = x2.shape
-        N = weight.shape[0]
-        out_dt = _out_dtype(x)
-        fast = x.device.type == "cuda"
-        need_w = ctx.needs_input_grad[1]
-        if recipe == "tensorwise":
-            xq, xqt, sx = cast_tensorwise(x2, f_dt, want_y=True, want_t=need_w)
-            wq, wqt, sw = cast_tensorwise(weight, f_dt, want_y=True, want_t=True, pad_t=False)
-            y = _mm(xq, wq.t(), sx, sw, out_dt, bias=bias.to(out_dt) if bias is not None else None, fast=fast)
-            ctx.save_for_backward(xqt, sx, wqt, sw)
-        elif recipe == "rowwise":
-            xq, sx = cast_rowwise(x2, f_dt)
-            wq, sw = cast_rowwise(weight, f_dt)
-            y = _mm(xq, wq.t(), sx, sw.t(), out_dt, fast=fast)
-            if bias is not None:
-                y = y + bias.to(out_dt)
-            ctx.save_for_backward(x2 if need_w else None, weight)
-        elif recipe == "blockwise":
-            xq, sx = cast_blockwise(x2, f_dt)  # 1x128 along K
-            wq, sw = cast_blockwise(weight, f_dt, tile=True)  # 128x128, scales (N/128, K/128)
-            # B = W^T (K, N) view; its scale for (kb, n) is sw[n // 128, kb]
-            y = gemm_blockwise(xq, sx, wq.t(), sw, GROUP, out_dt, b_scale_strides=(sw.stride(1), sw.stride(0)))
-            if bias is not None:
-                y = y + bias.to(out_dt)
-            ctx.save_for_backward(x2 if need_w else None, wq, sw)
-        else:
-            raise ValueError(f"fp8 recipe must be one of {RECIPES}, not {recipe!r}")
-        ctx.recipe, ctx.g_dt, ctx.f_dt, ctx.M, ctx.has_bias = recipe, g_dt, f_dt, M, bias is not None
-        ctx.w_dtype = weight.dtype
-        return y.view(*shape[:-1], N)
+        y, st = fp8_forward(x.reshape(-1, shape[-1]), weight, bias, recipe, fmt, need_wgrad=ctx.needs_input_grad[1])
+        ctx.save_for_backward(*st.tensors)
+        st.tensors = None
+        ctx.st = st
+        return y.view(*shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, dy):
-        recipe, g_dt, f_dt, M = ctx.recipe, ctx.g_dt, ctx.f_dt, ctx.M
-        N = dy.shape[-1]
-        dy2 = dy.reshape(-1, N)
-        if dy2.stride(1) != 1:
-            dy2 = dy2.contiguous()
-        out_dt = _out_dtype(dy)
-        w_dt = ctx.w_dtype if ctx.w_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
-        dx = dw = db = None
-        if recipe == "tensorwise":
-            xqt, sx, wqt, sw = ctx.saved_tensors
-            dyq, dyqt, sdy = cast_tensorwise(dy2, g_dt, want_y=ctx.needs_input_grad[0],
-                                             want_t=ctx.needs_input_grad[1])
-            if ctx.needs_input_grad[0]:
-                dx = _mm(dyq, wqt.t(), sdy, sw, out_dt)  # (M,N) @ (N,K)
-            if ctx.needs_input_grad[1]:
-                dw = _mm(dyqt, xqt.t(), sdy, sx, w_dt)  # (N,MP) @ (MP,K), pad rows are zero
-        elif recipe == "rowwise":
-            x2, weight = ctx.saved_tensors
-            if ctx.needs_input_grad[0]:
-                dyq, sdy = cast_rowwise(dy2, g_dt)  # along N
-                wqt, swt = cast_rowwise(weight, f_dt, transpose=True)  # W^T (K, N) rows along N
-                dx = _mm(dyq, wqt.t(), sdy, swt.t(), out_dt)
-            if ctx.needs_input_grad[1]:
-                dyqt, sdyt = cast_rowwise(dy2, g_dt, transpose=True, pad=True)  # dy^T (N, MP) along M
-                xqt, sxt = cast_rowwise(x2, f_dt, transpose=True, pad=True)  # x^T (K, MP) along M
-                dw = _mm(dyqt, xqt.t(), sdyt, sxt.t(), torch.bfloat16 if w_dt == torch.float32 else w_dt)
-                dw = dw.to(w_dt)
-        else:  # blockwise
-            x2, wq, sw = ctx.saved_tensors
-            if ctx.needs_input_grad[0]:
-                dyq, sdy = cast_blockwise(dy2, g_dt)  # 1x128 along N
-                # B = W (N, K) as stored; scale for (kb over N, k) is sw[kb, k // 128]
-                dx = gemm_blockwise(dyq, sdy, wq, sw, GROUP, out_dt)
-            if ctx.needs_input_grad[1]:
-                dyqt, sdyt = cast_blockwise(dy2, g_dt, transpose=True)  # dy^T (N, M), 1x128 along M
-                xqt, sxt = cast_blockwise(x2, f_dt, transpose=True)  # x^T (K, M), 1x128 along M
-                # B = x (M, K) = xqt.t(); scale for (kb over M, k) is sxt[k, kb]
-                dw = gemm_blockwise(dyqt, sdyt, xqt.t(), sxt, 1, w_dt,
-                                    b_scale_strides=(sxt.stride(1), sxt.stride(0)))
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.float().sum(0).to(ctx.w_dtype)
+        st = ctx.st
+        st.tensors = list(ctx.saved_tensors)
+        dx, dw, db = fp8_backward(st, dy.reshape(-1, dy.shape[-1]), ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+                                  ctx.needs_input_grad[2])
         if dx is not None:
             dx = dx.view(*dy.shape[:-1], dx.shape[-1])
         return dx, dw, db, None, None
