@@ -66,3 +66,160 @@ def test_recorded_set_covers_all_layouts():
     assert ("N", "N", False, False, False) in kinds     # dgrad
     assert ("N", "T", False, False, False) in kinds     # wgrad
     assert ("N", "N", True, False, True) in kinds       # baddbmm
+
+
+class FakeLt:
+    """Just enough of tuning.lt_bindings.Lt for the candidate generator: algorithms are dicts in a buffer."""
+
+    def __init__(self):
+        self.checked = 0
+
+    def _algo(self, cfg):
+        return _FakeAlgo(dict(cfg))
+
+    def get_config(self, algo):
+        from tuning.results_file import CUBLASLT_ALGO_COLUMNS
+        return {c: algo.cfg.get(c, 0) for c in CUBLASLT_ALGO_COLUMNS}
+
+    def algo_ids(self, h, p):
+        return [10, 20, 30]
+
+    def algo_init(self, h, p, algo_id):
+        return None if algo_id == 30 else self._algo({"algo_id": algo_id})
+
+    def set_config(self, algo, cfg):
+        from tuning.lt_bindings import LtError
+        if cfg.get("splitk_num", 1) == 16:
+            raise LtError("not for this algorithm")
+        algo.cfg.update(cfg)
+
+    def cap_list(self, algo, cap):
+        return {"TILE_IDS": [1, 2, 3], "STAGES_IDS": [7, 8]}[cap]
+
+    def cap_int(self, algo, cap, default=0):
+        return {"SPLITK_SUPPORT": 1, "REDUCTION_SCHEME_MASK": 3, "CTA_SWIZZLING_SUPPORT": 1}.get(cap, default)
+
+    def algo_check(self, h, descs, algo):
+        self.checked += 1
+        return None if algo.cfg.get("tile_id") == 3 else 1024
+
+
+class _FakeAlgo:
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+
+def test_candidate_generator_order_dedupe_and_checks():
+    from tuning.cuda_tuner import CudaLtTuner
+    from tuning.gemm_problem import GemmProblem
+    lt = FakeLt()
+    tuner = object.__new__(CudaLtTuner)
+    tuner.lt, tuner.handle, tuner.max_candidates, tuner.ws_bytes, tuner.seed = lt, 1, 64, 1 << 25, 0
+    heur = [lt._algo({"algo_id": 10, "tile_id": 1, "stages_id": 7}), lt._algo({"algo_id": 20, "tile_id": 2}),
+            lt._algo({"algo_id": 10, "tile_id": 1, "stages_id": 7})]  # a duplicate
+    p = GemmProblem("T", "N", 64, 64, 64, 64, 64, 64, 64)
+    cands = list(tuner._candidates(p, None, heur))
+    sources = [c.source for c in cands]
+    assert sources[:2] == ["heuristic", "heuristic"]  # the duplicate is dropped
+    assert {"variant", "enumerated"} <= set(sources[2:])
+    idents = [tuple(sorted(c.config.items())) for c in cands]
+    assert len(idents) == len(set(idents))
+    assert all(c.config["tile_id"] != 3 for c in cands if c.source == "enumerated")  # AlgoCheck rejects tile 3
+    assert all(c.config["splitk_num"] != 16 for c in cands)  # set_config failures are skipped, not fatal
+    splits = {c.config["splitk_num"]: c.config["reduction_scheme"] for c in cands if c.source == "variant"}
+    assert splits[4] == 2 and splits.get(1, 0) == 0  # split-k > 1 gets a supported reduction scheme
+    enumerated = {(c.config["algo_id"], c.config["tile_id"], c.config["stages_id"]) for c in cands
+                  if c.source == "enumerated"}
+    assert {a for a, _, _ in enumerated} == {10, 20}  # round-robin reaches every algorithm id
+
+
+class FakeTimedLt(FakeLt):
+    def __init__(self, heuristic):
+        super().__init__()
+        self.heur = heuristic
+
+    def create_preference(self, ws, min_alignment=None):
+        return 1
+
+    def destroy_preference(self, pref):
+        pass
+
+    def heuristics(self, h, descs, pref, n):
+        return list(self.heur)
+
+    def git_version(self):
+        return "cublasLt-1"
+
+
+class FakeEvent:
+    clock = [0.0]
+
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self):
+        self.t = FakeEvent.clock[0]
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+
+def test_tune_flow_picks_fastest_correct_candidate(monkeypatch):
+    """The CUDA tuner's decision logic on CPU: GEMMs by a reference, time from a fake clock."""
+    from tuning.cuda_tuner import CudaLtTuner
+    from tuning.gemm_problem import GemmProblem
+    from tuning.tune_journal import TUNED
+
+    heur = [_FakeAlgo({"algo_id": 10, "tile_id": 1, "stages_id": 7}), _FakeAlgo({"algo_id": 20, "tile_id": 1})]
+    lt = FakeTimedLt(heur)
+    tuner = object.__new__(CudaLtTuner)
+    tuner.__dict__.update(lt=lt, handle=1, device=0, buffer_device=torch.device("cpu"), max_candidates=40, warmup=1,
+                          iters=3, rotating_bytes=1 << 16, rotating_mb=1, min_gain=0.01, confirm_top=3,
+                          ws_bytes=1 << 25, seed=0, gpu_name="Fake GPU", sms=10, lib_version=1,
+                          spin_cycles_per_iter=0)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+
+    def cost(cfg):  # ms per call
+        if cfg.get("splitk_num") == 4:
+            return 0.7
+        return 1.0 if cfg == heur[0].cfg else 1.2
+
+    def runner(p, descs, sets):
+        def run(algo, i, out=None):
+            s = dict(sets[i])
+            if out is not None:
+                s["d"] = out
+            colmajor_gemm(p, s)
+            wrong = algo.cfg.get("algo_id") == 20 and algo.cfg.get("stages_id") == 8
+            if wrong:
+                s["d"].add_(1.0)  # a wrong result: must be rejected, however fast
+            FakeEvent.clock[0] += 0.1 if wrong else cost(algo.cfg)
+        return run
+
+    orig_views = CudaLtTuner._torch_views
+
+    def timed_views(p, s):
+        call = orig_views(p, s)
+
+        def run():
+            FakeEvent.clock[0] += 1.0  # torch's own call: as fast as the heuristic's first choice
+            return call()
+        return run
+
+    monkeypatch.setattr(tuner, "_lt_runner", runner)
+    monkeypatch.setattr(CudaLtTuner, "_torch_views", staticmethod(timed_views))
+    p = GemmProblem("T", "N", 32, 24, 16, 16, 16, 32, 32, a_type="f32_r", b_type="f32_r", c_type="f32_r",
+                    d_type="f32_r", bias_vector=1, bias_type="f32_r")
+    o = tuner._tune(p, None)
+    assert o.status == TUNED, o.detail
+    assert o.row["splitk_num"] == 4 and o.row["library"] == "cublasLt" and o.row["gcnArchName"] == "Fake GPU"
+    assert o.tuned_us == pytest.approx(700) and o.default_us == pytest.approx(1000)
+    assert float(o.row["heuristic_us"]) == pytest.approx(1000) and o.rejected >= 1
+    assert o.candidates + o.rejected <= 40
+
+    tuner.min_gain = 0.5  # 30% faster is not enough now: training keeps the default
+    o = tuner._tune(p, None)
+    assert o.status == "default" and o.row is None and o.tuned_us == o.default_us

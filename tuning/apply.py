@@ -59,7 +59,7 @@ def check_compatible(results: ResultsFile, library_version: int, gpu_name: str, 
             f"{path} was tuned with cuBLASLt {sorted(versions)}, this process loads cuBLASLt {library_version}: "
             f"re-run stage 2 (tuning) with this library")
     gpus = {r.get("gcnArchName") for r in results.rows}
-    if gpus != {gpu_name.replace(",", ";")}:
+    if gpus != {gpu_name.replace(",", " ")}:  # the tuner writes the name without commas
         raise TunedResultsMismatch(f"{path} was tuned on {sorted(gpus)}, this GPU is '{gpu_name}': re-run stage 2")
 
 

@@ -51,6 +51,7 @@ class CudaLtTuner:
         if not torch.cuda.is_available():
             raise RuntimeError("the CUDA tuner needs a CUDA GPU (torch.cuda.is_available() is False)")
         self.device = device
+        self.buffer_device = torch.device("cuda", device)
         torch.cuda.set_device(device)
         self.lt = Lt.load("cublaslt")
         self.handle = self.lt.create_handle()
@@ -102,12 +103,12 @@ class CudaLtTuner:
 
     def _buffers(self, p: GemmProblem):
         """Flat A/B/C/D(/bias) buffers, enough sets to cover the rotating size."""
-        dev = torch.device("cuda", self.device)
+        dev = self.buffer_device
         na, nb, nc, nd = buffer_elems(p)
         dt = {k: TORCH_DTYPES[getattr(p, k + "_type")] for k in "abcd"}
         set_bytes = (na * dt["a"].itemsize + nb * dt["b"].itemsize + nd * dt["d"].itemsize
                      + (nc * dt["c"].itemsize if p.beta else 0))
-        free, _ = torch.cuda.mem_get_info(self.device)
+        free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else 1 << 34
         nsets = max(1, min(64, math.ceil(self.rotating_bytes / max(set_bytes, 1)), int(0.5 * free // set_bytes)))
         gen = torch.Generator(device=dev).manual_seed(self.seed)
 
@@ -133,7 +134,7 @@ class CudaLtTuner:
             d = (out if out is not None else s[out_key]).data_ptr()
             c = s["c"].data_ptr() if p.beta else d
             lt.matmul(h, descs, algo, s["a"].data_ptr(), s["b"].data_ptr(), c, d, ws, wsb,
-                      torch.cuda.current_stream().cuda_stream, beta=p.beta)
+                      torch.cuda.current_stream().cuda_stream, beta=p.beta, alpha=p.alpha)
         return run
 
     @staticmethod
@@ -181,7 +182,7 @@ class CudaLtTuner:
             fn(i % nsets)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        if hasattr(torch.cuda, "_sleep"):
+        if self.spin_cycles_per_iter and hasattr(torch.cuda, "_sleep"):
             torch.cuda._sleep(self.spin_cycles_per_iter * iters)
         for i in range(iters):
             starts[i].record()
@@ -191,7 +192,8 @@ class CudaLtTuner:
         return 1e3 * statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
     def _candidates(self, p, descs, heuristic: list[Algo]):
-        """Heuristic list, then variations of its best, then enumerated algorithms; deduplicated, checked."""
+        """Heuristic list, then variations of its leaders alternating with enumerated algorithms; each
+        deduplicated by configuration and (beyond the heuristic list) validated with AlgoCheck."""
         lt, h = self.lt, self.handle
         seen: set = set()
         checks = 0
@@ -215,61 +217,69 @@ class CudaLtTuner:
                     return None
             return _Candidate(algo, cfg, source)
 
-        def variant(cfg: dict, **changes):
-            algo = lt.algo_init(h, p, cfg["algo_id"])
+        def build(algo_id: int, cfg: dict):
+            algo = lt.algo_init(h, p, algo_id)
             if algo is None:
                 return None
-            lt.set_config(algo, {**cfg, **changes})
+            try:
+                lt.set_config(algo, cfg)
+            except LtError:  # a value this algorithm does not take
+                return None
             return algo
+
+        def variants():
+            # the heuristic's leaders with other split-k (one reduction scheme each) and the other CTA swizzle
+            for base in heuristic[:3]:
+                cfg = lt.get_config(base)
+                changes = []
+                if lt.cap_int(base, "CTA_SWIZZLING_SUPPORT"):
+                    changes.append({"cta_swizzling": 1 - min(cfg["cta_swizzling"], 1)})
+                if lt.cap_int(base, "SPLITK_SUPPORT"):
+                    mask = lt.cap_int(base, "REDUCTION_SCHEME_MASK")
+                    red = next((r for r in (2, 1, 4) if mask & r), 0)
+                    changes += [{"splitk_num": sk, "reduction_scheme": red if sk > 1 else 0}
+                                for sk in SPLITK_LADDER]
+                for ch in changes:
+                    algo = build(cfg["algo_id"], {**cfg, **ch})
+                    yield algo and admit(algo, "variant")
+
+        def enumerated():
+            # per algorithm id, its tile x stage combinations in a fixed shuffled order, taken round-robin
+            # across ids so a bounded budget still sees every kernel family
+            rng = random.Random(self.seed)
+            streams = []
+            for algo_id in lt.algo_ids(h, p):
+                base = lt.algo_init(h, p, algo_id)
+                if base is None:
+                    continue
+                combos = [(t, st) for t in (lt.cap_list(base, "TILE_IDS") or [0])
+                          for st in (lt.cap_list(base, "STAGES_IDS") or [0])]
+                rng.shuffle(combos)
+                streams.append((algo_id, iter(combos)))
+            while streams and checks < 40 * self.max_candidates:
+                alive = []
+                for algo_id, it in streams:
+                    combo = next(it, None)
+                    if combo is None:
+                        continue
+                    alive.append((algo_id, it))
+                    algo = build(algo_id, {"tile_id": combo[0], "stages_id": combo[1]})
+                    yield algo and admit(algo, "enumerated")
+                streams = alive
 
         for algo in heuristic:
             c = admit(algo, "heuristic")
             if c:
                 yield c
-        for base in heuristic[:3]:
-            cfg = lt.get_config(base)
-            splitk = lt.cap_int(base, "SPLITK_SUPPORT")
-            red_mask = lt.cap_int(base, "REDUCTION_SCHEME_MASK")
-            swizzle = lt.cap_int(base, "CTA_SWIZZLING_SUPPORT")
-            changes = [{"cta_swizzling": 1 - min(cfg["cta_swizzling"], 1)}] if swizzle else []
-            if splitk:
-                for sk in SPLITK_LADDER:
-                    for red in [r for r in (1, 2, 4) if red_mask & r] if sk > 1 else [0]:
-                        changes.append({"splitk_num": sk, "reduction_scheme": red})
-            for ch in changes:
-                algo = variant(cfg, **ch)
-                c = algo and admit(algo, "variant")
-                if c:
+        # then alternate between local variations and the wider enumeration
+        gens = [variants(), enumerated()]
+        while gens:
+            for g in list(gens):
+                c = next(g, StopIteration)
+                if c is StopIteration:
+                    gens.remove(g)
+                elif c:
                     yield c
-        # Enumeration: per algorithm id, its tile x stage combinations in a fixed shuffled order, taken
-        # round-robin across ids so a bounded budget still sees every kernel family.
-        rng = random.Random(self.seed)
-        streams = []
-        for algo_id in lt.algo_ids(h, p):
-            base = lt.algo_init(h, p, algo_id)
-            if base is None:
-                continue
-            tiles = lt.cap_list(base, "TILE_IDS") or [0]
-            stages = lt.cap_list(base, "STAGES_IDS") or [0]
-            combos = [(t, s) for t in tiles for s in stages]
-            rng.shuffle(combos)
-            streams.append((algo_id, iter(combos)))
-        max_checks = 40 * self.max_candidates
-        while streams and checks < max_checks:
-            alive = []
-            for algo_id, it in streams:
-                combo = next(it, None)
-                if combo is None:
-                    continue
-                alive.append((algo_id, it))
-                algo = lt.algo_init(h, p, algo_id)
-                if algo is None:
-                    continue
-                lt.set_config(algo, {"tile_id": combo[0], "stages_id": combo[1]})
-                c = admit(algo, "enumerated")
-                if c:
-                    yield c
-            streams = alive
 
     def _tune(self, p: GemmProblem, descs) -> TuneOutcome:
         lt = self.lt

@@ -206,11 +206,12 @@ class Lt:
         return self._parse_heuristics(buf.raw, returned.value)
 
     def matmul(self, handle: int, descs: ProblemDescs, algo: Algo | None, a: int, b: int, c: int, d: int,
-               workspace: int, workspace_bytes: int, stream: int, beta: float = 0.0) -> None:
-        """D = A @ B (+ beta C) (+ bias, set on the descriptor) with alpha 1, scalars on the host."""
+               workspace: int, workspace_bytes: int, stream: int, beta: float = 0.0, alpha: float = 1.0) -> None:
+        """D = alpha A @ B (+ beta C) (+ bias, set on the descriptor); scalars on the host."""
         beta_c = self._zero if beta == 0.0 else c_float(beta)
+        alpha_c = self._one if alpha == 1.0 else c_float(alpha)
         status = self._fn("Matmul", [c_void_p] * 14 + [c_size_t, c_void_p])(
-            handle, descs.desc, ctypes.addressof(self._one), a, descs.a, b, descs.b, ctypes.addressof(beta_c),
+            handle, descs.desc, ctypes.addressof(alpha_c), a, descs.a, b, descs.b, ctypes.addressof(beta_c),
             c, descs.c, d, descs.d, algo.ptr if algo is not None else None, workspace, workspace_bytes, stream)
         if status != 0:
             raise LtError(f"{self.spec.prefix}Matmul failed with status {status}")
