@@ -1,0 +1,158 @@
+"""CPU end-to-end runs of the TorchTitan backend: TorchTitan's own Trainer on the debug model (seq 128)."""
+import json
+import math
+import os
+import socket
+import uuid
+import zlib
+
+import pytest
+
+pytest.importorskip("torchtitan")
+
+from conftest import compose_cfg  # noqa: E402
+
+pytestmark = pytest.mark.slow
+BASE = ["backend=torchtitan", "device=cpu", "training.seq_length=128"]
+FP32 = ["precision.bf16=false", "precision.mixed_precision_param=float32"]
+
+
+def _set_same_weights(model) -> None:
+    """Give every parameter a value that depends only on its name and global shape, so runs with different
+    sharding start from the same model (each FSDP rank would otherwise draw its own shard)."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+            full = 1.0 + 0.02 * torch.randn(p.shape, generator=g) if p.dim() == 1 else \
+                0.05 * torch.randn(p.shape, generator=g)
+            if isinstance(p, DTensor):
+                full = distribute_tensor(full, p.device_mesh, p.placements)
+            p.copy_(full.to(p.dtype))
+
+
+def run_trainer(overrides, run_dir, steps, same_weights=False):
+    """Build the trainer, run `steps` steps, close; returns setup info and per-step results (this process)."""
+    import torch
+
+    from primus.backends.torchtitan.trainer import TorchTitanTrainer
+    from primus.context import resolve
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        torch.set_num_threads(1)
+    cfg = compose_cfg(BASE + list(overrides))
+    os.makedirs(run_dir, exist_ok=True)
+    tr = TorchTitanTrainer(cfg, resolve(cfg, run_dir))
+    try:
+        info = tr.setup()
+        if same_weights:
+            _set_same_weights(tr.tt.model_parts[0])
+        results = [tr.train_step(s + 1) for s in range(steps)]
+    finally:
+        tr.close()
+    return {"info": info, "losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results],
+            "lrs": [r.lr for r in results], "tied": getattr(tr.model_args, "tie_word_embeddings", None)}
+
+
+def launch(nproc, overrides, run_dir, steps, same_weights=False):
+    """Run `run_trainer` on nproc fresh processes (torch elastic launch, gloo); returns rank 0's result."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
+                      rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{port}", max_restarts=0,
+                      monitor_interval=0.5, start_method="spawn")
+    return elastic_launch(lc, run_trainer)(overrides, run_dir, steps, same_weights)[0]
+
+
+def test_single_process_debug_model_loss_decreases(tmp_path):
+    out = run_trainer(["training.train_iters=20", "training.lr=3e-3", "training.min_lr=3e-4",
+                       "training.lr_warmup_iters=5", "training.lr_decay_style=cosine"], str(tmp_path), 20)
+    losses = out["losses"]
+    assert abs(losses[0] - math.log(2048)) < 1.0, losses[0]  # starts near chance
+    assert sum(losses[-3:]) / 3 < losses[0] - 1.5, losses  # learns the synthetic n-grams
+    assert all(math.isfinite(g) and g > 0 for g in out["grad_norms"])
+    lrs = out["lrs"]
+    assert lrs[:5] == pytest.approx([6e-4, 1.2e-3, 1.8e-3, 2.4e-3, 3e-3])  # linear warm-up over 5 steps
+    assert all(a > b for a, b in zip(lrs[5:], lrs[6:])) and lrs[-1] > 3e-4  # cosine decay towards min_lr
+    assert out["info"]["gradient_accumulation_steps"] == 2  # global 8 / micro 4
+    assert out["info"]["params"] == 1_311_872  # 2 * 2048 * 128 + 4 layers + final norm
+    text = open(out["info"]["job_config_toml"]).read()
+    assert "[training]" in text and "seq_len = 128" in text
+
+
+def test_fsdp_two_processes_match_one_process(tmp_path):
+    steps = 6
+    two = launch(2, FP32 + ["training.micro_batch_size=4", "training.global_batch_size=8",
+                            f"training.train_iters={steps}"], str(tmp_path / "two"), steps, same_weights=True)
+    # the reference runs in this process: one rank, the whole global batch in one micro batch
+    one = run_trainer(FP32 + ["training.micro_batch_size=8", "training.global_batch_size=8",
+                              f"training.train_iters={steps}"], str(tmp_path / "one"), steps, same_weights=True)
+    assert two["info"]["parallel_dims"]["dp_shard"] == 2  # FSDP really sharded over both ranks
+    assert one["info"]["parallel_dims"]["dp_shard"] == 1
+    assert two["info"]["params"] == one["info"]["params"]
+    for a, b in zip(two["losses"], one["losses"]):
+        assert a == pytest.approx(b, rel=1e-4), (two["losses"], one["losses"])
+    for a, b in zip(two["grad_norms"], one["grad_norms"]):
+        assert a == pytest.approx(b, rel=1e-3), (two["grad_norms"], one["grad_norms"])
+    assert two["losses"][-1] < two["losses"][0]
+
+
+def test_tied_embeddings_train_and_share_one_table(tmp_path):
+    out = run_trainer(["model.tie_word_embeddings=true", "training.train_iters=12"], str(tmp_path), 12)
+    assert out["tied"] is True
+    assert out["info"]["params"] == 1_311_872 - 2048 * 128  # one table, not two
+    assert out["losses"][-1] < out["losses"][0] - 0.5, out["losses"]
+
+
+def test_tied_embeddings_under_fsdp(tmp_path):
+    out = launch(2, ["model.tie_word_embeddings=true", "training.train_iters=4"], str(tmp_path), 4)
+    assert out["info"]["parallel_dims"]["dp_shard"] == 2
+    assert out["losses"][-1] < out["losses"][0], out["losses"]
+
+
+def _byte_bpe(folder, texts, vocab_size=512):
+    """A tiny byte-level BPE trained on local text: tokenizer.json + tokenizer_config.json, as TorchTitan reads."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    os.makedirs(folder, exist_ok=True)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}, f)
+    return tok.get_vocab_size()
+
+
+def test_local_jsonl_with_local_tokenizer(tmp_path):
+    import random
+
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "omega", "train", "model", "token", "layer", "shard"]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 60))) for _ in range(300)]
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(2):  # a folder of jsonl files, `text` field
+        with open(data / f"part{i}.jsonl", "w") as f:
+            for t in texts[i::2]:
+                f.write(json.dumps({"text": t}) + "\n")
+    vocab = _byte_bpe(str(tmp_path / "tok"), texts)
+    assert vocab <= 2048
+    out = run_trainer(["data=jsonl", f"data.path={data}", f"data.tokenizer={tmp_path / 'tok'}",
+                       "training.train_iters=12"], str(tmp_path / "run"), 12)
+    assert out["losses"][-1] < out["losses"][0] - 1.0, out["losses"]
+
+
+def test_activation_checkpointing_modes_run(tmp_path):
+    for mode in ("full", "selective"):
+        out = run_trainer([f"recompute.activation_checkpoint_mode={mode}", "training.train_iters=2",
+                           "training.global_batch_size=4"], str(tmp_path / mode), 2)
+        assert all(math.isfinite(x) for x in out["losses"])
