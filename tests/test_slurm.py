@@ -1,0 +1,98 @@
+"""Real Slurm: a one-node cluster on this machine (Debian's slurm-wlm + munge, installed with apt-get when missing),
+then `python train.py -m hydra/launcher=slurm +cluster=local launcher.nproc_per_node=2`: one Slurm job of 2 tasks,
+each task runs the Hydra job, the two ranks train as one world of size 2, rank 0 writes result.json.
+
+Needs root (the cluster runs as root). The cluster's state, config and logs live in a temp dir, on free ports, so a
+cluster someone else runs on this machine is left alone; it is stopped in the fixture's finally.
+"""
+import os
+import pickle
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from test_launch_common import ROOT, SHORT, load, result_files, run_train, tail
+
+SCRIPT = os.path.join(ROOT, "launchers", "slurm_cluster.sh")
+pytestmark = pytest.mark.slurm
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm cluster needs root")
+    if not shutil.which("slurmctld") and not shutil.which("apt-get"):
+        pytest.skip("no slurm-wlm and no apt-get to install it")
+    d = tempfile.mkdtemp(prefix="primus-slurm-")  # short path: slurmd puts unix sockets in its spool dir
+    ports = set()
+    while len(ports) < 2:
+        ports.add(_free_port())
+    ctld, slurmd = sorted(ports)
+    env = {**os.environ, "SLURM_CLUSTER_DIR": d, "SLURM_CTLD_PORT": str(ctld), "SLURMD_PORT": str(slurmd)}
+    try:
+        t0 = time.time()
+        p = subprocess.run([SCRIPT, "start"], env=env, capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, f"cluster did not start:\n{p.stdout}\n{p.stderr}"
+        print(f"slurm cluster up in {time.time() - t0:.1f}s ({d})")
+        yield {"SLURM_CONF": os.path.join(d, "slurm.conf"), "dir": d}
+    finally:
+        subprocess.run([SCRIPT, "stop"], env=env, capture_output=True, text=True, timeout=120)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_two_task_job_trains_as_one_world(cluster, tmp_path):
+    sweep = tmp_path / "sweep"
+    t0 = time.time()
+    p = run_train(["-m", "hydra/launcher=slurm", "+cluster=local", "hydra.launcher.timeout_min=5",
+                   "launcher.nproc_per_node=2", *SHORT, f"hydra.sweep.dir={sweep}"],
+                  env={"SLURM_CONF": cluster["SLURM_CONF"]}, timeout=420)
+    took = time.time() - t0
+    assert p.returncode == 0, tail(p, 80)
+
+    # the submitting command reports the job id and where its logs are
+    m = re.search(r"\[slurm\] job (\S+) submitted: (\S+_0_log\.out)", p.stdout)
+    assert m, tail(p)
+    job_id, log0 = m.group(1), m.group(2)
+    assert os.path.isfile(log0), log0
+    job_folder = os.path.dirname(log0)
+
+    # rank 0 alone wrote one result.json, in the job's shared run dir; the world was the 2 Slurm tasks
+    assert result_files(sweep) == [str(sweep / "0" / "result.json")]
+    r = load(sweep / "0" / "result.json")
+    assert r["status"] == "ok", r.get("error")
+    assert r["world_size"] == 2 and r["resolved"]["dp"] == 2
+    assert r["env"].get("SLURM_JOB_ID") == job_id.split("_")[0]
+    assert len(r["losses"]) == 3
+
+    # both tasks ran the job function to completion (submitit keeps each task's return value)
+    for task in (0, 1):
+        with open(os.path.join(job_folder, f"{job_id}_{task}_result.pkl"), "rb") as f:
+            outcome, job_return = pickle.load(f)
+        assert outcome == "success", job_return
+        assert job_return.return_value == "ok"
+        assert os.path.isfile(os.path.join(job_folder, f"{job_id}_{task}_log.err"))
+
+    # the sweep table covers the job
+    rows = (sweep / "results.csv").read_text().splitlines()
+    assert len(rows) == 2 and ",ok," in rows[1]
+    # the job ends: no rank left hanging after writing its result (submitit returns as soon as the results exist)
+    deadline = time.time() + 90
+    while True:
+        q = subprocess.run(["squeue", "-h", "-j", job_id.split("_")[0]], capture_output=True, text=True, timeout=30,
+                           env={**os.environ, "SLURM_CONF": cluster["SLURM_CONF"]})
+        if q.stdout.strip() == "" or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert q.stdout.strip() == "", f"job still queued/running 90 s after its results: {q.stdout}"
+    print(f"slurm 2-task job: {took:.1f}s")
