@@ -12,7 +12,8 @@ from typing import Any, Dict
 
 from omegaconf import DictConfig, OmegaConf
 
-from primus.config.schema import Device, PrimusConfig
+from primus.config.errors import ConfigError
+from primus.config.schema import Device, Mode, PrimusConfig
 from primus.config.validate import validate
 from primus.context import RunContext, resolve
 
@@ -51,13 +52,18 @@ def run(dcfg: DictConfig):
     cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
     meta = hydra_meta()
     ctx = resolve(cfg, meta["run_dir"])
-    if cfg.dry_run and cfg.device == Device.auto and ctx.device == "cpu":
+    if (cfg.dry_run or cfg.mode == Mode.plan) and cfg.device == Device.auto and ctx.device == "cpu":
         # a dry run describes the GPU run the config is meant for (nothing touches a GPU): judge it as one;
         # device=cpu asks for the CPU run explicitly
         ctx.device, ctx.dist_backend, ctx.planned = "cuda", "nccl", True
     validate(cfg, ctx)  # raises ConfigError naming key, value, rule and fix
     # validate() may normalise values (e.g. recompute_layer_ids sorted): workers get the normalised config
     cfg_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+    if cfg.mode == Mode.plan:
+        from primus.plan import run_plan
+
+        return run_plan(cfg, ctx)
 
     if cfg.dry_run:
         from primus.backends import backend_args
@@ -79,6 +85,13 @@ def run(dcfg: DictConfig):
         from primus.tuning_stage2 import run_stage2
 
         return run_stage2(cfg, ctx, meta)
+
+    if ctx.device == "cuda":  # refuse a run the memory estimate says cannot fit (plan.enforce=false overrides)
+        from primus.plan import check_fits
+
+        issue = check_fits(cfg, ctx)
+        if issue is not None:
+            raise ConfigError(issue)
 
     from primus.launch.local import launch_local, single_process_env
 

@@ -47,6 +47,30 @@ def _say(ctx: RunContext, msg: str) -> None:
         print(msg, flush=True)
 
 
+def _tuning_hooks(cfg: PrimusConfig, ctx: RunContext, result: Dict[str, Any]):
+    """GEMM tuning on CUDA/CPU inside the worker: stage 1 records the step's GEMMs at the torch level; stage 3
+    routes tuned shapes through cuBLASLt. (On ROCm both happen through hipBLASLt's env, set in run.py.)"""
+    import contextlib
+
+    from primus.tuning_env import effective_stage, results_file, shape_dir
+
+    stage = effective_stage(cfg)
+    if ctx.rocm or stage not in (1, 3):
+        return contextlib.nullcontext()
+    if stage == 1:
+        from tuning.shapes import record_gemms
+
+        result["gemm_shape_dir"] = os.path.abspath(shape_dir(cfg))
+        _say(ctx, f"[primus] tuning stage 1: recording GEMM shapes to {result['gemm_shape_dir']}")
+        return record_gemms(shape_dir(cfg), rank=ctx.rank, steps=cfg.training.train_iters)
+    from tuning.apply import install_tuned_linear
+
+    handle = install_tuned_linear(results_file(cfg))
+    result["tuned_gemms"] = handle
+    _say(ctx, f"[primus] tuning stage 3: tuned GEMMs from {results_file(cfg)}")
+    return contextlib.nullcontext()
+
+
 def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str, Any]:
     """Run the training steps on this rank; returns the result dict (rank 0 also writes it)."""
     from primus.backends import trainer_class
@@ -76,12 +100,14 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
 
         sinks = open_sinks(cfg, ctx)
         prof = StepProfiler(cfg, ctx)
+        gemm_recording = _tuning_hooks(cfg, ctx, result)
         trainer = trainer_class(cfg)(cfg, ctx)
         info = trainer.setup() or {}
         result["params"] = info.get("params")
         result["backend_info"] = {k: v for k, v in info.items() if k != "params"}
         _say(ctx, f"[primus] model {cfg.model.name}: {result['params']:,} parameters; "
                   + "; ".join(f"{k}: {v}" for k, v in result["backend_info"].items()))
+        gemm_recording.__enter__()
         for step in range(1, t.train_iters + 1):
             prof.before_step(step)
             t0 = time.perf_counter()
@@ -99,6 +125,7 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
                 if cfg.training.on_nonfinite.value == "stop":
                     raise NonFiniteError(f"non-finite {what} at step {step}; stopping (training.on_nonfinite=stop)")
                 _say(ctx, f"[primus] non-finite {what} at step {step}: update skipped (training.on_nonfinite=skip)")
+        gemm_recording.__exit__(None, None, None)
         result["status"] = "ok"
     except Exception as e:  # noqa: BLE001 - every failure ends as a status in result.json, then re-raised
         result["status"] = "oom" if _is_oom(e) else "failed"
@@ -112,6 +139,10 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         if prof is not None:
             prof.close()
             result["profile"] = {"trace": prof.trace_path, "memory_snapshot": prof.snapshot_path}
+        handle = result.pop("tuned_gemms", None)
+        if handle is not None:
+            result["tuned_gemm_stats"] = handle.stats()
+            handle.uninstall()
         result.update(meter.summary())
         result["env"] = {**env_snapshot(), **ctx.env}
         if ctx.device == "cuda":

@@ -49,10 +49,12 @@ def tuning_env(cfg: PrimusConfig, rocm: bool, node_rank: int = 0) -> Dict[str, s
         env.update(TE_HIPBLASLT_TUNING_RUN_COUNT="10", TE_HIPBLASLT_TUNING_ALGO_COUNT="50")
         return env
     env.update(TE_HIPBLASLT_TUNING_RUN_COUNT="0", TE_HIPBLASLT_TUNING_ALGO_COUNT="0")
-    if stage == 1 and rocm:
-        env.update(HIPBLASLT_LOG_MASK="32",
-                   HIPBLASLT_LOG_FILE=os.path.abspath(os.path.join(shape_dir(cfg), f"dump_hipblaslt_gemm_shape_{node_rank}.txt")),
-                   HIPBLASLT_TUNING_OVERRIDE_FILE="")  # even an empty value disables an override while dumping
-    if stage == 3:
-        env["HIPBLASLT_TUNING_OVERRIDE_FILE"] = os.path.abspath(results_file(cfg))
+    if stage == 1 and rocm:  # hipBLASLt's own log, one file per node (CUDA records at the torch level instead)
+        from tuning.shapes import rocm_dump_env
+
+        env.update(rocm_dump_env(os.path.abspath(model_root(cfg)), node_rank))
+    if stage == 3 and rocm:  # CUDA routes tuned GEMMs in-process instead (tuning.apply.install_tuned_linear)
+        from tuning.apply import rocm_override_env
+
+        env.update(rocm_override_env(results_file(cfg)))
     return env
