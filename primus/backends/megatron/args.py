@@ -1,0 +1,543 @@
+"""Config -> the exact megatron-core arguments (JSON-able), and the rules this backend/device adds.
+
+Imports neither megatron nor torch: `dry_run=true` prints `build_args` in well under a second. The trainer turns
+the same dict into megatron objects (dtype names -> torch dtypes, activation name -> function), so what a dry run
+shows is what megatron gets. Keys inside `transformer_config`, `ddp_config`, `optimizer_config` and `scheduler`
+are megatron-core 0.16.1's own keyword names.
+"""
+from __future__ import annotations
+
+import importlib.util
+from functools import lru_cache
+from importlib import metadata
+from typing import Any, Dict, List, Optional
+
+from primus.config.errors import ConfigIssue
+from primus.config.schema import PrimusConfig
+from primus.context import RunContext, data_parallel_size
+
+PINNED_MCORE = "0.16.1"
+VOCAB_DIVISOR = 128  # Megatron-LM's make_vocab_size_divisible_by default (times tp)
+
+# fp8/fp4 recipes megatron-core 0.16.1's TransformerConfig accepts (transformer_config.py Literal types)
+MCORE_FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise")
+MCORE_FP4_RECIPES = ("nvfp4",)
+
+
+@lru_cache(maxsize=None)
+def mcore_version() -> Optional[str]:
+    try:
+        return metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def te_available() -> bool:
+    return _importable("transformer_engine")
+
+
+def portable_fp8_available(recipe: Optional[str] = None) -> bool:
+    """The project's own fp8 linear (primus/turbo/fp8_linear.py), when it exists and says it can run."""
+    if not _importable("primus.turbo.fp8_linear"):
+        return False
+    import inspect
+
+    from primus.turbo import fp8_linear  # small module, no megatron
+
+    fn = getattr(fp8_linear, "fp8_linear_available", None)
+    if fn is None:
+        return False
+    try:
+        takes_recipe = len(inspect.signature(fn).parameters) > 0
+    except (TypeError, ValueError):
+        takes_recipe = False
+    return bool(fn(recipe) if takes_recipe else fn())
+
+
+def resolved_layer_spec(cfg: PrimusConfig) -> str:
+    want = cfg.backend.layer_spec.value
+    if want == "auto":
+        return "te" if te_available() else "local"
+    return want
+
+
+def fp8_backend(cfg: PrimusConfig) -> Optional[str]:
+    """Who runs the low-precision linears: Transformer Engine, the portable fp8 linear, or nobody (None)."""
+    p = cfg.precision
+    if p.fp8 is None and p.fp4 is None:
+        return None
+    if resolved_layer_spec(cfg) == "te":
+        return "te"
+    return "portable"
+
+
+def padded_vocab_size(cfg: PrimusConfig) -> int:
+    # As Megatron-LM: the embedding is padded so each tp shard is a multiple of 128 rows (GEMM-friendly, and
+    # independent of the tokenizer's odd sizes). Extra rows are never targets.
+    mult = VOCAB_DIVISOR * cfg.parallel.tensor_model_parallel_size
+    v = cfg.model.vocab_size
+    return ((v + mult - 1) // mult) * mult
+
+
+def _dtype(cfg: PrimusConfig) -> str:
+    p = cfg.precision
+    return "bfloat16" if p.bf16 else ("float16" if p.fp16 else "float32")
+
+
+def num_microbatches(cfg: PrimusConfig, ctx: RunContext) -> int:
+    dp = max(1, data_parallel_size(cfg, ctx.world_size))
+    t = cfg.training
+    return max(1, t.global_batch_size // (t.micro_batch_size * dp))
+
+
+def moe_layer_freq(cfg: PrimusConfig) -> List[int]:
+    m = cfg.model
+    return [0] * m.moe_first_k_dense + [1] * (m.num_layers - m.moe_first_k_dense)
+
+
+def recompute_kwargs(cfg: PrimusConfig) -> Dict[str, Any]:
+    r = cfg.recompute
+    if r.recompute_layer_ids:
+        # megatron requires a method with granularity=full; recompute_ids.py replaces the block's checkpointed
+        # forward, so these two values only get the block onto that code path and choose nothing themselves.
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    if r.recompute_granularity is None:
+        return {"recompute_granularity": None}
+    out: Dict[str, Any] = {"recompute_granularity": r.recompute_granularity.value}
+    if r.recompute_granularity.value == "full":
+        out["recompute_method"] = r.recompute_method.value if r.recompute_method else None
+        out["recompute_num_layers"] = r.recompute_num_layers
+    else:
+        out["recompute_modules"] = list(r.recompute_modules)
+    return out
+
+
+def transformer_config_kwargs(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
+    m, p, par, moe, ov = cfg.model, cfg.precision, cfg.parallel, cfg.moe, cfg.overlap
+    dtype = _dtype(cfg)
+    on_gpu = ctx.device == "cuda"
+    k: Dict[str, Any] = {
+        # architecture: Llama-style decoder (pre-norm RMSNorm, SwiGLU, RoPE, no biases, no dropout)
+        "num_layers": m.num_layers,
+        "hidden_size": m.hidden_size,
+        "ffn_hidden_size": m.ffn_hidden_size,
+        "num_attention_heads": m.num_attention_heads,
+        "num_query_groups": m.num_query_groups,
+        "kv_channels": m.kv_channels,
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": m.norm_epsilon,
+        "qk_layernorm": m.qk_layernorm,
+        "gated_linear_unit": True,
+        "activation_func": "silu",
+        "add_bias_linear": False,
+        "add_qkv_bias": False,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "init_method_std": cfg.training.init_method_std,
+        # fusions: the jit-compiled SwiGLU only on the GPU (on CPU torch.compile would need a compile per shape
+        # for no gain); the rest need TE/apex extensions that are not there without TE.
+        "bias_activation_fusion": on_gpu,
+        "bias_dropout_fusion": False,
+        "masked_softmax_fusion": False,
+        "apply_rope_fusion": False,
+        "persist_layer_norm": False,
+        "gradient_accumulation_fusion": False,
+        # precision
+        "bf16": p.bf16,
+        "fp16": p.fp16,
+        "params_dtype": dtype,
+        "pipeline_dtype": dtype,
+        "cross_entropy_loss_fusion": m.cross_entropy_loss_fusion,
+        "cross_entropy_fusion_impl": m.cross_entropy_fusion_impl.value,
+        # parallel layout
+        "tensor_model_parallel_size": par.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": par.pipeline_model_parallel_size,
+        "virtual_pipeline_model_parallel_size": par.virtual_pipeline_model_parallel_size,
+        "context_parallel_size": par.context_parallel_size,
+        "expert_model_parallel_size": par.expert_model_parallel_size,
+        "sequence_parallel": par.sequence_parallel,
+        # pipeline communication: megatron refuses batched p2p together with the overlapped one
+        "overlap_p2p_comm": ov.overlap_p2p_comm,
+        "batch_p2p_comm": not ov.overlap_p2p_comm,
+        "deallocate_pipeline_outputs": True,
+        "variable_seq_lengths": False,
+        "deterministic_mode": cfg.training.deterministic,
+    }
+    k.update(recompute_kwargs(cfg))
+    if p.fp8 is not None:
+        k.update({
+            "fp8": p.fp8.value,
+            "fp8_recipe": p.fp8_recipe.value,
+            "fp8_margin": p.fp8_margin,
+            "fp8_interval": p.fp8_interval,
+            "fp8_amax_history_len": p.fp8_amax_history_len,
+            "fp8_amax_compute_algo": p.fp8_amax_compute_algo,
+        })
+    if p.fp4 is not None:
+        k.update({"fp4": p.fp4.value, "fp4_recipe": p.fp4_recipe.value})
+    if p.fp8 is not None or p.fp4 is not None:
+        k.update({
+            "first_last_layers_bf16": p.first_last_layers_bf16,
+            "num_layers_at_start_in_bf16": p.num_layers_at_start_in_bf16,
+            "num_layers_at_end_in_bf16": p.num_layers_at_end_in_bf16,
+        })
+    if m.num_experts:
+        k.update({
+            "num_moe_experts": m.num_experts,
+            "moe_router_topk": m.moe_router_topk,
+            "moe_ffn_hidden_size": m.moe_ffn_hidden_size or m.ffn_hidden_size,
+            "moe_shared_expert_intermediate_size": m.moe_shared_expert_intermediate_size,
+            "moe_layer_freq": moe_layer_freq(cfg),
+            "moe_router_load_balancing_type": moe.moe_router_load_balancing_type.value,
+            "moe_aux_loss_coeff": moe.moe_aux_loss_coeff,
+            "moe_z_loss_coeff": moe.moe_z_loss_coeff,
+            "moe_router_score_function": moe.moe_router_score_function.value,
+            "moe_router_pre_softmax": moe.moe_router_pre_softmax,
+            "moe_grouped_gemm": moe.moe_grouped_gemm,
+            "moe_token_dispatcher_type": moe.moe_token_dispatcher_type.value,
+            "moe_permute_fusion": moe.moe_permute_fusion,
+            "overlap_moe_expert_parallel_comm": moe.overlap_moe_expert_parallel_comm,
+        })
+    if m.multi_latent_attention:
+        k.update({
+            "multi_latent_attention": True,
+            "q_lora_rank": m.q_lora_rank,
+            "kv_lora_rank": m.kv_lora_rank,
+            "qk_head_dim": m.qk_head_dim,
+            "qk_pos_emb_head_dim": m.qk_pos_emb_head_dim,
+            "v_head_dim": m.v_head_dim,
+            "rope_type": "rope",  # plain RoPE at pretraining lengths (YaRN is a context-extension step)
+            "rotary_base": m.rotary_base,
+        })
+        k.pop("kv_channels")
+    if m.mtp_num_layers:
+        k["mtp_num_layers"] = m.mtp_num_layers
+    return k
+
+
+def ddp_config_kwargs(cfg: PrimusConfig) -> Dict[str, Any]:
+    ov, mem = cfg.overlap, cfg.memory
+    return {
+        "grad_reduce_in_fp32": True,  # Megatron-LM's default for bf16: fp32 main grads, reduced in fp32
+        "overlap_grad_reduce": ov.overlap_grad_reduce,
+        "overlap_param_gather": ov.overlap_param_gather,
+        "align_param_gather": ov.align_param_gather,
+        "use_distributed_optimizer": mem.use_distributed_optimizer,
+        "bucket_size": ov.bucket_size,
+        "check_for_nan_in_grad": False,  # the shared loop checks loss and grad norm itself
+    }
+
+
+def optimizer_config_kwargs(cfg: PrimusConfig) -> Dict[str, Any]:
+    t, p, mem, ov = cfg.training, cfg.precision, cfg.memory, cfg.overlap
+    # megatron-core's "adam" is AdamW (decoupled weight decay) unless told otherwise: both our names map to it.
+    name = "sgd" if t.optimizer.value == "sgd" else "adam"
+    k = {
+        "optimizer": name,
+        "lr": t.lr,
+        "min_lr": t.min_lr,
+        "weight_decay": t.weight_decay,
+        "clip_grad": t.clip_grad,
+        "bf16": p.bf16,
+        "fp16": p.fp16,
+        "params_dtype": _dtype(cfg),
+        "use_distributed_optimizer": mem.use_distributed_optimizer,
+        "overlap_param_gather": ov.overlap_param_gather,
+        "optimizer_cpu_offload": mem.optimizer_cpu_offload,
+        "optimizer_offload_fraction": mem.optimizer_offload_fraction,
+        "use_precision_aware_optimizer": mem.use_precision_aware_optimizer,
+    }
+    if name == "adam":
+        k.update({"adam_beta1": t.adam_beta1, "adam_beta2": t.adam_beta2, "adam_eps": t.adam_eps,
+                  "decoupled_weight_decay": True})
+    if p.fp8 is not None:
+        k["fp8_recipe"] = p.fp8_recipe.value  # megatron's optimizer reads it for precision-aware state
+    return k
+
+
+def scheduler_kwargs(cfg: PrimusConfig) -> Dict[str, Any]:
+    """megatron.core.optimizer_param_scheduler.OptimizerParamScheduler, counted in optimizer steps."""
+    t = cfg.training
+    return {
+        "init_lr": 0.0,
+        "max_lr": t.lr,
+        "min_lr": t.min_lr,
+        "lr_warmup_steps": t.lr_warmup_iters,
+        "lr_decay_steps": t.train_iters,
+        "lr_decay_style": t.lr_decay_style.value,
+        "start_wd": t.weight_decay,
+        "end_wd": t.weight_decay,
+        "wd_incr_steps": t.train_iters,
+        "wd_incr_style": "constant",
+    }
+
+
+def gpt_model_kwargs(cfg: PrimusConfig) -> Dict[str, Any]:
+    m = cfg.model
+    return {
+        "vocab_size": padded_vocab_size(cfg),
+        "max_sequence_length": cfg.training.seq_length,
+        "position_embedding_type": "none" if m.multi_latent_attention else "rope",  # MLA applies RoPE itself
+        "rotary_base": int(m.rotary_base),
+        "rotary_percent": 1.0,
+        "share_embeddings_and_output_weights": m.tie_word_embeddings,
+        "parallel_output": True,
+    }
+
+
+def parallel_state_kwargs(cfg: PrimusConfig) -> Dict[str, Any]:
+    p = cfg.parallel
+    return {
+        "tensor_model_parallel_size": p.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": p.pipeline_model_parallel_size,
+        "virtual_pipeline_model_parallel_size": p.virtual_pipeline_model_parallel_size,
+        "context_parallel_size": p.context_parallel_size,
+        "expert_model_parallel_size": p.expert_model_parallel_size,
+    }
+
+
+def needs_single_connection(cfg: PrimusConfig) -> bool:
+    """CUDA_DEVICE_MAX_CONNECTIONS=1 makes communication kernels launch in issue order, which megatron's
+    overlaps rely on (TP all-reduce / sequence-parallel all-gather ahead of the GEMM that hides it)."""
+    ov, par = cfg.overlap, cfg.parallel
+    tp = par.tensor_model_parallel_size > 1
+    return bool(
+        (tp and (ov.async_tensor_model_parallel_allreduce or par.sequence_parallel))
+        or ov.overlap_grad_reduce
+        or ov.overlap_param_gather
+        or (ov.overlap_p2p_comm and par.pipeline_model_parallel_size > 1)
+        or cfg.moe.overlap_moe_expert_parallel_comm
+    )
+
+
+def env_vars(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, str]:
+    if ctx.device == "cuda" and needs_single_connection(cfg):
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def forward_backward_schedule(cfg: PrimusConfig) -> str:
+    par = cfg.parallel
+    if par.pipeline_model_parallel_size == 1:
+        return "no_pipelining"
+    return "interleaved_1f1b" if par.virtual_pipeline_model_parallel_size else "1f1b"
+
+
+def build_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
+    t = cfg.training
+    return {
+        "megatron_core": {"installed": mcore_version(), "pinned": PINNED_MCORE},
+        "layer_spec": resolved_layer_spec(cfg),
+        "fp8_backend": fp8_backend(cfg),
+        "parallel_state": parallel_state_kwargs(cfg),
+        "data_parallel_size": data_parallel_size(cfg, ctx.world_size),
+        "transformer_config": transformer_config_kwargs(cfg, ctx),
+        "gpt_model": gpt_model_kwargs(cfg),
+        "ddp_config": ddp_config_kwargs(cfg),
+        "optimizer_config": optimizer_config_kwargs(cfg),
+        "scheduler": scheduler_kwargs(cfg),
+        "schedule": {
+            "forward_backward_func": forward_backward_schedule(cfg),
+            "num_microbatches": num_microbatches(cfg, ctx),
+            "micro_batch_size": t.micro_batch_size,
+            "global_batch_size": t.global_batch_size,
+            "seq_length": t.seq_length,
+            # Megatron-LM wires these as config.grad_sync_func / param_sync_func only when aligned
+            "align_grad_reduce": cfg.overlap.align_grad_reduce,
+            "align_param_gather": cfg.overlap.align_param_gather,
+        },
+        "recompute_layer_ids": list(cfg.recompute.recompute_layer_ids or []),
+        "empty_unused_memory_level": cfg.memory.empty_unused_memory_level,
+        "env": env_vars(cfg, ctx),
+        "data": {
+            "kind": cfg.data.kind.value,
+            "path": cfg.data.path,
+            "tokenizer": cfg.data.tokenizer,
+            "seed": t.seed,
+            "num_samples": t.train_iters * t.global_batch_size,
+        },
+        "seed": t.seed,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ capability rules
+
+
+def _issue(keys, value, rule, fix) -> ConfigIssue:
+    return ConfigIssue(list(keys), value, rule, fix)
+
+
+def _gpu_has_fp8() -> Optional[bool]:
+    try:
+        import torch  # already imported by context.resolve on a GPU machine
+
+        if not torch.cuda.is_available():
+            return None
+        if torch.version.hip is not None:
+            return True  # MI300 and later run fp8; older ROCm parts fail inside the kernels with their own error
+        return torch.cuda.get_device_capability(0) >= (8, 9)
+    except Exception:  # noqa: BLE001 - no answer is "unknown", not an error
+        return None
+
+
+def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
+    out: List[ConfigIssue] = []
+    p, par, mem, ov, moe, m = cfg.precision, cfg.parallel, cfg.memory, cfg.overlap, cfg.moe, cfg.model
+    ver = mcore_version()
+    cpu = ctx.device == "cpu"
+    te = te_available()
+    spec = resolved_layer_spec(cfg)
+
+    if ver is None:
+        return [_issue(["backend.name"], "megatron", "megatron-core is not installed",
+                       f"pip install megatron-core=={PINNED_MCORE}")]
+    if ver != PINNED_MCORE:
+        out.append(_issue(["backend.name"], ver, f"this backend is written against megatron-core {PINNED_MCORE}",
+                          f"pip install megatron-core=={PINNED_MCORE}"))
+    if cfg.backend.layer_spec.value == "te" and not te:
+        out.append(_issue(["backend.layer_spec"], "te", "Transformer Engine is not importable here",
+                          "use backend.layer_spec=auto (local fused spec) or install Transformer Engine"))
+    if spec == "te" and cpu:
+        out.append(_issue(["backend.layer_spec", "device"], "te", "Transformer Engine layers need a GPU",
+                          "use backend.layer_spec=local on CPU"))
+
+    # ---- CPU: what megatron-core cannot do without CUDA (see cpu_compat.py)
+    if cpu:
+        if par.sequence_parallel:
+            out.append(_issue(["parallel.sequence_parallel", "device"], True,
+                              "sequence parallel needs a TE or apex norm (megatron's torch norm asserts it off); "
+                              "neither runs on CPU", "set parallel.sequence_parallel=false on CPU"))
+        if mem.use_distributed_optimizer:
+            out.append(_issue(["memory.use_distributed_optimizer", "device"], True,
+                              f"megatron-core {ver}'s distributed optimizer only accepts CUDA tensors",
+                              "use memory=default on CPU"))
+        if mem.optimizer_cpu_offload:
+            out.append(_issue(["memory.optimizer_cpu_offload", "device"], True,
+                              "optimizer offload moves state from the GPU to the CPU: there is no GPU",
+                              "set memory.optimizer_cpu_offload=false on CPU"))
+        if p.fp8 is not None or p.fp4 is not None:
+            out.append(_issue(["precision.fp8", "precision.fp4", "device"],
+                              (p.fp8 or p.fp4).value, "fp8/fp4 training needs a GPU with fp8 tensor cores",
+                              "use precision=bf16 on CPU"))
+        if moe.overlap_moe_expert_parallel_comm:
+            out.append(_issue(["moe.overlap_moe_expert_parallel_comm", "device"], True,
+                              "the expert-parallel overlap schedules work on CUDA streams", "turn it off on CPU"))
+
+    # ---- things the local (non-TE) spec of megatron-core 0.16.1 cannot do, on any device
+    if spec == "local":
+        if par.sequence_parallel and not cpu:
+            out.append(_issue(["parallel.sequence_parallel", "backend.layer_spec"], True,
+                              f"megatron-core {ver}'s local spec uses torch norms, which assert sequence_parallel "
+                              "off (it needs TE's or apex's norm)",
+                              "install Transformer Engine, or set parallel.sequence_parallel=false"))
+        if par.context_parallel_size > 1:
+            out.append(_issue(["parallel.context_parallel_size", "backend.layer_spec"], par.context_parallel_size,
+                              "context parallelism is implemented by TE's attention only", "set cp=1 or install TE"))
+        if m.cross_entropy_loss_fusion and m.cross_entropy_fusion_impl.value == "te":
+            out.append(_issue(["model.cross_entropy_fusion_impl"], "te", "the TE fused cross entropy needs TE",
+                              "set model.cross_entropy_fusion_impl=native"))
+        if moe.moe_permute_fusion and m.num_experts:
+            out.append(_issue(["moe.moe_permute_fusion"], True,
+                              f"megatron-core {ver}'s fused permute/unpermute kernels come from TE",
+                              "set moe.moe_permute_fusion=false or install TE"))
+        if moe.moe_grouped_gemm and m.num_experts and not _importable("grouped_gemm"):
+            out.append(_issue(["moe.moe_grouped_gemm"], True,
+                              f"megatron-core {ver}'s grouped GEMM experts need TE (TEGroupedMLP) or the "
+                              "grouped_gemm package (GroupedMLP); neither imports",
+                              "set moe.moe_grouped_gemm=false (SequentialMLP), or install one of them"))
+        if p.fp4 is not None:
+            out.append(_issue(["precision.fp4"], p.fp4.value, f"megatron-core {ver} runs fp4 through TE only",
+                              "install Transformer Engine or drop fp4"))
+    if m.cross_entropy_loss_fusion and cpu:
+        out.append(_issue(["model.cross_entropy_loss_fusion", "device"], True,
+                          "the fused cross entropy is a GPU kernel (torch.compile'd / TE)",
+                          "set model.cross_entropy_loss_fusion=false on CPU"))
+    if moe.moe_token_dispatcher_type.value == "flex" and m.num_experts and not _importable("deep_ep"):
+        out.append(_issue(["moe.moe_token_dispatcher_type"], "flex",
+                          f"megatron-core {ver}'s flex dispatcher needs DeepEP (deep_ep), which does not import",
+                          "use moe.moe_token_dispatcher_type=alltoall"))
+
+    # ---- precision recipes
+    if p.fp8 is not None:
+        r = p.fp8_recipe.value
+        if r not in MCORE_FP8_RECIPES:
+            out.append(_issue(["precision.fp8_recipe"], r, f"megatron-core {ver} has fp8 recipes {list(MCORE_FP8_RECIPES)}",
+                              "pick one of those"))
+        elif not cpu and spec == "local" and not portable_fp8_available(r):
+            if _importable("primus.turbo.fp8_linear"):
+                rule = f"neither Transformer Engine nor the portable fp8 linear can run recipe {r!r} here"
+            else:
+                rule = "Transformer Engine is not installed and the portable fp8 linear is not available yet"
+            out.append(_issue(["precision.fp8", "precision.fp8_recipe"], {"fp8": p.fp8.value, "recipe": r}, rule,
+                              "use precision=bf16, or install Transformer Engine"))
+        if not cpu and _gpu_has_fp8() is False:
+            out.append(_issue(["precision.fp8", "device"], p.fp8.value,
+                              f"this GPU ({ctx.gpu_name}) has no fp8 tensor cores (needs compute capability >= 8.9)",
+                              "use precision=bf16"))
+    if p.fp4 is not None and p.fp4_recipe.value not in MCORE_FP4_RECIPES:
+        out.append(_issue(["precision.fp4_recipe"], p.fp4_recipe.value,
+                          f"megatron-core {ver} has fp4 recipes {list(MCORE_FP4_RECIPES)}", "use nvfp4"))
+
+    # ---- optimizer / memory
+    if mem.optimizer_cpu_offload and not mem.use_distributed_optimizer:
+        out.append(_issue(["memory.optimizer_cpu_offload", "memory.use_distributed_optimizer"], True,
+                          f"megatron-core {ver} offloads the distributed optimizer's shards only",
+                          "use memory=offload (sets use_distributed_optimizer=true)"))
+    if mem.optimizer_cpu_offload and cfg.training.optimizer.value == "sgd":
+        pass  # megatron offloads SGD too
+    if mem.use_precision_aware_optimizer:
+        if not mem.use_distributed_optimizer:
+            out.append(_issue(["memory.use_precision_aware_optimizer", "memory.use_distributed_optimizer"], True,
+                              f"megatron-core {ver} supports the precision-aware optimizer with the distributed optimizer only",
+                              "set memory.use_distributed_optimizer=true"))
+        if cfg.training.optimizer.value == "sgd":
+            out.append(_issue(["memory.use_precision_aware_optimizer", "training.optimizer"], "sgd",
+                              "the precision-aware optimizer is Adam only", "use training.optimizer=adamw"))
+        if not te:
+            # OptimizerConfig.__post_init__ checks the TE version before anything else, offload or not
+            out.append(_issue(["memory.use_precision_aware_optimizer"], True,
+                              f"megatron-core {ver} implements it with Transformer Engine (FusedAdam), not installed",
+                              "install Transformer Engine, or set memory.use_precision_aware_optimizer=false"))
+    if ov.overlap_param_gather and not mem.use_distributed_optimizer:
+        out.append(_issue(["overlap.overlap_param_gather", "memory.use_distributed_optimizer"], True,
+                          "parameters are all-gathered only when the optimizer is distributed",
+                          "set memory.use_distributed_optimizer=true or overlap.overlap_param_gather=false"))
+    if ov.align_param_gather and not ov.overlap_param_gather:
+        out.append(_issue(["overlap.align_param_gather", "overlap.overlap_param_gather"], True,
+                          "aligning param all-gathers applies to overlapped gathers", "set overlap.overlap_param_gather=true"))
+    if ov.overlap_p2p_comm and par.pipeline_model_parallel_size > 1 and not par.virtual_pipeline_model_parallel_size:
+        out.append(_issue(["overlap.overlap_p2p_comm", "parallel.virtual_pipeline_model_parallel_size"], True,
+                          f"megatron-core {ver} overlaps pipeline send/recv in the interleaved schedule only",
+                          "set parallel.virtual_pipeline_model_parallel_size, or overlap.overlap_p2p_comm=false"))
+    if moe.overlap_moe_expert_parallel_comm and m.num_experts:
+        if moe.moe_token_dispatcher_type.value not in ("alltoall", "flex"):
+            out.append(_issue(["moe.overlap_moe_expert_parallel_comm", "moe.moe_token_dispatcher_type"],
+                              moe.moe_token_dispatcher_type.value, "the EP overlap needs the alltoall or flex dispatcher",
+                              "set moe.moe_token_dispatcher_type=alltoall"))
+        if cfg.recompute.recompute_granularity is not None and cfg.recompute.recompute_granularity.value == "full":
+            out.append(_issue(["moe.overlap_moe_expert_parallel_comm", "recompute.recompute_granularity"], "full",
+                              f"megatron-core {ver} refuses full recompute with the EP overlap",
+                              "use recompute=selective or none"))
+        if not (p.bf16 or p.fp16):
+            out.append(_issue(["moe.overlap_moe_expert_parallel_comm", "precision.bf16"], False,
+                              "the EP overlap runs bf16/fp16 models only", "set precision.bf16=true"))
+    if m.mtp_num_layers and par.pipeline_model_parallel_size > 1:
+        out.append(_issue(["model.mtp_num_layers", "parallel.pipeline_model_parallel_size"], m.mtp_num_layers,
+                          "multi-token prediction with pipeline parallelism is not wired in this backend",
+                          "set pp=1 or model.mtp_num_layers=0"))
+    if cfg.training.compile:
+        out.append(_issue(["training.compile", "backend.name"], True,
+                          "torch.compile of megatron-core modules is not implemented in the megatron backend",
+                          "set training.compile=false (the local spec already uses fused SDPA / RMSNorm / SwiGLU)"))
+    if cfg.turbo.enable_primus_turbo:
+        out.append(_issue(["turbo.enable_primus_turbo", "backend.name"], True,
+                          "Primus-Turbo kernels are not wired into the megatron backend yet",
+                          "use turbo=off with backend=megatron"))
+    return out

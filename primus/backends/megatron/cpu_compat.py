@@ -1,0 +1,203 @@
+"""Run megatron-core 0.16.1's real training code on CPU (gloo), for CI machines without a GPU.
+
+megatron-core has no CPU mode. Its modules, optimizer, DDP wrapper and pipeline schedules are device-agnostic
+except for a handful of CUDA-only spots; this module redirects exactly those, and is used only when no GPU is
+present (`enable()` is never called on a GPU machine). Upstream behaviours worked around:
+
+1. `torch.cuda.current_device()` passed as `device=` (global memory buffer, DDP grad/param buffers, tensor-parallel
+   mappings and layers, pipeline p2p buffers) and hard-coded `device="cuda"` / `'cuda'` in the FP32/mixed-precision
+   optimizers' scale tensors, grad clipping, the local multi-tensor l2-norm, count-zeros and pipeline schedules.
+   -> inside megatron.core modules only, the name `torch` is rebound to a thin proxy whose tensor factories map a
+   CUDA device to CPU and whose `torch.cuda` answers current_device/synchronize/empty_cache/RNG calls for the CPU.
+   The real `torch` module is untouched for everyone else.
+2. The model-parallel RNG tracker (`tensor_parallel.random`) saves and restores CUDA generator states.
+   -> its two state helpers are replaced by CPU-generator equivalents, so forked RNG regions keep their meaning.
+3. Type-string assertions: the mixed-precision optimizer accepts only 'torch.cuda.{Half,BFloat16,Float}Tensor'
+   params, and grad clipping asserts 'torch.cuda.FloatTensor' grads.
+   -> those two entry points run with `Tensor.type()` answering the CUDA name for CPU tensors (scoped to the call).
+4. dist_checkpointing / parallel_state call `torch.cuda.synchronize()`. -> a no-op through (1).
+
+Not worked around (capability_issues reports them before launch): sequence parallel (needs a TE/apex norm), the
+distributed optimizer (asserts CUDA tensors throughout), Transformer Engine specs, fp8/fp4.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import sys
+import types
+from typing import Any
+
+import torch
+
+_FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint", "as_tensor",
+              "zeros_like", "ones_like", "empty_like", "full_like")
+_enabled = False
+
+
+def _cpu_device(dev: Any) -> Any:
+    if dev is None:
+        return None
+    if isinstance(dev, int):
+        return torch.device("cpu")
+    if isinstance(dev, str) and dev.startswith("cuda"):
+        return torch.device("cpu")
+    if isinstance(dev, torch.device) and dev.type == "cuda":
+        return torch.device("cpu")
+    return dev
+
+
+def _on_cpu(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = _cpu_device(kwargs["device"])
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class _CudaOnCpu(types.ModuleType):
+    """`torch.cuda` as megatron sees it on a CPU-only machine."""
+
+    def __init__(self):
+        super().__init__("torch.cuda")
+
+    @staticmethod
+    def current_device():
+        return torch.device("cpu")
+
+    @staticmethod
+    def synchronize(*_a, **_k):
+        return None
+
+    @staticmethod
+    def empty_cache():
+        return None
+
+    @staticmethod
+    def is_available():
+        return False
+
+    @staticmethod
+    def device_count():
+        return 0
+
+    @staticmethod
+    def get_rng_state(*_a, **_k):
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state, *_a, **_k):
+        torch.set_rng_state(state)
+
+    @staticmethod
+    def manual_seed(seed):
+        torch.manual_seed(seed)
+
+    @staticmethod
+    def memory_allocated(*_a, **_k):
+        return 0
+
+    max_memory_allocated = memory_allocated
+    memory_reserved = memory_allocated
+    max_memory_reserved = memory_allocated
+
+    def __getattr__(self, name):
+        return getattr(torch.cuda, name)
+
+
+class _TorchOnCpu(types.ModuleType):
+    """The `torch` name inside megatron.core modules: real torch, except CUDA device requests become CPU."""
+
+    def __init__(self):
+        super().__init__("torch")
+        self.cuda = _CudaOnCpu()
+        for name in _FACTORIES:
+            setattr(self, name, _on_cpu(getattr(torch, name)))
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+_PROXY: Any = None
+
+
+def _cpu_rng_get(*_a, **_k):
+    return torch.get_rng_state()
+
+
+def _cpu_rng_set(state, *_a, **_k):
+    torch.set_rng_state(state)
+
+
+@contextlib.contextmanager
+def cuda_type_names():
+    """Within the block, `t.type()` of a CPU tensor reads 'torch.cuda.X' (megatron's dtype checks compare
+    these strings); every other use of `Tensor.type` is unchanged."""
+    orig = torch.Tensor.type
+
+    def type_(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and not kwargs and self.device.type == "cpu":
+            return orig(self).replace("torch.", "torch.cuda.", 1)
+        return orig(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = type_
+    try:
+        yield
+    finally:
+        torch.Tensor.type = orig
+
+
+def _with_cuda_type_names(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with cuda_type_names():
+            return fn(*args, **kwargs)
+
+    wrapper.__primus_cpu_compat__ = True
+    return wrapper
+
+
+def _patch_loaded_modules() -> int:
+    n = 0
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith("megatron.core"):
+            continue
+        if getattr(mod, "torch", None) is torch:
+            mod.torch = _PROXY
+            n += 1
+    return n
+
+
+def enable() -> None:
+    """Install the redirections (idempotent). Call after the megatron modules in use are imported; call again
+    after importing more (`refresh()`), since only loaded modules are rebound."""
+    global _enabled, _PROXY
+    if torch.cuda.is_available():
+        raise RuntimeError("cpu_compat is for machines without a GPU; a GPU is present")
+    if _PROXY is None:
+        _PROXY = _TorchOnCpu()
+
+    from megatron.core.optimizer import clip_grads, optimizer
+    from megatron.core.tensor_parallel import random as mp_random
+
+    _patch_loaded_modules()
+    if _enabled:
+        return
+    # A forked region swaps the CPU generator here, which megatron then reports as "CPU RNG state changed
+    # within GPU RNG context" on every fork: expected on CPU, so that logger is quietened.
+    logging.getLogger(mp_random.__name__).setLevel(logging.ERROR)
+    mp_random._get_cuda_rng_state = _cpu_rng_get
+    mp_random._set_cuda_rng_state = _cpu_rng_set
+
+    clip = _with_cuda_type_names(clip_grads.clip_grad_by_total_norm_fp32)
+    clip_grads.clip_grad_by_total_norm_fp32 = clip
+    optimizer.clip_grad_by_total_norm_fp32 = clip
+    _enabled = True
+
+
+def refresh() -> int:
+    """Rebind `torch` in megatron modules imported since enable(); returns how many were rebound."""
+    return _patch_loaded_modules() if _enabled else 0

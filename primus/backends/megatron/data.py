@@ -1,0 +1,110 @@
+"""Training data through megatron-core's dataset builder: MockGPTDataset (synthetic, offline) or a local indexed
+dataset prefix (.bin/.idx). A jsonl source is first turned into an indexed dataset in the run dir by
+primus.data.megatron_preprocess (rank 0 writes, the others wait).
+
+Sample order is Megatron-LM's: global batch g holds samples [g*G, (g+1)*G); within it, micro batch j of dp rank r
+is the slice [j*mbs*dp + r*mbs, ... + mbs). A layout change (dp=1 with more micro batches vs dp=2) therefore sees
+the same samples in each optimizer step.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Iterator, List
+
+import torch
+
+
+def _null_tokenizer(vocab_size: int):
+    from megatron.core.tokenizers import MegatronTokenizer
+
+    # the null tokenizer appends its end-of-document id after `vocab_size` ids
+    return MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=vocab_size - 1)
+
+
+class _HFTokenizerForMegatron:
+    """What megatron's GPTDataset needs from a tokenizer (eod, vocab size, an identity), over a local
+    tokenizers.Tokenizer."""
+
+    def __init__(self, folder: str):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+        self.folder = folder
+        from primus.data.megatron_preprocess import eod_id
+
+        self.eod = eod_id(self._tok)
+        self.vocab_size = self._tok.get_vocab_size()
+        self.unique_identifiers = {"class": "primus-hf-tokenizer", "path": os.path.abspath(folder)}
+
+    @property
+    def pad(self):
+        return self.eod
+
+
+def _ensure_indexed(cfg, ctx) -> str:
+    """data.path as an indexed prefix; a jsonl source is converted once into the run dir."""
+    d = cfg.data
+    if d.kind.value == "indexed":
+        return d.path
+    prefix = os.path.join(ctx.run_dir, "data", "megatron_indexed")
+    if ctx.rank == 0 and not os.path.exists(prefix + ".idx"):
+        from primus.data.megatron_preprocess import preprocess
+
+        preprocess(d.path, d.tokenizer, prefix)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    return prefix
+
+
+def build_dataset(cfg, ctx, args: Dict, cache_dir: str):
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+
+    d = args["data"]
+    common = dict(
+        random_seed=d["seed"],
+        sequence_length=cfg.training.seq_length,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,  # causal attention builds its own mask (SDPA is_causal / TE)
+        split="100,0,0",
+    )
+    if d["kind"] == "synthetic":
+        config = GPTDatasetConfig(tokenizer=_null_tokenizer(cfg.model.vocab_size), **common)
+        cls = MockGPTDataset
+    else:
+        prefix = _ensure_indexed(cfg, ctx)
+        tokenizer = _HFTokenizerForMegatron(cfg.data.tokenizer) if cfg.data.tokenizer else None
+        if tokenizer is not None and tokenizer.vocab_size > cfg.model.vocab_size:
+            raise ValueError(f"data.tokenizer has {tokenizer.vocab_size} tokens, more than model.vocab_size "
+                             f"({cfg.model.vocab_size}): raise model.vocab_size")
+        config = GPTDatasetConfig(tokenizer=tokenizer, blend=([prefix], None), path_to_cache=cache_dir, **common)
+        cls = GPTDataset
+    sizes = [d["num_samples"], 0, 0]
+    train, _, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, config).build()
+    return train
+
+
+class MicroBatches:
+    """Iterator over this dp rank's micro batches, in Megatron-LM's sample order (see module doc)."""
+
+    def __init__(self, dataset, micro_batch_size: int, dp_rank: int, dp_size: int, device: str):
+        self.ds, self.mbs, self.r, self.dp, self.device = dataset, micro_batch_size, dp_rank, dp_size, device
+        self.next_micro = 0  # micro batches consumed (across all dp ranks: one "row" of mbs*dp samples each)
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def _indices(self) -> List[int]:
+        start = self.next_micro * self.mbs * self.dp + self.r * self.mbs
+        return [i % len(self.ds) for i in range(start, start + self.mbs)]
+
+    def __next__(self) -> Dict[str, torch.Tensor]:
+        samples = [self.ds[i] for i in self._indices()]
+        self.next_micro += 1
+        batch = {k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in
+                 ("tokens", "labels", "loss_mask", "position_ids")}
+        if self.device != "cpu":
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        return batch

@@ -1,0 +1,41 @@
+"""Helpers for tests and quick experiments: compose a config, run the megatron trainer in-process for N steps."""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence
+
+CONF_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "..", "conf")
+
+
+def compose(overrides: Sequence[str] = ()):
+    """The typed PrimusConfig for `python train.py <overrides>` (no validation)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from primus.config.schema import register
+
+    register()
+    with initialize_config_dir(config_dir=os.path.abspath(CONF_DIR), version_base="1.3"):
+        c = hydra_compose("config", overrides=list(overrides))
+    return OmegaConf.to_object(c)
+
+
+def run_steps(overrides: Sequence[str], run_dir: str, steps: Optional[int] = None) -> List[float]:
+    """Validate, build MegatronTrainer, train; returns the per-step losses (every rank gets the same list)."""
+    from primus.backends.megatron.trainer import MegatronTrainer
+    from primus.config.validate import validate
+    from primus.context import resolve
+
+    cfg = compose(overrides)
+    ctx = resolve(cfg, run_dir)
+    validate(cfg, ctx)
+    trainer = MegatronTrainer(cfg, ctx)
+    losses = []
+    try:
+        trainer.setup()
+        for step in range(1, (steps or cfg.training.train_iters) + 1):
+            losses.append(trainer.train_step(step).loss)
+    finally:
+        trainer.close()
+    return losses

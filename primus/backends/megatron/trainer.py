@@ -1,0 +1,323 @@
+"""`backend=megatron`: megatron-core's GPTModel, DDP wrapper, optimizer factory, LR scheduler and pipeline
+schedules, driven by the validated config through `args.build_args` (what a dry run prints is what runs).
+
+The step is Megatron-LM's: zero grad buffers, get_forward_backward_func over all micro batches (gradient
+accumulation, pipeline schedules, grad sync hooks), optimizer.step (unscale, clip, update), scheduler.step.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from functools import partial
+from typing import Any, Dict, List
+
+import torch
+
+from primus.backends.base import StepResult, Trainer
+from primus.backends.megatron import args as margs
+from primus.config.errors import ConfigError, ConfigIssue
+
+log = logging.getLogger("primus.megatron")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}
+_DTYPE_KEYS = ("params_dtype", "pipeline_dtype")
+
+
+def _init_distributed(ctx) -> None:
+    if torch.distributed.is_initialized():
+        return
+    if "MASTER_ADDR" not in os.environ:  # a world of one started without a launcher
+        from primus.launch.local import single_process_env
+
+        for k, v in single_process_env().items():
+            os.environ.setdefault(k, v)
+    if ctx.device == "cuda":
+        torch.cuda.set_device(ctx.local_rank)
+    torch.distributed.init_process_group(backend=ctx.dist_backend, init_method="env://",
+                                         world_size=int(os.environ.get("WORLD_SIZE", ctx.world_size)),
+                                         rank=int(os.environ.get("RANK", ctx.rank)))
+
+
+def _mcore_error(what: str, e: Exception, keys: List[str]) -> ConfigError:
+    return ConfigError(ConfigIssue(keys, str(e), f"megatron-core {margs.mcore_version()} refused the {what}",
+                                   "change the listed settings (see the message)"))
+
+
+def transformer_config_from(kw: Dict[str, Any]):
+    """args["transformer_config"] -> megatron's (MLA)TransformerConfig; its own checks become ConfigErrors."""
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    kw = dict(kw)
+    for k in _DTYPE_KEYS:
+        kw[k] = _DTYPES[kw[k]]
+    kw["activation_func"] = _ACTIVATIONS[kw["activation_func"]]
+    cls = MLATransformerConfig if kw.get("multi_latent_attention") else TransformerConfig
+    try:
+        return cls(**kw)
+    except (AssertionError, ValueError, TypeError) as e:
+        raise _mcore_error("transformer config", e, ["model", "parallel", "recompute", "precision", "moe"]) from e
+
+
+def ddp_config_from(kw: Dict[str, Any]):
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    try:
+        return DistributedDataParallelConfig(**kw)
+    except (AssertionError, ValueError, TypeError) as e:
+        raise _mcore_error("DDP config", e, ["overlap", "memory"]) from e
+
+
+def optimizer_config_from(kw: Dict[str, Any]):
+    from megatron.core.optimizer import OptimizerConfig
+
+    kw = dict(kw)
+    kw["params_dtype"] = _DTYPES[kw["params_dtype"]]
+    try:
+        return OptimizerConfig(**kw)
+    except (AssertionError, ValueError, TypeError) as e:
+        raise _mcore_error("optimizer config", e, ["training", "memory"]) from e
+
+
+class MegatronTrainer(Trainer):
+    name = "megatron"
+
+    # ------------------------------------------------------------------------------------------------ setup
+
+    def setup(self) -> Dict[str, Any]:
+        cfg, ctx = self.cfg, self.ctx
+        self.args = a = margs.build_args(cfg, ctx)
+        for k, v in a["env"].items():  # before the first CUDA/NCCL call creates the context
+            os.environ[k] = v
+            ctx.env[k] = v
+        _init_distributed(ctx)
+
+        from megatron.core import parallel_state as ps
+        from megatron.core import tensor_parallel
+        from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.optimizer import get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.transformer.module import Float16Module
+
+        from primus.backends.megatron import data as mdata
+        from primus.backends.megatron import recompute_ids, spec
+        from primus.backends.megatron.init import layout_independent_init
+
+        cpu = ctx.device == "cpu"
+        if cpu:
+            from primus.backends.megatron import cpu_compat
+
+            cpu_compat.enable()
+
+        ps.initialize_model_parallel(**a["parallel_state"])
+        self.ps = ps
+        seed = a["seed"]
+        torch.manual_seed(seed)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+        self.tconfig = tconfig = self._transformer_config(a["transformer_config"])
+        use_te = a["layer_spec"] == "te"
+        if use_te:
+            import transformer_engine  # noqa: F401 - confirm it imports, not only that it is installed
+        self.spec_name = spec.describe(use_te)
+        if ctx.is_rank0:
+            log.info("megatron layer spec: %s", self.spec_name)
+
+        vp = a["parallel_state"]["virtual_pipeline_model_parallel_size"]
+        chunks = []
+        self.kept_init = []
+        for vp_stage in (range(vp) if vp else [None]):
+            block = spec.decoder_block_spec(tconfig, use_te, vp_stage=vp_stage)
+            first = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+            last = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+            model = GPTModel(config=tconfig, transformer_layer_spec=block, pre_process=first, post_process=last,
+                             mtp_block_spec=spec.mtp_block_spec(tconfig, block, use_te, vp_stage=vp_stage),
+                             vp_stage=vp_stage, **a["gpt_model"])
+            self.kept_init += layout_independent_init(model, tconfig, seed)
+            if self.fp8_hook is not None:
+                self.fp8_hook(model, self.fp8_settings, tconfig)
+            if a["recompute_layer_ids"]:
+                recompute_ids.apply(model, a["recompute_layer_ids"])
+            if not cpu:
+                model.cuda(torch.cuda.current_device())
+            chunks.append(model)
+        self.params = self._count_params(chunks)
+
+        if tconfig.fp16 or tconfig.bf16:
+            chunks = [Float16Module(tconfig, m) for m in chunks]
+        ddp_config = ddp_config_from(a["ddp_config"])
+        self.model = [DistributedDataParallel(config=tconfig, ddp_config=ddp_config, module=m,
+                                              disable_bucketing=i > 0)  # Megatron-LM: bucket the first chunk only
+                      for i, m in enumerate(chunks)]
+
+        opt_config = optimizer_config_from(a["optimizer_config"])
+        if cpu:
+            with cpu_compat.cuda_type_names():
+                self.optimizer = get_megatron_optimizer(opt_config, self.model)
+        else:
+            self.optimizer = get_megatron_optimizer(opt_config, self.model)
+        self.scheduler = OptimizerParamScheduler(self.optimizer, **a["scheduler"])
+
+        self._wire_sync_hooks(tconfig, finalize_model_grads)
+        self.fb_func = get_forward_backward_func()
+        if cpu:
+            cpu_compat.refresh()  # modules megatron imported lazily while building
+
+        dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        dataset = mdata.build_dataset(cfg, ctx, a, cache_dir=os.path.join(ctx.run_dir, "data", "cache"))
+        device = "cpu" if cpu else f"cuda:{torch.cuda.current_device()}"
+        # one iterator per model chunk: each chunk takes the same micro batches in the same order
+        self.iters = [mdata.MicroBatches(dataset, a["schedule"]["micro_batch_size"], dp_rank, dp, device)
+                      for _ in self.model]
+        info = {
+            "params": self.params,
+            "layer_spec": self.spec_name,
+            "megatron_core": margs.mcore_version(),
+            "schedule": a["schedule"]["forward_backward_func"],
+            "num_microbatches": a["schedule"]["num_microbatches"],
+            "parallel": {**a["parallel_state"], "dp": dp},
+        }
+        if not use_te:
+            info["sdpa_backends"] = list(spec.sdpa_backends())
+        if a["fp8_backend"]:
+            info["fp8_backend"] = a["fp8_backend"]
+        if self.kept_init:
+            info["megatron_init_params"] = len(self.kept_init)
+        return info
+
+    def _transformer_config(self, kw: Dict[str, Any]):
+        kw = dict(kw)
+        self._plug_low_precision(kw)
+        return transformer_config_from(kw)
+
+    def _plug_low_precision(self, kw: Dict[str, Any]) -> None:
+        """fp8/fp4 run through TE when the TE spec is in use. Otherwise the project's portable fp8 linear takes
+        them: megatron must not see the fp8 fields (it would route them to TE), and the portable module converts
+        each built model chunk with one call, `apply_to_megatron_model(model, settings, config)`."""
+        self.fp8_hook, self.fp8_settings = None, {}
+        if self.args["fp8_backend"] != "portable":
+            return
+        keys = [k for k in kw if k.startswith(("fp8", "fp4")) or k in (
+            "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")]
+        self.fp8_settings = {k: kw.pop(k) for k in keys}
+        try:
+            from primus.turbo import fp8_linear
+        except ImportError as e:
+            raise ConfigError(ConfigIssue(["precision.fp8"], self.fp8_settings.get("fp8"),
+                                          "portable fp8 linear not available yet (primus.turbo.fp8_linear)",
+                                          "use precision=bf16, or install Transformer Engine")) from e
+        self.fp8_hook = getattr(fp8_linear, "apply_to_megatron_model", None)
+        if self.fp8_hook is None:
+            raise ConfigError(ConfigIssue(["precision.fp8"], self.fp8_settings.get("fp8"),
+                                          "primus.turbo.fp8_linear has no apply_to_megatron_model(model, settings, "
+                                          "config) to convert megatron's linears",
+                                          "use precision=bf16, or install Transformer Engine"))
+
+    def _wire_sync_hooks(self, tconfig, finalize_model_grads) -> None:
+        """As Megatron-LM's training loop does: let the schedules drive grad/param sync of the DDP chunks."""
+        a, ov = self.args, self.cfg.overlap
+        one = len(self.model) == 1
+
+        def pick(fns):
+            return fns[0] if one else fns
+
+        tconfig.grad_scale_func = self.optimizer.scale_loss
+        if ov.overlap_grad_reduce:
+            tconfig.no_sync_func = pick([m.no_sync for m in self.model])
+            if a["schedule"]["align_grad_reduce"]:
+                tconfig.grad_sync_func = pick([m.start_grad_sync for m in self.model])
+        if ov.overlap_param_gather and a["schedule"]["align_param_gather"]:
+            tconfig.param_sync_func = pick([m.start_param_sync for m in self.model])
+        tconfig.finalize_model_grads_func = finalize_model_grads
+
+    def _count_params(self, chunks) -> int:
+        """Parameters of the whole model: each counted once over tp/dp/ep replicas and the tied-output copy."""
+        ps = self.ps
+        n = 0
+        for model in chunks:
+            for p in model.parameters():
+                if getattr(p, "shared_embedding", False) and getattr(p, "shared", False) \
+                        and not ps.is_pipeline_first_stage(ignore_virtual=True):
+                    continue  # the last stage's copy of a tied embedding
+                expert = not getattr(p, "allreduce", True)
+                sharded = getattr(p, "tensor_model_parallel", False)
+                if expert:
+                    if ps.get_expert_data_parallel_rank() != 0:
+                        continue
+                    if not sharded and ps.get_expert_tensor_parallel_rank() != 0:
+                        continue
+                else:
+                    if ps.get_data_parallel_rank(with_context_parallel=True) != 0:
+                        continue
+                    if not sharded and ps.get_tensor_model_parallel_rank() != 0:
+                        continue
+                n += p.numel()
+        t = torch.tensor([n], dtype=torch.float64, device=self._device())
+        torch.distributed.all_reduce(t)
+        return int(t.item())
+
+    def _device(self):
+        return "cpu" if self.ctx.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
+
+    # ------------------------------------------------------------------------------------------------ step
+
+    def _loss_func(self, loss_mask, output_tensor):
+        losses = output_tensor.float().view(-1)
+        mask = loss_mask.view(-1).float()
+        loss = torch.sum(losses * mask) / mask.sum().clamp(min=1.0)
+        # the schedule scales the returned loss in place: report a copy
+        return loss, {"lm loss": loss.detach().clone()}
+
+    def _forward_step(self, data_iterator, model):
+        batch = next(data_iterator)
+        out = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        return out, partial(self._loss_func, batch["loss_mask"])
+
+    def train_step(self, step: int) -> StepResult:
+        a, ps = self.args, self.ps
+        s = a["schedule"]
+        for m in self.model:
+            m.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        lr = self.optimizer.param_groups[0]["lr"]
+        losses = self.fb_func(
+            forward_step_func=self._forward_step,
+            data_iterator=self.iters if len(self.iters) > 1 else self.iters[0],
+            model=self.model if len(self.model) > 1 else self.model[0],
+            num_microbatches=s["num_microbatches"],
+            seq_length=s["seq_length"],
+            micro_batch_size=s["micro_batch_size"],
+            decoder_seq_length=s["seq_length"],
+            forward_only=False,
+        )
+        level = a["empty_unused_memory_level"]
+        if level >= 2 and self.ctx.device == "cuda":
+            torch.cuda.empty_cache()
+        ok, grad_norm, _ = self.optimizer.step()
+        if ok:
+            self.scheduler.step(increment=1)
+        if level >= 1 and self.ctx.device == "cuda":
+            torch.cuda.empty_cache()
+        return StepResult(loss=self._global_loss(losses), grad_norm=None if grad_norm is None else float(grad_norm),
+                          lr=float(lr), skipped=not ok)
+
+    def _global_loss(self, losses) -> float:
+        """Mean LM loss of the global batch, the same value on every rank (one all-reduce over the world)."""
+        ps = self.ps
+        t = torch.zeros(2, dtype=torch.float64, device=self._device())
+        if ps.is_pipeline_last_stage(ignore_virtual=True) and ps.get_tensor_model_parallel_rank() == 0 \
+                and ps.get_context_parallel_rank() == 0 and losses:
+            t[0] = torch.stack([x["lm loss"].double() for x in losses]).mean()
+            t[1] = 1.0
+        torch.distributed.all_reduce(t)
+        return float(t[0] / t[1])
+
+    def close(self) -> None:
+        try:
+            self.ps.destroy_model_parallel()
+        except Exception:  # noqa: BLE001
+            pass
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -1,0 +1,280 @@
+"""Mapping tests: every config field reaches the megatron-core object it should, with the right value."""
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+
+from primus.backends.megatron import args as margs
+from primus.backends.megatron.testing import compose
+from primus.context import RunContext
+
+CPU = RunContext(device="cpu", world_size=1)
+GPU8 = RunContext(device="cuda", world_size=8)
+
+
+def build(*overrides, ctx=CPU):
+    return margs.build_args(compose(overrides), ctx)
+
+
+def test_args_module_is_light_and_json():
+    """Dry runs must stay fast: the mapping imports neither megatron nor torch."""
+    code = ("import sys, json; from primus.backends.megatron.testing import compose; "
+            "from primus.backends.megatron.args import build_args; from primus.context import RunContext; "
+            "a = build_args(compose(['model=llama3_8b', 'precision=fp8']), RunContext(device='cuda', world_size=8)); "
+            "json.dumps(a); "
+            "assert not any(m == 'torch' or m.startswith('megatron') for m in sys.modules), "
+            "[m for m in sys.modules if m.startswith(('torch', 'megatron'))][:5]")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# (overrides, section, megatron keyword, expected value)
+CASES = [
+    (["model=llama3_2_1b"], "transformer_config", "num_layers", 16),
+    (["model=llama3_2_1b"], "transformer_config", "hidden_size", 2048),
+    (["model=llama3_2_1b"], "transformer_config", "ffn_hidden_size", 8192),
+    (["model=llama3_2_1b"], "transformer_config", "num_attention_heads", 32),
+    (["model=llama3_2_1b"], "transformer_config", "num_query_groups", 8),
+    (["model=qwen3_30b_a3b"], "transformer_config", "kv_channels", 128),
+    (["model=qwen3_30b_a3b"], "transformer_config", "qk_layernorm", True),
+    (["model.norm_epsilon=1e-6"], "transformer_config", "layernorm_epsilon", 1e-6),
+    (["training.init_method_std=0.01"], "transformer_config", "init_method_std", 0.01),
+    (["model.cross_entropy_loss_fusion=true"], "transformer_config", "cross_entropy_loss_fusion", True),
+    (["model.cross_entropy_fusion_impl=te"], "transformer_config", "cross_entropy_fusion_impl", "te"),
+    (["precision=bf16"], "transformer_config", "params_dtype", "bfloat16"),
+    (["precision=fp16"], "transformer_config", "fp16", True),
+    (["precision=fp16"], "transformer_config", "bf16", False),
+    (["precision.bf16=false"], "transformer_config", "params_dtype", "float32"),
+    (["precision=fp8"], "transformer_config", "fp8", "hybrid"),
+    (["precision=fp8"], "transformer_config", "fp8_recipe", "tensorwise"),
+    (["precision=fp8_delayed", "precision.fp8_margin=1"], "transformer_config", "fp8_margin", 1),
+    (["precision=fp8_delayed", "precision.fp8_interval=2"], "transformer_config", "fp8_interval", 2),
+    (["precision=fp8_delayed", "precision.fp8_amax_history_len=16"], "transformer_config", "fp8_amax_history_len", 16),
+    (["precision=fp8_delayed", "precision.fp8_amax_compute_algo=most_recent"], "transformer_config",
+     "fp8_amax_compute_algo", "most_recent"),
+    (["precision=fp8", "precision.first_last_layers_bf16=true"], "transformer_config", "first_last_layers_bf16", True),
+    (["precision=fp8", "precision.first_last_layers_bf16=true", "precision.num_layers_at_start_in_bf16=2"],
+     "transformer_config", "num_layers_at_start_in_bf16", 2),
+    (["precision=fp8", "precision.num_layers_at_end_in_bf16=3"], "transformer_config", "num_layers_at_end_in_bf16", 3),
+    (["precision=fp4"], "transformer_config", "fp4", "e2m1"),
+    (["precision=fp4"], "transformer_config", "fp4_recipe", "nvfp4"),
+    (["recompute=selective"], "transformer_config", "recompute_granularity", "selective"),
+    (["recompute=selective", "recompute.recompute_modules=[core_attn,mlp]"], "transformer_config",
+     "recompute_modules", ["core_attn", "mlp"]),
+    (["recompute=full", "recompute.recompute_method=block", "recompute.recompute_num_layers=2"],
+     "transformer_config", "recompute_method", "block"),
+    (["recompute=full", "recompute.recompute_method=block", "recompute.recompute_num_layers=2"],
+     "transformer_config", "recompute_num_layers", 2),
+    (["parallel.tensor_model_parallel_size=2"], "transformer_config", "tensor_model_parallel_size", 2),
+    (["parallel.pipeline_model_parallel_size=2"], "transformer_config", "pipeline_model_parallel_size", 2),
+    (["parallel.pipeline_model_parallel_size=2", "parallel.virtual_pipeline_model_parallel_size=2"],
+     "transformer_config", "virtual_pipeline_model_parallel_size", 2),
+    (["parallel.context_parallel_size=2"], "transformer_config", "context_parallel_size", 2),
+    (["parallel.sequence_parallel=true", "parallel.tensor_model_parallel_size=2"], "transformer_config",
+     "sequence_parallel", True),
+    (["overlap.overlap_p2p_comm=true"], "transformer_config", "overlap_p2p_comm", True),
+    (["overlap.overlap_p2p_comm=true"], "transformer_config", "batch_p2p_comm", False),
+    (["training.deterministic=true"], "transformer_config", "deterministic_mode", True),
+    # MoE
+    (["model=debug_moe"], "transformer_config", "num_moe_experts", 8),
+    (["model=debug_moe", "model.moe_router_topk=3"], "transformer_config", "moe_router_topk", 3),
+    (["model=debug_moe"], "transformer_config", "moe_ffn_hidden_size", 128),
+    (["model=debug_moe"], "transformer_config", "moe_shared_expert_intermediate_size", 128),
+    (["model=debug_moe", "model.moe_first_k_dense=1"], "transformer_config", "moe_layer_freq", [0, 1, 1, 1]),
+    (["model=debug_moe", "moe.moe_aux_loss_coeff=0.05"], "transformer_config", "moe_aux_loss_coeff", 0.05),
+    (["model=debug_moe", "moe.moe_z_loss_coeff=0.001"], "transformer_config", "moe_z_loss_coeff", 0.001),
+    (["model=debug_moe", "moe.moe_router_score_function=sigmoid"], "transformer_config",
+     "moe_router_score_function", "sigmoid"),
+    (["model=debug_moe", "moe.moe_router_pre_softmax=true"], "transformer_config", "moe_router_pre_softmax", True),
+    (["model=debug_moe", "moe.moe_router_load_balancing_type=seq_aux_loss"], "transformer_config",
+     "moe_router_load_balancing_type", "seq_aux_loss"),
+    (["model=debug_moe", "moe=optimized"], "transformer_config", "moe_grouped_gemm", True),
+    (["model=debug_moe", "moe=optimized"], "transformer_config", "moe_permute_fusion", True),
+    (["model=debug_moe", "moe.moe_token_dispatcher_type=allgather"], "transformer_config",
+     "moe_token_dispatcher_type", "allgather"),
+    (["model=debug_moe", "moe.overlap_moe_expert_parallel_comm=true"], "transformer_config",
+     "overlap_moe_expert_parallel_comm", True),
+    (["model=deepseek_v2_lite"], "transformer_config", "multi_latent_attention", True),
+    (["model=deepseek_v2_lite"], "transformer_config", "kv_lora_rank", 512),
+    (["model=deepseek_v2_lite"], "transformer_config", "qk_pos_emb_head_dim", 64),
+    (["model=deepseek_v2_lite"], "transformer_config", "moe_layer_freq", [0] + [1] * 26),
+    # GPTModel
+    (["model=llama3_2_1b"], "gpt_model", "share_embeddings_and_output_weights", True),
+    (["model=llama3_2_1b"], "gpt_model", "rotary_base", 500000),
+    (["model.vocab_size=2000"], "gpt_model", "vocab_size", 2048),
+    (["model.vocab_size=2000", "parallel.tensor_model_parallel_size=2"], "gpt_model", "vocab_size", 2048),
+    (["model.vocab_size=2049"], "gpt_model", "vocab_size", 2176),
+    (["training.seq_length=256"], "gpt_model", "max_sequence_length", 256),
+    # DDP
+    (["overlap.overlap_grad_reduce=true"], "ddp_config", "overlap_grad_reduce", True),
+    (["overlap.overlap_param_gather=true", "memory=distributed_optimizer"], "ddp_config", "overlap_param_gather", True),
+    (["overlap.align_param_gather=true"], "ddp_config", "align_param_gather", True),
+    (["overlap.bucket_size=1000000"], "ddp_config", "bucket_size", 1000000),
+    (["memory=distributed_optimizer"], "ddp_config", "use_distributed_optimizer", True),
+    # optimizer
+    (["memory=distributed_optimizer"], "optimizer_config", "use_distributed_optimizer", True),
+    (["memory=offload"], "optimizer_config", "optimizer_cpu_offload", True),
+    (["memory=offload", "memory.optimizer_offload_fraction=0.5"], "optimizer_config", "optimizer_offload_fraction", 0.5),
+    (["memory=offload", "memory.use_precision_aware_optimizer=true"], "optimizer_config",
+     "use_precision_aware_optimizer", True),
+    (["overlap.overlap_param_gather=true", "memory=distributed_optimizer"], "optimizer_config",
+     "overlap_param_gather", True),
+    (["training.optimizer=adam"], "optimizer_config", "optimizer", "adam"),
+    (["training.optimizer=adamw"], "optimizer_config", "decoupled_weight_decay", True),
+    (["training.optimizer=sgd"], "optimizer_config", "optimizer", "sgd"),
+    (["training.lr=0.01"], "optimizer_config", "lr", 0.01),
+    (["training.min_lr=0.0001"], "optimizer_config", "min_lr", 0.0001),
+    (["training.weight_decay=0.2"], "optimizer_config", "weight_decay", 0.2),
+    (["training.adam_beta1=0.8"], "optimizer_config", "adam_beta1", 0.8),
+    (["training.adam_beta2=0.99"], "optimizer_config", "adam_beta2", 0.99),
+    (["training.adam_eps=1e-6"], "optimizer_config", "adam_eps", 1e-6),
+    (["training.clip_grad=0.5"], "optimizer_config", "clip_grad", 0.5),
+    (["precision=fp16"], "optimizer_config", "fp16", True),
+    # scheduler
+    (["training.lr=0.01"], "scheduler", "max_lr", 0.01),
+    (["training.min_lr=0.0001"], "scheduler", "min_lr", 0.0001),
+    (["training.lr_warmup_iters=7"], "scheduler", "lr_warmup_steps", 7),
+    (["training.train_iters=50"], "scheduler", "lr_decay_steps", 50),
+    (["training.lr_decay_style=linear"], "scheduler", "lr_decay_style", "linear"),
+    (["training.weight_decay=0.2"], "scheduler", "start_wd", 0.2),
+    # parallel state, schedule, memory, data
+    (["parallel.expert_model_parallel_size=2", "model=debug_moe"], "parallel_state", "expert_model_parallel_size", 2),
+    (["parallel.pipeline_model_parallel_size=2"], "schedule", "forward_backward_func", "1f1b"),
+    (["parallel.pipeline_model_parallel_size=2", "parallel.virtual_pipeline_model_parallel_size=2"], "schedule",
+     "forward_backward_func", "interleaved_1f1b"),
+    (["training.global_batch_size=32", "training.micro_batch_size=2"], "schedule", "num_microbatches", 16),
+    (["overlap.align_grad_reduce=false"], "schedule", "align_grad_reduce", False),
+    (["memory.empty_unused_memory_level=2"], None, "empty_unused_memory_level", 2),
+    (["recompute=layer_ids", "recompute.recompute_layer_ids=[1,3]"], None, "recompute_layer_ids", [1, 3]),
+    (["training.seed=7"], "data", "seed", 7),
+    (["training.train_iters=10", "training.global_batch_size=16"], "data", "num_samples", 160),
+]
+
+
+@pytest.mark.parametrize("overrides,section,key,expected", CASES, ids=lambda v: str(v) if not isinstance(v, list) else None)
+def test_config_field_maps_to_megatron_keyword(overrides, section, key, expected):
+    a = build(*overrides)
+    got = (a[section] if section else a)[key]
+    assert got == expected
+
+
+def test_dp_and_microbatches_follow_world_size():
+    a = build("training.global_batch_size=64", "training.micro_batch_size=2", "parallel.tensor_model_parallel_size=2",
+              ctx=GPU8)
+    assert a["data_parallel_size"] == 4
+    assert a["schedule"]["num_microbatches"] == 8
+
+
+def test_single_connection_env_only_when_an_overlap_needs_it():
+    assert build(ctx=GPU8)["env"] == {}
+    assert build("overlap.overlap_grad_reduce=true", ctx=GPU8)["env"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert build("parallel.tensor_model_parallel_size=2", "overlap.async_tensor_model_parallel_allreduce=true",
+                 ctx=GPU8)["env"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert build("overlap.overlap_grad_reduce=true")["env"] == {}  # CPU: no CUDA connections to limit
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# args -> the real megatron-core objects (the trainer's own converters)
+
+_POST_INIT_DERIVED = {"kv_channels", "moe_ffn_hidden_size"}  # None -> computed by megatron's __post_init__
+
+
+def _check_all_keys_land(obj, kwargs, convert=lambda k, v: v):
+    for k, v in kwargs.items():
+        if v is None and k in _POST_INIT_DERIVED:
+            continue
+        assert hasattr(obj, k), f"{type(obj).__name__} has no field {k}"
+        assert getattr(obj, k) == convert(k, v), (k, getattr(obj, k), v)
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["model=llama3_2_1b", "recompute=selective"],
+    ["model=llama2_7b", "precision=fp8", "precision.first_last_layers_bf16=true", "recompute=full",
+     "recompute.recompute_method=uniform", "recompute.recompute_num_layers=1"],
+    ["model=debug_moe", "moe.moe_aux_loss_coeff=0.02", "moe.moe_z_loss_coeff=0.001", "model.moe_first_k_dense=1",
+     "parallel.expert_model_parallel_size=2", "parallel.tensor_model_parallel_size=2"],
+    ["model=deepseek_v2_lite"],
+    ["recompute=layer_ids", "recompute.recompute_layer_ids=[0,2]"],
+    ["parallel.pipeline_model_parallel_size=2", "parallel.virtual_pipeline_model_parallel_size=2",
+     "overlap.overlap_p2p_comm=true"],
+])
+def test_transformer_config_receives_every_keyword(overrides):
+    import torch
+
+    from primus.backends.megatron.trainer import transformer_config_from
+
+    a = build(*overrides, ctx=GPU8)
+    tc = transformer_config_from(a["transformer_config"])
+    dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+    def convert(k, v):
+        if k in ("params_dtype", "pipeline_dtype"):
+            return dtypes[v]
+        if k == "activation_func":
+            return torch.nn.functional.silu
+        return v
+
+    _check_all_keys_land(tc, a["transformer_config"], convert)
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["overlap.overlap_grad_reduce=true", "overlap.bucket_size=123456", "overlap.align_param_gather=true",
+     "overlap.overlap_param_gather=true", "memory=distributed_optimizer"],
+])
+def test_ddp_config_receives_every_keyword(overrides):
+    from primus.backends.megatron.trainer import ddp_config_from
+
+    a = build(*overrides, ctx=GPU8)
+    _check_all_keys_land(ddp_config_from(a["ddp_config"]), a["ddp_config"])
+
+
+@pytest.mark.parametrize("overrides", [
+    ["training.lr=0.01", "training.min_lr=0.001", "training.adam_beta1=0.8", "training.clip_grad=0.3"],
+    ["training.optimizer=sgd", "precision=fp16"],
+    ["memory=offload", "memory.optimizer_offload_fraction=0.25"],
+])
+def test_optimizer_config_receives_every_keyword(overrides):
+    import torch
+
+    from primus.backends.megatron.trainer import optimizer_config_from
+
+    a = build(*overrides, ctx=GPU8)
+    dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+    _check_all_keys_land(optimizer_config_from(a["optimizer_config"]), a["optimizer_config"],
+                         lambda k, v: dtypes[v] if k == "params_dtype" else v)
+
+
+def test_scheduler_receives_warmup_and_decay():
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    a = build("training.lr=0.01", "training.min_lr=0.001", "training.lr_warmup_iters=4", "training.train_iters=20",
+              "training.lr_decay_style=linear")
+    opt = types.SimpleNamespace(param_groups=[{"params": []}])
+    sched = OptimizerParamScheduler(opt, **a["scheduler"])
+    assert (sched.max_lr, sched.min_lr, sched.lr_warmup_steps, sched.lr_decay_steps, sched.lr_decay_style) == \
+        (0.01, 0.001, 4, 20, "linear")
+    lrs = []
+    for _ in range(20):
+        lrs.append(opt.param_groups[0]["lr"])
+        sched.step(1)
+    assert lrs[0] == 0.0 and lrs[4] == pytest.approx(0.01)  # linear warm-up from 0 over 4 steps
+    assert lrs[-1] < 0.002 and all(x >= y for x, y in zip(lrs[4:], lrs[5:]))  # then decays towards min_lr
+
+
+def test_mcore_refusal_becomes_config_error():
+    from primus.backends.megatron.trainer import transformer_config_from
+    from primus.config.errors import ConfigError
+
+    a = build("recompute=full", "recompute.recompute_method=uniform", "recompute.recompute_num_layers=1",
+              "model=debug_moe", "moe.overlap_moe_expert_parallel_comm=true", "parallel.expert_model_parallel_size=2",
+              ctx=GPU8)
+    with pytest.raises(ConfigError, match="megatron-core 0.16.1"):
+        transformer_config_from(a["transformer_config"])
+
+
+def test_dry_run_json_roundtrips():
+    a = build("model=mixtral_small", "moe=optimized", ctx=GPU8)
+    assert json.loads(json.dumps(a)) == a
