@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from turbo_util import relerr  # noqa: I001
+from turbo_util import DEV, relerr  # noqa: I001
 from primus.turbo.parallel_linear import TurboColumnParallelLinear, TurboRowParallelLinear
 
 
@@ -77,8 +77,8 @@ def test_tp1_plain():
 
 
 def test_tp1_fp8():
-    col = TurboColumnParallelLinear(32, 48, fp8_recipe="tensorwise", dtype=torch.bfloat16)
-    x = torch.randn(20, 32).to(torch.bfloat16).requires_grad_()
+    col = TurboColumnParallelLinear(32, 48, fp8_recipe="tensorwise", dtype=torch.bfloat16, device=DEV)
+    x = torch.randn(20, 32, device=DEV).to(torch.bfloat16).requires_grad_()
     y = col(x)
     y.backward(torch.ones_like(y))
     yr = x.detach().double() @ col.weight.detach().double().t() + col.bias.detach().double()

@@ -120,8 +120,9 @@ def _cast_tensorwise(X, PART, Y, YT, SINV, R, C, RP, stride_xr, NPART, FP8_MAX,
     inb = (rows[:, None] < R) & (cols[None, :] < C)
     x = tl.load(X + rows[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=inb, other=0.0).to(tl.float32)
     y = tl.clamp(x * scale, -FP8_MAX, FP8_MAX)
-    if WRITE_Y:
-        tl.store(Y + rows[:, None].to(tl.int64) * C + cols[None, :], y.to(Y.dtype.element_ty), mask=inb)
+    if WRITE_Y:  # (RP, C); rows R..RP-1 are the zero pad
+        pmask = (rows[:, None] < RP) & (cols[None, :] < C)
+        tl.store(Y + rows[:, None].to(tl.int64) * C + cols[None, :], y.to(Y.dtype.element_ty), mask=pmask)
     if WRITE_T:  # (C, RP) row-major; rows R..RP-1 are the zero pad
         tmask = (rows[:, None] < RP) & (cols[None, :] < C)
         tl.store(YT + cols[None, :].to(tl.int64) * RP + rows[:, None], y.to(YT.dtype.element_ty), mask=tmask)
@@ -130,12 +131,13 @@ def _cast_tensorwise(X, PART, Y, YT, SINV, R, C, RP, stride_xr, NPART, FP8_MAX,
 
 
 @triton.jit
-def _cast_rowwise(X, Y, SINV, R, C, CP, stride_xr, stride_xc, stride_yr, stride_yc, FP8_MAX, NCHUNK,
+def _cast_rowwise(X, Y, SINV, R, C, RP, CP, stride_xr, stride_xc, stride_yr, stride_yc, FP8_MAX, NCHUNK,
                   BR: tl.constexpr, BC: tl.constexpr):
-    """Quantise each row of the (R, C) view along C; output (R, CP) (cols C..CP-1 = zero pad), scales (R,)."""
+    """Quantise each row of the (R, C) view along C; output (RP, CP) (rows >= R, cols >= C: zero pad), scales (RP,)."""
     pid = tl.program_id(0)
     rows = pid * BR + tl.arange(0, BR)
     rmask = rows < R
+    pmask = rows < RP
     r64 = rows[:, None].to(tl.int64)
     amax = tl.zeros((BR,), dtype=tl.float32)
     for i in range(0, NCHUNK):
@@ -149,9 +151,9 @@ def _cast_rowwise(X, Y, SINV, R, C, CP, stride_xr, stride_xc, stride_yr, stride_
         m = rmask[:, None] & (cols[None, :] < C)
         x = tl.load(X + r64 * stride_xr + cols[None, :].to(tl.int64) * stride_xc, mask=m, other=0.0)
         y = tl.clamp(x.to(tl.float32) * scale[:, None], -FP8_MAX, FP8_MAX)
-        om = rmask[:, None] & (cols[None, :] < CP)
+        om = pmask[:, None] & (cols[None, :] < CP)
         tl.store(Y + r64 * stride_yr + cols[None, :].to(tl.int64) * stride_yc, y.to(Y.dtype.element_ty), mask=om)
-    tl.store(SINV + rows, 1.0 / scale, mask=rmask)
+    tl.store(SINV + rows, 1.0 / scale, mask=pmask)
 
 
 @triton.jit
@@ -220,7 +222,8 @@ def _pad16(n: int) -> int:
 
 
 def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool = False, pad_t: bool = True):
-    """x2 (R, C) -> (y (R, C) fp8 | None, yT (C, RP) fp8 | None, scale_inv fp32 scalar). RP = R padded to 16."""
+    """x2 (R, C) -> (y (RP, C) fp8 | None, yT (C, RP) fp8 | None, scale_inv fp32 scalar).
+    RP = R padded to a multiple of 16 (fp8 GEMM operand rule) when pad_t, with zero rows; else R."""
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     R, C = x2.shape
@@ -232,7 +235,7 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
     part = _common.empty((nprog,), torch.float32, x2.device)
     _absmax_partial[(nprog,)](flat, part, n, iters, BLOCK=BLOCK, num_warps=8)
     RP = _pad16(R) if pad_t else R
-    y = _common.empty((R, C), dtype, x2.device) if want_y else None
+    y = _common.empty((RP, C), dtype, x2.device) if want_y else None
     yt = _common.empty((C, RP), dtype, x2.device) if want_t else None
     sinv = _common.empty((), torch.float32, x2.device)
     BR, BC = 64, 64
@@ -242,20 +245,21 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
     return y, yt, sinv
 
 
-def cast_rowwise(x2: torch.Tensor, dtype, transpose: bool = False, pad: bool = False):
-    """Per-row scaling of x2 (R, C) along C -> (y (R, CP), scale_inv (R, 1)).
-    transpose=True quantises along R instead: y (C, RP) = the transpose, scales (C, 1)."""
+def cast_rowwise(x2: torch.Tensor, dtype, transpose: bool = False, pad: bool = False, pad_rows: bool = False):
+    """Per-row scaling of x2 (R, C) along C -> (y (RP, CP), scale_inv (RP, 1)); pad / pad_rows round C / R up
+    to multiples of 16 with zeros. transpose=True quantises along R instead: y = the transpose, scales (C, 1)."""
     src = x2.t() if transpose else x2
     R, C = src.shape
     CP = _pad16(C) if pad else C
-    y = _common.empty((R, CP), dtype, x2.device)
-    sinv = _common.empty((R, 1), torch.float32, x2.device)
+    RP = _pad16(R) if pad_rows else R
+    y = _common.empty((RP, CP), dtype, x2.device)
+    sinv = _common.empty((RP, 1), torch.float32, x2.device)
     if src.stride(1) == 1:  # rows contiguous: wide chunks along C
         BC = min(1024, triton.next_power_of_2(CP))
         BR = max(1, 2048 // BC)
     else:  # column view of a row-major tensor: square tiles, coalesced along R
         BR, BC = 32, 64
-    _cast_rowwise[(triton.cdiv(R, BR),)](src, y, sinv, R, C, CP, src.stride(0), src.stride(1), y.stride(0),
+    _cast_rowwise[(triton.cdiv(RP, BR),)](src, y, sinv, R, C, RP, CP, src.stride(0), src.stride(1), y.stride(0),
                                          y.stride(1), _fmax(dtype), triton.cdiv(CP, BC), BR=BR, BC=BC, num_warps=4)
     return y, sinv
 
@@ -324,11 +328,12 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
         xq, xqt, sx = cast_tensorwise(x2, f_dt, want_y=True, want_t=need_wgrad)
         wq, wqt, sw = cast_tensorwise(weight, f_dt, want_y=True, want_t=True, pad_t=False)
         y = _mm(xq, wq.t(), sx, sw, out_dt, bias=bias.to(out_dt) if bias is not None else None, fast=fast)
+        y = y[:x2.shape[0]]
         tensors = [xqt, sx, wqt, sw]
     elif recipe == "rowwise":
-        xq, sx = cast_rowwise(x2, f_dt)
+        xq, sx = cast_rowwise(x2, f_dt, pad_rows=True)
         wq, sw = cast_rowwise(weight, f_dt)
-        y = _mm(xq, wq.t(), sx, sw.t(), out_dt, fast=fast)
+        y = _mm(xq, wq.t(), sx, sw.t(), out_dt, fast=fast)[:x2.shape[0]]
         if bias is not None:
             y = y + bias.to(out_dt)
         tensors = [x2 if need_wgrad else None, weight]
@@ -359,7 +364,7 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
         xqt, sx, wqt, sw = st.tensors
         dyq, dyqt, sdy = cast_tensorwise(dy2, g_dt, want_y=need_dx, want_t=need_dw)
         if need_dx:
-            dx = _mm(dyq, wqt.t(), sdy, sw, out_dt)  # (M,N) @ (N,K)
+            dx = _mm(dyq, wqt.t(), sdy, sw, out_dt)[:dy2.shape[0]]  # (MP,N) @ (N,K)
         if after_dgrad is not None:
             after_dgrad(dx)
         if need_dw:
@@ -367,9 +372,9 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
     elif recipe == "rowwise":
         x2, weight = st.tensors
         if need_dx:
-            dyq, sdy = cast_rowwise(dy2, g_dt)  # along N
+            dyq, sdy = cast_rowwise(dy2, g_dt, pad_rows=True)  # along N
             wqt, swt = cast_rowwise(weight, f_dt, transpose=True)  # W^T (K, N) rows along N
-            dx = _mm(dyq, wqt.t(), sdy, swt.t(), out_dt)
+            dx = _mm(dyq, wqt.t(), sdy, swt.t(), out_dt)[:dy2.shape[0]]
         if after_dgrad is not None:
             after_dgrad(dx)
         if need_dw:
