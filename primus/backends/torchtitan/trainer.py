@@ -140,7 +140,7 @@ class TorchTitanTrainer(Trainer):
         # DTensor numel is the global size, so FSDP/TP shards count once; pp stages hold disjoint layers
         n = sum(p.numel() for part in self.tt.model_parts for p in part.parameters())
         if self.tt.parallel_dims.pp_enabled:
-            t = torch.tensor([n], dtype=torch.int64)
+            t = torch.tensor([n], dtype=torch.int64, device=self.tt.device)  # nccl needs device tensors
             torch.distributed.all_reduce(t, group=self.tt.parallel_dims.get_mesh("pp").get_group())
             n = int(t.item())
         return n
@@ -164,7 +164,7 @@ class TorchTitanTrainer(Trainer):
         loss = last["loss"]
         if tt.parallel_dims.pp_enabled:
             # only the last stage computes the loss (others report -1): share it so every rank returns it
-            t = torch.tensor([loss], dtype=torch.float64)
+            t = torch.tensor([loss], dtype=torch.float64, device=tt.device)
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
             loss = float(t.item())
         if tt.device.type == "cuda":
