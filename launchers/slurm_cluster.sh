@@ -5,10 +5,12 @@
 #   launchers/slurm_cluster.sh start     # munged (if not running) + slurmctld + slurmd; waits until the node is idle
 #   launchers/slurm_cluster.sh status    # sinfo
 #   launchers/slurm_cluster.sh stop      # stops what `start` started (by pid file), leaves a munged it did not start
-#   launchers/slurm_cluster.sh env       # prints `export SLURM_CONF=...` for clients (sbatch, squeue, submitit)
+#   launchers/slurm_cluster.sh env       # prints the exports clients need (sbatch, squeue, submitit):
+#                                        #   eval "$(launchers/slurm_cluster.sh env)"
 #
 # Everything (slurm.conf, state, spool, logs, pid files) lives in $SLURM_CLUSTER_DIR (default /tmp/primus-slurm), so
-# nothing under /etc/slurm is written. Clients find the cluster through SLURM_CONF=$SLURM_CLUSTER_DIR/slurm.conf.
+# nothing under /etc/slurm is written. Clients find the cluster through SLURM_CONF=$SLURM_CLUSTER_DIR/slurm.conf, and
+# a small sacct stand-in in $SLURM_CLUSTER_DIR/bin (no accounting storage here; see write_sacct_shim).
 # Needs root (slurmd runs jobs as the submitting user; munged runs as the munge user). Idempotent: `start` on a
 # running cluster of the same dir does nothing; `stop` on a stopped one does nothing.
 # Ports: SLURM_CTLD_PORT (default 6817) and SLURMD_PORT (default 6818).
@@ -97,12 +99,50 @@ SlurmdDebug=info
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
-MinJobAge=300
+MinJobAge=3600
 KillWait=5
 Waittime=0
 NodeName=$NODE CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
+}
+
+# This cluster has no accounting storage (that needs slurmdbd + a database), so the real sacct only says "accounting
+# storage is disabled": submitit then never learns that a job was cancelled or killed and waits for its result
+# forever. $DIR/bin/sacct answers submitit's query (`sacct -o JobID,State,NodeList --parsable2 -j ID ...`) from
+# scontrol, which remembers finished jobs for MinJobAge seconds. Clients put $DIR/bin first in PATH (`env`).
+write_sacct_shim() {
+    mkdir -p "$DIR/bin"
+    cat > "$DIR/bin/sacct" <<'EOF'
+#!/usr/bin/env bash
+# sacct stand-in for launchers/slurm_cluster.sh's one-node cluster (no accounting storage): JobID|State|NodeList
+ids=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -j|--jobs) IFS=, read -r -a more <<< "$2"; ids+=("${more[@]}"); shift 2 ;;
+        -j*) IFS=, read -r -a more <<< "${1#-j}"; ids+=("${more[@]}"); shift ;;
+        *) shift ;;
+    esac
+done
+echo "JobID|State|NodeList"
+for id in "${ids[@]}"; do
+    scontrol -o show job "$id" 2>/dev/null | awk '{
+        jid=""; arr=""; task=""; st=""; nl="";
+        for (i = 1; i <= NF; i++) {
+            split($i, kv, "=");
+            if (kv[1] == "JobId") jid = kv[2];
+            else if (kv[1] == "ArrayJobId") arr = kv[2];
+            else if (kv[1] == "ArrayTaskId") task = kv[2];
+            else if (kv[1] == "JobState") st = kv[2];
+            else if (kv[1] == "NodeList") nl = kv[2];
+        }
+        if (arr != "" && task != "") jid = arr "_" task;
+        if (nl == "" || nl == "(null)") nl = "None assigned";
+        print jid "|" st "|" nl
+    }'
+done
+EOF
+    chmod +x "$DIR/bin/sacct"
 }
 
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -117,6 +157,7 @@ cmd_start() {
         log "already running (SLURM_CONF=$CONF)"
     else
         write_conf
+        write_sacct_shim
         alive "$DIR/slurmctld.pid" || /usr/sbin/slurmctld -f "$CONF" -c -i
         alive "$DIR/slurmd.pid" || /usr/sbin/slurmd -f "$CONF" -c
     fi
@@ -129,7 +170,7 @@ cmd_start() {
         sleep 0.5
     done
     case "$state" in
-        idle|mixed|allocated|completing) log "up: node $NODE $state (SLURM_CONF=$CONF)" ;;
+        idle|mixed|allocated|completing) log "up: node $NODE $state; clients: eval \"\$($0 env)\"" ;;
         *) log "node $NODE not ready after ${START_TIMEOUT}s (state '$state'); logs in $DIR/log"
            tail -n 20 "$DIR/log/slurmctld.log" "$DIR/log/slurmd.log" >&2 || true
            exit 1 ;;
@@ -167,6 +208,6 @@ case "${1:-}" in
     start) cmd_start ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
-    env) echo "export SLURM_CONF=$CONF" ;;
+    env) echo "export SLURM_CONF=$CONF PATH=$DIR/bin:\$PATH" ;;
     *) echo "usage: $0 install|start|stop|status|env   (state in \$SLURM_CLUSTER_DIR, default /tmp/primus-slurm)" >&2; exit 2 ;;
 esac

@@ -15,7 +15,8 @@ and, with hydra.sweeper.max_batch_size set, later batches never run. Here:
 * on_multirun_end gathers every job's result.json into results.csv, results.md and throughput.png in the sweep dir
   (primus/report.py; `python -m primus.report SWEEP_DIR` prints the same table later) and, when a point did not end
   "ok", exits with status 1 (exit_nonzero_on_failure) after writing the table: scripts see that something failed,
-  the table says what.
+  the table says what. If the sweep dies before on_multirun_end (a Slurm job killed by its time limit or the OOM
+  killer makes the submitit launcher raise), an exit hook still writes the table of what finished.
 * one progress line per point: `[sweep 2/4 #####-----] job 1 precision=fp8: ok 1,234 tokens/s/GPU in 12.3s (ETA 25s)`.
   Under the submitit launcher the submitting process also prints each Slurm job id with its log files as the jobs
   are submitted, and a line as each one finishes.
@@ -26,6 +27,7 @@ and, with hydra.sweeper.max_batch_size set, later batches never run. Here:
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -106,11 +108,13 @@ class SweepCallback(Callback):
         self._env_pid: Optional[int] = None
         self._watch_stop: Optional[threading.Event] = None
         self._watch: Optional[threading.Thread] = None
+        self._sweep_dir: Optional[str] = None
+        self._ended = False
 
     def __getstate__(self) -> Dict[str, Any]:
         # submitit pickles the callbacks into every job: leave the watcher thread and the env snapshot behind
         state = dict(self.__dict__)
-        state.update(_watch_stop=None, _watch=None, _env=None, _env_pid=None)
+        state.update(_watch_stop=None, _watch=None, _env=None, _env_pid=None, _sweep_dir=None)
         return state
 
     # ------------------------------------------------------------------ multirun (submitting process)
@@ -119,6 +123,8 @@ class SweepCallback(Callback):
         self.total = count_points(config)
         self.done = 0
         self._env, self._env_pid = dict(os.environ), os.getpid()
+        self._sweep_dir, self._ended = str(config.hydra.sweep.dir), False
+        atexit.register(self._at_exit)
         n = self.total if self.total is not None else "?"
         print(f"[sweep] {n} point(s) -> {config.hydra.sweep.dir}", flush=True)
         target = str(OmegaConf.select(config, "hydra.launcher._target_") or "")
@@ -143,6 +149,8 @@ class SweepCallback(Callback):
                 names = []
             for name in names:
                 d = os.path.join(base, name)
+                if not os.path.exists(os.path.join(d, f"{name}_submitted.pkl")):
+                    continue  # not a job (yet): an array's own folder holds only the batch script
                 if name not in seen:
                     seen[name] = False
                     print(f"[slurm] job {name} submitted: {d}/{name}_0_log.out (and .err)", flush=True)
@@ -155,22 +163,39 @@ class SweepCallback(Callback):
             stop.wait(self.poll_s)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._ended = True
+        bad = self._finish(str(config.hydra.sweep.dir))
+        if bad and self.exit_nonzero_on_failure:
+            print(f"[sweep] {bad} point(s) did not finish ok: exit status 1", file=sys.stderr, flush=True)
+            # SystemExit is not an Exception: Hydra's callback runner and run_and_report let it through.
+            raise SystemExit(1)
+
+    def _at_exit(self) -> None:
+        """The sweep died before on_multirun_end (e.g. a Slurm job killed by its time limit makes the submitit
+        launcher raise): still leave the table of what finished."""
+        if self._ended or self._sweep_dir is None or self._env_pid != os.getpid():
+            return
+        print("[sweep] the sweep stopped early; table of the jobs so far:", flush=True)
+        try:
+            self._finish(self._sweep_dir)
+        except Exception as e:  # noqa: BLE001 - never mask the sweep's own error
+            print(f"[sweep] could not write the table: {e}", file=sys.stderr, flush=True)
+
+    def _finish(self, sweep_dir: str) -> int:
+        """Stop the job watcher, write results.csv/.md (+ PNG), print the table; returns the number of bad points."""
         if self._watch_stop is not None:
             self._watch_stop.set()
             if self._watch is not None:
                 self._watch.join(timeout=5)
-        from primus.report import collect, to_markdown, write_reports
+        from primus.report import collect, to_csv, to_markdown, write_reports
 
-        sweep_dir = str(config.hydra.sweep.dir)
         rows = collect([sweep_dir])
         if not rows:
             print(f"[sweep] no job dirs in {sweep_dir}", flush=True)
-            return
+            return 0
         if self.plot:
             paths = write_reports(sweep_dir, rows)
         else:
-            from primus.report import to_csv
-
             paths = {"csv": os.path.join(sweep_dir, "results.csv"), "md": os.path.join(sweep_dir, "results.md")}
             with open(paths["csv"], "w", newline="") as f:
                 f.write(to_csv(rows))
@@ -184,11 +209,7 @@ class SweepCallback(Callback):
         print(f"[sweep] {len(rows)} point(s): {summary}; {_fmt_s(time.time() - self.t0)}", flush=True)
         for k, p in paths.items():
             print(f"[sweep] {k}: {p}", flush=True)
-        bad = len(rows) - statuses.get("ok", 0)
-        if bad and self.exit_nonzero_on_failure:
-            print(f"[sweep] {bad} point(s) did not finish ok: exit status 1", file=sys.stderr, flush=True)
-            # SystemExit is not an Exception: Hydra's callback runner and run_and_report let it through.
-            raise SystemExit(1)
+        return len(rows) - statuses.get("ok", 0)
 
     # ------------------------------------------------------------------ each job (where the job runs)
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
