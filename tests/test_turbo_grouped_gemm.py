@@ -25,7 +25,7 @@ def test_grouped_gemm(sizes, K, N, trans_b, provider, dtype):
     xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     yr = grouped_gemm_reference(xd, wd, sizes, trans_b=trans_b)
     yr.backward(dy.double())
-    tol = 3e-4 if dtype == torch.float32 else BAND[dtype]  # fp32 dot may run as tf32 on a GPU
+    tol = 1e-3 if dtype == torch.float32 else BAND[dtype]  # fp32 tl.dot runs as tf32 on a GPU (~3e-4)
     assert relerr(y, yr) < tol
     assert relerr(x.grad, xd.grad) < tol
     assert relerr(w.grad, wd.grad) < tol

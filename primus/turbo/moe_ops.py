@@ -53,7 +53,7 @@ def _router_fwd(L, P, RMAP, A, BIAS, T, E, s_l, TOPK: tl.constexpr, SIGMOID: tl.
         else:
             sel_val = x
     sel_val = tl.where(m2, sel_val, float("-inf"))
-    sel = tl.zeros((BT, BE), dtype=tl.int1)
+    sel = tl.zeros((BT, BE), dtype=tl.int32) != 0
     for _ in tl.static_range(TOPK):
         idx = tl.argmax(sel_val, axis=1)
         hit = cols[None, :] == idx[:, None]

@@ -1,0 +1,427 @@
+"""Turbo kernels on the GPU: correctness, then speed vs eager PyTorch and vs torch.compile, in one command.
+
+    python bench/turbo_kernels.py [--no-tests] [--budget 330] [--quick]
+
+1. Correctness: runs tests/test_turbo_*.py on the GPU (TRITON_INTERPRET=0: real Triton kernels; every kernel vs a
+   float64 reference, fwd + bwd, awkward shapes, NaN-poisoned outputs) in a subprocess with a timeout, plus an
+   fp8 linear check at a Llama shape here.
+2. Speed: triton.testing.do_bench (median ms) of each kernel vs its eager PyTorch reference and torch.compile of
+   that reference; achieved GB/s for memory-bound kernels against the measured device-to-device copy bandwidth;
+   TFLOP/s for GEMM-like ones; fp8 linear fwd+bwd vs the bf16 linear at Llama-3-8B shapes.
+Prints a markdown table last; writes JSON to $OUT/turbo_kernels.json when OUT is set. One failing kernel prints
+its traceback and the rest carry on. A global time budget skips what would not fit (marked "skipped").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+SMOKE = "--smoke" in sys.argv  # CPU smoke run of this script: Triton interpreter, tiny sizes, no timing loop
+os.environ["TRITON_INTERPRET"] = "1" if SMOKE else "0"
+DEV = "cpu" if SMOKE else "cuda"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+from primus.turbo import _common  # noqa: E402
+
+T0 = time.time()
+ROWS = []  # table rows
+RESULTS = {"rows": ROWS, "checks": {}, "env": {}}
+ARGS = None
+
+
+def left() -> float:
+    return ARGS.budget - (time.time() - T0)
+
+
+def sz(big, small):
+    return small if SMOKE else big
+
+
+def sync():
+    if not SMOKE:
+        torch.cuda.synchronize()
+
+
+def ms(fn, grad_to_none=None) -> float:
+    if SMOKE:
+        t = time.time()
+        fn()
+        return (time.time() - t) * 1e3
+    return do_bench(fn, warmup=20, rep=80, grad_to_none=grad_to_none, return_mode="median")
+
+
+def row(kernel, variant, t_ms, eager_ms=None, compile_ms=None, gbytes=None, flops=None, note=""):
+    r = {"kernel": kernel, "variant": variant, "ms": t_ms, "eager_ms": eager_ms, "compile_ms": compile_ms,
+         "vs_eager": (eager_ms / t_ms) if (eager_ms and t_ms) else None,
+         "vs_compile": (compile_ms / t_ms) if (compile_ms and t_ms) else None,
+         "GB/s": (gbytes / t_ms * 1e3) if (gbytes and t_ms) else None,
+         "%copy": (gbytes / t_ms * 1e3 / RESULTS["env"]["copy_GBps"] * 100) if (gbytes and t_ms and RESULTS["env"].get("copy_GBps")) else None,
+         "TFLOP/s": (flops / t_ms / 1e9) if (flops and t_ms) else None, "note": note}
+    ROWS.append(r)
+    print("  ", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
+
+
+def guarded(name):
+    def deco(fn):
+        def run():
+            if left() < 10:
+                print(f"## {name}: skipped (time budget)", flush=True)
+                ROWS.append({"kernel": name, "variant": "-", "note": "skipped (time budget)"})
+                return
+            print(f"## {name}  (t={time.time() - T0:.0f}s)", flush=True)
+            try:
+                fn()
+            except Exception:
+                traceback.print_exc()
+                ROWS.append({"kernel": name, "variant": "-", "note": "FAILED: " + traceback.format_exc(limit=1)[-200:]})
+            sync()
+            if not SMOKE:
+                torch.cuda.empty_cache()
+        run.__name__ = name
+        return run
+    return deco
+
+
+def compiled(fn):
+    """torch.compile of the reference; None when compiling fails or the budget is short."""
+    if ARGS.no_compile or SMOKE or left() < 40:
+        return None
+    try:
+        return torch.compile(fn)
+    except Exception:
+        traceback.print_exc()
+        return None
+
+
+def try_ms(fn, **kw):
+    if fn is None:
+        return None
+    try:
+        return ms(fn, **kw)
+    except Exception:
+        traceback.print_exc()
+        return None
+
+
+def relerr(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+# --------------------------------------------------------------------------------------------------------- env
+
+
+def env_and_copy():
+    if SMOKE:
+        RESULTS["env"].update(gpu="cpu smoke", copy_GBps=1.0)
+        return
+    d = torch.cuda.get_device_properties(0)
+    RESULTS["env"].update(gpu=d.name, sms=d.multi_processor_count, torch=torch.__version__,
+                          triton=triton.__version__, cuda=torch.version.cuda, hip=torch.version.hip)
+    n = 1 << 29  # 1 GiB of bf16
+    a = torch.randn(n, device=DEV, dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    t = ms(lambda: b.copy_(a))
+    RESULTS["env"]["copy_GBps"] = 2 * a.numel() * 2 / t / 1e6
+    print("env:", RESULTS["env"], flush=True)
+    del a, b
+
+
+def run_tests():
+    if ARGS.no_tests:
+        return
+    files = sorted(f for f in os.listdir(os.path.join(ROOT, "tests")) if f.startswith("test_turbo_"))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x" if ARGS.quick else "-q", "-p", "no:cacheprovider"] + \
+          [os.path.join("tests", f) for f in files]
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    t = time.time()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=ARGS.test_timeout)
+        out = (p.stdout + p.stderr)[-6000:]
+        RESULTS["checks"]["pytest_rc"] = p.returncode
+    except subprocess.TimeoutExpired as e:
+        out = f"pytest timed out after {ARGS.test_timeout}s\n" + str(e.stdout)[-3000:]
+        RESULTS["checks"]["pytest_rc"] = "timeout"
+    RESULTS["checks"]["pytest_tail"] = out[-3000:]
+    RESULTS["checks"]["pytest_s"] = time.time() - t
+    print(out, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------- kernels
+
+
+@guarded("rmsnorm")
+def b_rmsnorm():
+    from primus.turbo.rmsnorm import rms_norm, rms_norm_reference
+    for M, N in sz(((16384, 4096), (16384, 8192)), ((33, 64),)):
+        x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn_like(x)
+        err = relerr(rms_norm(x, w), rms_norm_reference(x.double(), w.double()))
+        comp = compiled(rms_norm_reference)
+        f = lambda: rms_norm(x, w)
+        e = lambda: rms_norm_reference(x, w)
+        c = (lambda: comp(x, w)) if comp else None
+        nb = 2 * M * N * 2
+        row("rmsnorm", f"fwd {M}x{N} bf16", ms(f), try_ms(e), try_ms(c), gbytes=nb / 1e9, note=f"relerr {err:.1e}")
+        fb = lambda fn: (lambda: fn().backward(dy))
+        row("rmsnorm", f"fwd+bwd {M}x{N} bf16", ms(fb(f), [x, w]), try_ms(fb(e), grad_to_none=[x, w]),
+            try_ms(fb(c), grad_to_none=[x, w]) if c else None, gbytes=(nb + 3 * M * N * 2) / 1e9)
+
+
+@guarded("swiglu_with_probs")
+def b_swiglu():
+    from primus.turbo.moe_ops import swiglu_with_probs, swiglu_with_probs_reference
+    T, F = sz((32768, 2048), (17, 48))
+    h = torch.randn(T, 2 * F, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    p = torch.rand(T, device=DEV, dtype=torch.float32, requires_grad=True)
+    dy = torch.randn(T, F, device=DEV, dtype=torch.bfloat16)
+    err = relerr(swiglu_with_probs(h, p), swiglu_with_probs_reference(h.double(), p.double()))
+    comp = compiled(swiglu_with_probs_reference)
+    f = lambda: swiglu_with_probs(h, p)
+    e = lambda: swiglu_with_probs_reference(h, p)
+    c = (lambda: comp(h, p)) if comp else None
+    nb = T * 3 * F * 2
+    row("swiglu_with_probs", f"fwd T={T} F={F} bf16", ms(f), try_ms(e), try_ms(c), gbytes=nb / 1e9, note=f"relerr {err:.1e}")
+    fb = lambda fn: (lambda: fn().backward(dy))
+    row("swiglu_with_probs", "fwd+bwd", ms(fb(f), [h, p]), try_ms(fb(e), grad_to_none=[h, p]),
+        try_ms(fb(c), grad_to_none=[h, p]) if c else None, gbytes=(nb + T * 5 * F * 2) / 1e9)
+
+
+@guarded("fp8_casts")
+def b_casts():
+    from primus.turbo import fp8_linear as F8
+    e4 = F8.fp8_dtypes(DEV)[0]
+    fmax = torch.finfo(e4).max
+    M, K = sz((8192, 4096), (40, 256))
+    x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
+
+    def eager_tw(x):
+        s = fmax / x.abs().amax().float().clamp_min(1e-12)
+        y = (x.float() * s).clamp(-fmax, fmax).to(e4)
+        return y, y.t().contiguous(), 1 / s
+
+    def eager_rw(x):
+        s = fmax / x.abs().amax(1, keepdim=True).float().clamp_min(1e-12)
+        return (x.float() * s).clamp(-fmax, fmax).to(e4), 1 / s
+
+    y, yt, sinv = F8.cast_tensorwise(x, e4, want_y=True, want_t=True)
+    ye, yte, se = eager_tw(x)
+    mism = (y[:M].float() != ye.float()).float().mean().item()
+    ct, cr = compiled(eager_tw), compiled(eager_rw)
+    row("fp8 cast tensorwise", f"amax+cast+transpose {M}x{K}", ms(lambda: F8.cast_tensorwise(x, e4, True, True)),
+        try_ms(lambda: eager_tw(x)), try_ms((lambda: ct(x)) if ct else None),
+        gbytes=M * K * (2 + 1 + 1) / 1e9, note=f"elements != eager: {mism:.1e}; min bytes: read bf16 once, write 2 fp8")
+    row("fp8 cast rowwise", f"amax+cast {M}x{K}", ms(lambda: F8.cast_rowwise(x, e4)), try_ms(lambda: eager_rw(x)),
+        try_ms((lambda: cr(x)) if cr else None), gbytes=M * K * 3 / 1e9)
+    row("fp8 cast rowwise", f"along M (transposed out) {M}x{K}", ms(lambda: F8.cast_rowwise(x, e4, transpose=True)),
+        None, None, gbytes=M * K * 3 / 1e9)
+    row("fp8 cast blockwise", f"1x128 {M}x{K}", ms(lambda: F8.cast_blockwise(x, e4)), None, None, gbytes=M * K * 3 / 1e9)
+
+
+@guarded("fp8_linear")
+def b_fp8_linear():
+    from primus.turbo import fp8_linear as F8
+    if not F8.fp8_linear_available(DEV):
+        ROWS.append({"kernel": "fp8 linear", "variant": "-", "note": "no fp8 on this GPU"})
+        return
+    M = sz(8192, 40)
+    shapes = sz([(4096, 6144, "qkv"), (4096, 4096, "o"), (4096, 28672, "gate+up"), (14336, 4096, "down")],
+                [(256, 128, "tiny")])
+    tot = {}
+    for K, N, name in shapes:
+        x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.randn(N, K, device=DEV) / K ** 0.5).to(torch.bfloat16).requires_grad_()
+        dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+        ref_y = x.detach().double() @ w.detach().double().t()
+        bf = lambda: torch.nn.functional.linear(x, w).backward(dy)
+        t_bf = ms(bf, [x, w])
+        tot["bf16"] = tot.get("bf16", 0) + t_bf
+        fl = 6 * M * K * N
+        row("linear bf16", f"fwd+bwd {name} {M}x{K}->{N}", t_bf, flops=fl)
+        for recipe in ("tensorwise", "rowwise", "blockwise"):
+            try:
+                x.grad = None
+                w.grad = None
+                y = F8.fp8_linear(x, w, None, recipe)
+                err = relerr(y, ref_y)
+                y.backward(dy)
+                gx = x.grad.clone()
+                x.grad = None
+                w.grad = None
+                errx = relerr(gx, dy.double() @ w.detach().double())
+                t = ms(lambda: F8.fp8_linear(x, w, None, recipe).backward(dy), [x, w])
+                t_f = ms(lambda: F8.fp8_linear(x, w, None, recipe))
+                tot[recipe] = tot.get(recipe, 0) + t
+                row(f"fp8 linear {recipe}", f"fwd+bwd {name} {M}x{K}->{N}", t, eager_ms=t_bf, flops=fl,
+                    note=f"vs_eager = vs bf16 linear; fwd {t_f:.3f} ms; relerr y {err:.3f} dx {errx:.3f}")
+            except Exception:
+                traceback.print_exc()
+                ROWS.append({"kernel": f"fp8 linear {recipe}", "variant": name, "note": "FAILED"})
+        del x, w, dy
+        torch.cuda.empty_cache()
+    for r in ("tensorwise", "rowwise", "blockwise"):
+        if r in tot:
+            row(f"fp8 linear {r}", "Llama-3-8B layer GEMMs total fwd+bwd", tot[r], eager_ms=tot["bf16"],
+                note="target >= 1.4x bf16")
+
+
+@guarded("attention")
+def b_attention():
+    from primus.turbo.attention import attention_reference, turbo_attention
+    B, S, H, KV, D = sz((2, 4096, 32, 8, 128), (1, 64, 4, 2, 16))
+    q = torch.randn(B, S, H, D, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(B, S, KV, D, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(B, S, KV, D, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    do = torch.randn_like(q)
+    fl_f = 4 * B * H * S * S * D / 2
+    with torch.no_grad():
+        qs, ks, vs = q[:1, :1024], k[:1, :1024], v[:1, :1024]
+        if SMOKE:
+            qs, ks, vs = qs.float(), ks.float(), vs.float()
+        err = relerr(turbo_attention(qs, ks, vs), attention_reference(qs.double(), ks.double(), vs.double()))
+    comp = compiled(attention_reference)
+    fb = lambda fn: (lambda: fn().backward(do))
+    e = lambda: attention_reference(q, k, v)
+    t_e = try_ms(fb(e), grad_to_none=[q, k, v])
+    t_c = try_ms(fb(lambda: comp(q, k, v)), grad_to_none=[q, k, v]) if comp else None
+    for be in sz(("auto", "cudnn", "flash", "efficient"), ("auto",)):
+        f = lambda: turbo_attention(q, k, v, causal=True, backend=be)
+        try:
+            t = ms(fb(f), [q, k, v])
+            row("attention", f"fwd+bwd causal GQA {H}/{KV} B{B} S{S} D{D} backend={be}", t, t_e, t_c,
+                flops=fl_f * 3.5, note=f"relerr(S=1024) {err:.1e}" if be == "auto" else "")
+        except Exception as ex:
+            ROWS.append({"kernel": "attention", "variant": f"backend={be}", "note": f"unavailable: {str(ex)[:80]}"})
+
+
+@guarded("grouped_gemm")
+def b_grouped_gemm():
+    from primus.turbo.grouped_gemm import grouped_gemm, grouped_gemm_reference
+    G, K, N, T = sz((8, 4096, 14336, 32768), (3, 32, 48, 50))
+    g = torch.Generator().manual_seed(0)
+    sizes = torch.distributions.Dirichlet(torch.ones(G)).sample() * T
+    sizes = sizes.floor().long()
+    sizes[-1] += T - sizes.sum()
+    gs = sizes.to(DEV)
+    x = torch.randn(T, K, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(G, K, N, device=DEV) / K ** 0.5).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(T, N, device=DEV, dtype=torch.bfloat16)
+    fl = 2 * T * K * N
+    sl = sizes.tolist()
+    e = lambda: grouped_gemm_reference(x, w, sl)
+    t_e = try_ms(e)
+    t_eb = try_ms(lambda: e().backward(dy), grad_to_none=[x, w])
+    for prov in ("torch", "triton"):
+        try:
+            y = grouped_gemm(x, w, gs, provider=prov)
+            err = relerr(y, grouped_gemm_reference(x.double(), w.double(), sl))
+            row("grouped_gemm", f"fwd {prov} G{G} T{T} {K}->{N}", ms(lambda: grouped_gemm(x, w, gs, provider=prov)),
+                t_e, None, flops=fl, note=f"relerr {err:.1e}; eager = per-expert loop")
+            row("grouped_gemm", f"fwd+bwd {prov}", ms(lambda: grouped_gemm(x, w, gs, provider=prov).backward(dy), [x, w]),
+                t_eb, None, flops=3 * fl)
+        except Exception as ex:
+            traceback.print_exc()
+            ROWS.append({"kernel": "grouped_gemm", "variant": prov, "note": f"FAILED {str(ex)[:80]}"})
+
+
+@guarded("router")
+def b_router():
+    from primus.turbo.moe_ops import fused_router, router_reference
+    for T, E, k, sf in sz(((32768, 64, 8, "softmax"), (32768, 256, 8, "sigmoid")), ((20, 16, 4, "sigmoid"),)):
+        logits = torch.randn(T, E, device=DEV, dtype=torch.float32, requires_grad=True)
+        p, m, a = fused_router(logits, k, sf)
+        pr, mr, ar = router_reference(logits.double(), k, sf)
+        note = f"relerr p {relerr(p, pr):.1e} aux {relerr(a, ar):.1e} map equal {bool(torch.equal(m, mr))}"
+        comp = compiled(lambda l: router_reference(l, k, sf))
+        gp, ga = torch.randn(T, E, device=DEV), torch.randn(T, E, device=DEV)
+        fb = lambda fn: (lambda: (lambda o: (o[0] * gp).sum().add((o[2] * ga).sum()).backward())(fn()))
+        f = lambda: fused_router(logits, k, sf)
+        e = lambda: router_reference(logits, k, sf)
+        c = (lambda: comp(logits)) if comp else None
+        nb = T * E * (4 + 4 + 1 + 4)
+        row("fused_router", f"fwd T{T} E{E} k{k} {sf}", ms(f), try_ms(e), try_ms(c), gbytes=nb / 1e9, note=note)
+        row("fused_router", f"fwd+bwd T{T} E{E} k{k} {sf}", ms(fb(f), [logits]), try_ms(fb(e), grad_to_none=[logits]),
+            try_ms(fb(c), grad_to_none=[logits]) if c else None, gbytes=(nb + T * E * (4 + 1 + 4 + 4 + 4)) / 1e9)
+
+
+@guarded("permute")
+def b_permute():
+    from primus.turbo.moe_ops import fused_router, permute, permute_reference, unpermute, unpermute_reference
+    T, E, k, H = sz((16384, 8, 2, 4096), (20, 4, 2, 64))
+    logits = torch.randn(T, E, device=DEV)
+    probs, rmap, _ = fused_router(logits, k)
+    x = torch.randn(T, H, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    y, py, rid = permute(x, rmap, probs, num_out_tokens=T * k)
+    yr, pyr, idx = permute_reference(x, rmap, probs)
+    note = f"permute exact {bool(torch.equal(y, yr))}"
+    n = T * k
+    row("permute", f"fwd T{T} E{E} k{k} H{H}", ms(lambda: permute(x, rmap, probs, num_out_tokens=n)),
+        try_ms(lambda: permute_reference(x, rmap, probs)), None, gbytes=(T * H + n * H) * 2 / 1e9,
+        note=note + "; eager = nonzero + index (syncs)")
+    yd = y.detach()
+    row("unpermute", f"fwd (with probs) T{T} E{E} k{k} H{H}", ms(lambda: unpermute(yd, rid, probs)),
+        try_ms(lambda: unpermute_reference(yd, idx, T, probs)), None, gbytes=(T * H + n * H) * 2 / 1e9)
+
+
+def table():
+    cols = ["kernel", "variant", "ms", "eager_ms", "compile_ms", "vs_eager", "vs_compile", "GB/s", "%copy",
+            "TFLOP/s", "note"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in ROWS:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            cells.append("" if v is None else (f"{v:.3f}" if isinstance(v, float) and c.endswith("ms") else
+                                               f"{v:.2f}" if isinstance(v, float) else str(v).replace("|", "/")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-tests", action="store_true")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--budget", type=float, default=330.0, help="seconds for the whole script")
+    ap.add_argument("--test-timeout", type=float, default=150.0)
+    ap.add_argument("--only", default="", help="comma list of kernel names")
+    ap.add_argument("--smoke", action="store_true", help="CPU smoke run (interpreter, tiny sizes)")
+    ARGS = ap.parse_args()
+    if not SMOKE and not torch.cuda.is_available():
+        print("no GPU: this bench needs CUDA or ROCm")
+        return 2
+    _common.POISON = False  # timing: no poison fills
+    env_and_copy()
+    run_tests()
+    benches = [b_rmsnorm, b_swiglu, b_casts, b_fp8_linear, b_attention, b_grouped_gemm, b_router, b_permute]
+    only = [s for s in ARGS.only.split(",") if s]
+    for b in benches:
+        if not only or b.__name__ in only:
+            b()
+    RESULTS["elapsed_s"] = time.time() - T0
+    out = os.environ.get("OUT")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "turbo_kernels.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1, default=str)
+    print("\npytest on GPU:", RESULTS["checks"].get("pytest_rc"), "in %.0fs" % RESULTS["checks"].get("pytest_s", 0)
+          if not ARGS.no_tests else "skipped")
+    print(f"copy bandwidth {RESULTS['env']['copy_GBps']:.0f} GB/s; elapsed {RESULTS['elapsed_s']:.0f}s\n")
+    print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
