@@ -156,3 +156,26 @@ def test_activation_checkpointing_modes_run(tmp_path):
         out = run_trainer([f"recompute.activation_checkpoint_mode={mode}", "training.train_iters=2",
                            "training.global_batch_size=4"], str(tmp_path / mode), 2)
         assert all(math.isfinite(x) for x in out["losses"])
+
+
+TINY_MOE = ["moe.moe_router_load_balancing_type=none", "training.micro_batch_size=4", "training.global_batch_size=4",
+            "training.seq_length=64", "training.train_iters=10", "training.lr_warmup_iters=2", "training.lr=3e-3"]
+
+
+def test_moe_qwen3_family_trains(tmp_path):
+    out = run_trainer(["model=debug_moe"] + TINY_MOE, str(tmp_path), 10)
+    assert out["info"]["torchtitan_model"].startswith("primus_qwen3/")
+    assert all(math.isfinite(x) for x in out["losses"]) and max(out["losses"][-3:]) < out["losses"][0] - 0.3, \
+        out["losses"]
+
+
+def test_moe_mla_deepseek_v3_family_trains(tmp_path):
+    tiny_mla = ["model=deepseek_v2_lite", "model.num_layers=2", "model.hidden_size=128", "model.ffn_hidden_size=256",
+                "model.num_attention_heads=4", "model.num_query_groups=4", "model.vocab_size=2048",
+                "model.num_experts=4", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=64",
+                "model.moe_shared_expert_intermediate_size=64", "model.kv_lora_rank=32", "model.qk_head_dim=16",
+                "model.qk_pos_emb_head_dim=8", "model.v_head_dim=16", "model.max_position_embeddings=2048"]
+    out = run_trainer(tiny_mla + TINY_MOE, str(tmp_path), 10)
+    assert out["info"]["torchtitan_model"].startswith("primus_deepseek_v3/")
+    assert all(math.isfinite(x) for x in out["losses"]) and max(out["losses"][-3:]) < out["losses"][0] - 0.3, \
+        out["losses"]

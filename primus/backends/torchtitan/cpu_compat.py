@@ -15,6 +15,9 @@ worked around:
 4. FSDP reduce op: TorchTitan disables FSDP's gradient division (factor 1.0), which makes FSDP2 reduce-scatter
    with PREMUL_SUM(1.0); gloo has no PREMUL_SUM. FSDP2's own `set_force_sum_reduction_for_comms` switches to a
    plain SUM (then divides by 1.0, a no-op), applied right after TorchTitan's parallelize function.
+5. MoE token counts: TorchTitan's router and token reorderer count tokens per expert with `torch.histc` on the
+   int64 expert indices; CPU histc has no integer kernel. Inside `torchtitan.models.moe.moe` only, histc of an
+   integer tensor is computed on a float copy and cast back (counts are exact: far below 2**24).
 """
 from __future__ import annotations
 
@@ -75,8 +78,21 @@ def _set_pg_timeouts(timeout: timedelta, parallel_dims) -> None:
         torch.distributed.distributed_c10d._set_pg_timeout(timeout, group)
 
 
+class _TorchWithIntegerHistc:
+    """The `torch` module as torchtitan's MoE module sees it: histc also takes integer tensors (5)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def histc(input, *args, **kwargs):
+        if input.is_floating_point():
+            return torch.histc(input, *args, **kwargs)
+        return torch.histc(input.float(), *args, **kwargs).to(input.dtype)
+
+
 def enable() -> None:
-    """Apply (1)-(3) in this process. Idempotent; call before building torchtitan's Trainer."""
+    """Apply (1)-(3) and (5) in this process. Idempotent; call before building torchtitan's Trainer."""
     global _ENABLED
     if _ENABLED:
         return
@@ -92,6 +108,9 @@ def enable() -> None:
     import torchtitan.distributed.utils as dist_utils
 
     dist_utils.set_pg_timeouts = _set_pg_timeouts
+    import torchtitan.models.moe.moe as moe
+
+    moe.torch = _TorchWithIntegerHistc()
     _ENABLED = True
 
 
