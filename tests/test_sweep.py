@@ -86,3 +86,41 @@ def test_markdown_png_and_report_command(sweep):
     dirs = [str(d / str(i)) for i in range(4)]
     rep2 = subprocess.run([PY, "-m", "primus.report", *dirs], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert rep2.returncode == 0 and len([l for l in rep2.stdout.splitlines() if l.startswith("|")]) == 6
+
+
+# ---------------------------------------------------------------- primus.report on synthetic dirs (fast, no training)
+def _job(d, overrides, result=None):
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    if result is not None:
+        import json
+
+        (d / "result.json").write_text(json.dumps({"overrides": overrides, **result}))
+
+
+def test_report_collects_sweep_and_run_dirs(tmp_path):
+    from primus.report import collect, main, sort_rows, swept_keys, to_csv
+
+    sw = tmp_path / "sweep"
+    ok = {"status": "ok", "world_size": 8, "tokens_per_s_per_gpu": 1000.0, "tflops_per_gpu": 400.0, "mfu": 0.4,
+          "step_time_s": {"median": 2.0}, "memory": {"max_allocated_gib": 70.0}, "final_loss": 3.1}
+    _job(sw / "0", ["precision=bf16", "model=llama3_8b"], ok)
+    _job(sw / "1", ["precision=fp8", "model=llama3_8b"], {**ok, "tokens_per_s_per_gpu": 1500.0, "mfu": 0.6})
+    _job(sw / "2", ["precision=fp4", "model=llama3_8b"], {"status": "oom", "error": "OutOfMemoryError: CUDA out of memory"})
+    _job(sw / "10", ["precision=mxfp8", "model=llama3_8b"])  # killed: no result.json
+    (sw / ".submitit").mkdir()
+    run = tmp_path / "run"
+    _job(run, ["precision=bf16", "model=llama3_8b", "training.seq_length=8192"], {**ok, "tokens_per_s_per_gpu": 900.0})
+
+    rows = collect([str(sw)])
+    assert [r["job_num"] for r in rows] == [0, 1, 2, 10]  # numeric order, hidden dirs skipped
+    assert [r["status"] for r in rows] == ["ok", "ok", "oom", "no_result"]
+    assert swept_keys(rows) == ["precision"]
+    assert [r["job_num"] for r in sort_rows(rows)] == [1, 0, 2, 10]  # best throughput first, failures last
+    both = collect([str(sw), str(run)])
+    assert len(both) == 5 and swept_keys(both) == ["precision", "training.seq_length"]
+    head, first = to_csv(both).splitlines()[:2]
+    assert head.startswith("precision,training.seq_length,status,tokens/s/GPU,TFLOP/s/GPU,MFU,peak mem (GiB)")
+    assert first.startswith("fp8,,ok,1500.0,400.0,0.6,70.0,2.0,8,")
+    assert main([str(tmp_path / "nope")]) == 2
+    assert main([str(sw), "--png", str(tmp_path / "t.png")]) == 0 and (tmp_path / "t.png").stat().st_size > 1000
