@@ -15,7 +15,13 @@ present (`enable()` is never called on a GPU machine). Upstream behaviours worke
 3. Type-string assertions: the mixed-precision optimizer accepts only 'torch.cuda.{Half,BFloat16,Float}Tensor'
    params, and grad clipping asserts 'torch.cuda.FloatTensor' grads.
    -> those two entry points run with `Tensor.type()` answering the CUDA name for CPU tensors (scoped to the call).
-4. dist_checkpointing / parallel_state call `torch.cuda.synchronize()`. -> a no-op through (1).
+4. dist_checkpointing / parallel_state call `torch.cuda.synchronize()`; MoE shared experts and the alltoall token
+   dispatcher create side CUDA streams and events. -> through (1): synchronize is a no-op, streams and events are
+   stand-ins whose waits and records do nothing (CPU ops already run in program order).
+
+5. The MoE alltoall dispatcher turns its split sizes into numpy only when they sit on the GPU
+   (`moe_utils.maybe_move_tensor_to_cpu`); CPU tensors reach `all_to_all_single`, which rejects tensors as split
+   sizes. -> that helper also converts CPU tensors when numpy is asked for.
 
 Not worked around (capability_issues reports them before launch): sequence parallel (needs a TE/apex norm), the
 distributed optimizer (asserts CUDA tensors throughout), Transformer Engine specs, fp8/fp4.
@@ -56,6 +62,41 @@ def _on_cpu(fn):
         return fn(*args, **kwargs)
 
     return wrapper
+
+
+class _Event:
+    """A CUDA event on CPU: work is already done when it is recorded."""
+
+    def record(self, *_a, **_k):
+        return None
+
+    def wait(self, *_a, **_k):
+        return None
+
+    def synchronize(self):
+        return None
+
+    def query(self):
+        return True
+
+
+class _Stream(_Event):
+    """A CUDA stream on CPU: every op runs in program order, so waits and records are no-ops."""
+
+    def __init__(self, *_a, **_k):
+        pass
+
+    def wait_stream(self, *_a, **_k):
+        return None
+
+    def wait_event(self, *_a, **_k):
+        return None
+
+    def record_event(self, event=None):
+        return event or _Event()
+
+
+_STREAM = _Stream()
 
 
 class _CudaOnCpu(types.ModuleType):
@@ -103,6 +144,19 @@ class _CudaOnCpu(types.ModuleType):
     max_memory_allocated = memory_allocated
     memory_reserved = memory_allocated
     max_memory_reserved = memory_allocated
+
+    Stream = _Stream
+    Event = _Event
+
+    @staticmethod
+    def current_stream(*_a, **_k):
+        return _STREAM
+
+    default_stream = current_stream
+
+    @staticmethod
+    def stream(_s):
+        return contextlib.nullcontext()
 
     def __getattr__(self, name):
         return getattr(torch.cuda, name)
@@ -191,6 +245,18 @@ def enable() -> None:
     logging.getLogger(mp_random.__name__).setLevel(logging.ERROR)
     mp_random._get_cuda_rng_state = _cpu_rng_get
     mp_random._set_cuda_rng_state = _cpu_rng_set
+
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    to_cpu = moe_utils.maybe_move_tensor_to_cpu
+
+    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
+        if as_numpy and torch.is_tensor(tensor) and tensor.device.type == "cpu":
+            return tensor.numpy()
+        return to_cpu(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+    token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
 
     clip = _with_cuda_type_names(clip_grads.clip_grad_by_total_norm_fp32)
     clip_grads.clip_grad_by_total_norm_fp32 = clip

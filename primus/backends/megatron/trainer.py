@@ -102,9 +102,10 @@ class MegatronTrainer(Trainer):
         from megatron.core.transformer.module import Float16Module
 
         from primus.backends.megatron import data as mdata
-        from primus.backends.megatron import recompute_ids, spec
+        from primus.backends.megatron import recompute_ids, spec, upstream_fixes
         from primus.backends.megatron.init import layout_independent_init
 
+        upstream_fixes.apply()
         cpu = ctx.device == "cpu"
         if cpu:
             from primus.backends.megatron import cpu_compat
