@@ -58,3 +58,14 @@ def test_two_processes_match_one_process(tmp_path, reference, layout):
     for step, (a, b) in enumerate(zip(ref["losses"], res["losses"]), 1):
         assert abs(a - b) < 2e-3, (step, ref["losses"], res["losses"])
     assert ref["losses"][-1] < ref["losses"][0] - 0.2  # the compared steps are real training steps
+
+
+def test_moe_expert_parallel_matches_one_process(tmp_path):
+    """debug_moe (8 experts, top-2, a shared expert) with ep=2 against 1 process: the alltoall dispatcher and the
+    per-expert init line up."""
+    one, _ = train(tmp_path, "moe1", ["model=debug_moe"], steps=4)
+    two, _ = train(tmp_path, "moe2", ["model=debug_moe", "launcher.nproc_per_node=2",
+                                      "parallel.expert_model_parallel_size=2"], steps=4)
+    assert two["params"] == one["params"] == 2_495_616
+    assert two["losses"] == pytest.approx(one["losses"], abs=2e-3)
+    assert one["losses"][-1] < one["losses"][0] - 0.2

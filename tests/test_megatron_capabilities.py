@@ -1,0 +1,112 @@
+"""Settings megatron-core 0.16.1 / this device cannot honour are ConfigErrors before launch, naming the keys."""
+import pytest
+
+from primus.backends.megatron import args as margs
+from primus.backends.megatron.testing import compose
+from primus.context import RunContext
+
+CPU = RunContext(device="cpu", world_size=2)
+GPU = RunContext(device="cuda", world_size=2, gpu_name="NVIDIA H200")
+
+
+def issues(*overrides, ctx=CPU):
+    return margs.capability_issues(compose(overrides), ctx)
+
+
+def keys_of(found):
+    return {k for i in found for k in i.keys}
+
+
+def test_defaults_have_no_issues_on_cpu_and_gpu():
+    assert issues() == []
+    assert issues("model=llama3_2_1b", ctx=GPU) == []
+
+
+@pytest.mark.parametrize("overrides,key,words", [
+    (["parallel.sequence_parallel=true", "parallel.tensor_model_parallel_size=2"], "parallel.sequence_parallel", "CPU"),
+    (["memory=distributed_optimizer"], "memory.use_distributed_optimizer", "CUDA tensors"),
+    (["memory=offload"], "memory.optimizer_cpu_offload", "no GPU"),
+    (["precision=fp8"], "precision.fp8", "GPU"),
+    (["precision=fp4"], "precision.fp4", "GPU"),
+    (["backend.layer_spec=te"], "backend.layer_spec", "Transformer Engine"),
+    (["model.cross_entropy_loss_fusion=true"], "model.cross_entropy_loss_fusion", "GPU kernel"),
+])
+def test_cpu_rejects_what_megatron_cannot_run_without_cuda(overrides, key, words):
+    found = issues(*overrides)
+    assert key in keys_of(found), found
+    assert any(words in str(i) for i in found), found
+
+
+@pytest.mark.skipif(margs.te_available(), reason="Transformer Engine installed")
+@pytest.mark.parametrize("overrides,key,words", [
+    (["precision=fp8"], "precision.fp8", "fp8"),
+    (["precision=fp4"], "precision.fp4", "TE"),
+    (["precision=fp8", "precision.fp8_recipe=rowwise"], "precision.fp8_recipe", "0.16.1"),
+    (["parallel.sequence_parallel=true", "parallel.tensor_model_parallel_size=2"], "parallel.sequence_parallel",
+     "0.16.1"),
+    (["parallel.context_parallel_size=2"], "parallel.context_parallel_size", "TE"),
+    (["model.cross_entropy_loss_fusion=true", "model.cross_entropy_fusion_impl=te"],
+     "model.cross_entropy_fusion_impl", "TE"),
+    (["model=debug_moe", "moe.moe_permute_fusion=true"], "moe.moe_permute_fusion", "0.16.1"),
+    (["model=debug_moe", "moe.moe_grouped_gemm=true"], "moe.moe_grouped_gemm", "grouped_gemm"),
+    (["model=debug_moe", "moe.moe_token_dispatcher_type=flex"], "moe.moe_token_dispatcher_type", "DeepEP"),
+    (["memory=distributed_optimizer", "memory.use_precision_aware_optimizer=true"],
+     "memory.use_precision_aware_optimizer", "Transformer Engine"),
+    (["backend.layer_spec=te"], "backend.layer_spec", "not importable"),
+])
+def test_gpu_without_te_rejects_te_only_features(overrides, key, words):
+    found = issues(*overrides, ctx=GPU)
+    assert key in keys_of(found), found
+    assert any(words in str(i) for i in found), found
+
+
+def test_fp8_without_te_names_the_missing_portable_linear(monkeypatch):
+    monkeypatch.setattr(margs, "te_available", lambda: False)
+    monkeypatch.setattr(margs, "_importable", lambda name: False)  # no primus.turbo.fp8_linear yet
+    found = issues("precision=fp8", ctx=GPU)
+    assert any("portable fp8 linear is not available yet" in str(i) for i in found), found
+    # once the portable linear exists and says yes, fp8 on a GPU without TE is accepted
+    monkeypatch.setattr(margs, "portable_fp8_available", lambda recipe=None: True)
+    assert not [i for i in issues("precision=fp8", ctx=GPU) if "precision.fp8" in i.keys]
+    assert margs.build_args(compose(["precision=fp8"]), GPU)["fp8_backend"] == "portable"
+
+
+def test_gpu_without_fp8_tensor_cores_is_an_error(monkeypatch):
+    monkeypatch.setattr(margs, "_gpu_has_fp8", lambda: False)
+    monkeypatch.setattr(margs, "portable_fp8_available", lambda recipe=None: True)
+    found = issues("precision=fp8", ctx=RunContext(device="cuda", world_size=1, gpu_name="NVIDIA A100"))
+    assert any("no fp8 tensor cores" in str(i) and "A100" in str(i) for i in found), found
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["overlap.overlap_param_gather=true"], "overlap.overlap_param_gather"),
+    (["overlap.align_param_gather=true"], "overlap.align_param_gather"),
+    (["overlap.overlap_p2p_comm=true", "parallel.pipeline_model_parallel_size=2"], "overlap.overlap_p2p_comm"),
+    (["memory.optimizer_cpu_offload=true"], "memory.optimizer_cpu_offload"),
+    (["memory.use_precision_aware_optimizer=true"], "memory.use_precision_aware_optimizer"),
+    (["model=debug_moe", "moe.overlap_moe_expert_parallel_comm=true", "moe.moe_token_dispatcher_type=allgather"],
+     "moe.moe_token_dispatcher_type"),
+    (["model=debug_moe", "moe.overlap_moe_expert_parallel_comm=true", "recompute=full",
+      "recompute.recompute_method=uniform", "recompute.recompute_num_layers=1"], "recompute.recompute_granularity"),
+    (["training.compile=true"], "training.compile"),
+    (["turbo=megatron"], "turbo.enable_primus_turbo"),
+])
+def test_settings_megatron_cannot_honour_on_any_device(overrides, key):
+    found = issues(*overrides, ctx=GPU)
+    assert key in keys_of(found), found
+
+
+def test_wrong_megatron_core_version_is_named(monkeypatch):
+    monkeypatch.setattr(margs, "mcore_version", lambda: "0.15.0")
+    found = issues()
+    assert any("0.16.1" in str(i) and "0.15.0" in str(i) for i in found), found
+
+
+def test_validate_runs_these_rules(monkeypatch):
+    """The generic validate() raises the backend's issues together with its own."""
+    from primus.config.errors import ConfigError
+    from primus.config.validate import validate
+
+    cfg = compose(["memory=distributed_optimizer", "device=cpu"])
+    with pytest.raises(ConfigError, match="memory.use_distributed_optimizer"):
+        validate(cfg, RunContext(device="cpu", world_size=1))
