@@ -48,7 +48,7 @@ def test_cpu_rejects_what_megatron_cannot_run_without_cuda(overrides, key, words
     (["model.cross_entropy_loss_fusion=true", "model.cross_entropy_fusion_impl=te"],
      "model.cross_entropy_fusion_impl", "TE"),
     (["model=debug_moe", "moe.moe_permute_fusion=true"], "moe.moe_permute_fusion", "0.16.1"),
-    (["model=debug_moe", "moe.moe_grouped_gemm=true"], "moe.moe_grouped_gemm", "grouped_gemm"),
+    (["model=debug_moe", "moe.moe_grouped_gemm=true", "precision=fp16"], "moe.moe_grouped_gemm", "bf16"),
     (["model=debug_moe", "moe.moe_token_dispatcher_type=flex"], "moe.moe_token_dispatcher_type", "DeepEP"),
     (["memory=distributed_optimizer", "memory.use_precision_aware_optimizer=true"],
      "memory.use_precision_aware_optimizer", "Transformer Engine"),

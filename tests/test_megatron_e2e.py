@@ -69,3 +69,9 @@ def test_moe_expert_parallel_matches_one_process(tmp_path):
     assert two["params"] == one["params"] == 2_495_616
     assert two["losses"] == pytest.approx(one["losses"], abs=2e-3)
     assert one["losses"][-1] < one["losses"][0] - 0.2
+
+
+def test_moe_grouped_gemm_without_te_trains(tmp_path):
+    """moe_grouped_gemm without TE: megatron's GroupedMLP on primus' grouped GEMM (grouped_gemm.py)."""
+    res, _ = train(tmp_path, "gg", ["model=debug_moe", "moe.moe_grouped_gemm=true"], steps=4)
+    assert res["losses"][-1] < res["losses"][0] - 0.2, res["losses"]

@@ -447,11 +447,11 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
             out.append(_issue(["moe.moe_permute_fusion"], True,
                               f"megatron-core {ver}'s fused permute/unpermute kernels come from TE",
                               "set moe.moe_permute_fusion=false or install TE"))
-        if moe.moe_grouped_gemm and m.num_experts and not _importable("grouped_gemm"):
-            out.append(_issue(["moe.moe_grouped_gemm"], True,
-                              f"megatron-core {ver}'s grouped GEMM experts need TE (TEGroupedMLP) or the "
-                              "grouped_gemm package (GroupedMLP); neither imports",
-                              "set moe.moe_grouped_gemm=false (SequentialMLP), or install one of them"))
+        if moe.moe_grouped_gemm and m.num_experts and not p.bf16:
+            # without TE the local spec uses GroupedMLP (grouped_gemm.py supplies its GEMM), which is bf16-only
+            out.append(_issue(["moe.moe_grouped_gemm", "precision.bf16"], False,
+                              f"megatron-core {ver}'s GroupedMLP (the grouped-GEMM experts without TE) runs bf16 only",
+                              "set precision=bf16, or moe.moe_grouped_gemm=false"))
         if p.fp4 is not None:
             out.append(_issue(["precision.fp4"], p.fp4.value, f"megatron-core {ver} runs fp4 through TE only",
                               "install Transformer Engine or drop fp4"))

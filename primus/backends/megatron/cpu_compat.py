@@ -23,6 +23,10 @@ present (`enable()` is never called on a GPU machine). Upstream behaviours worke
    (`moe_utils.maybe_move_tensor_to_cpu`); CPU tensors reach `all_to_all_single`, which rejects tensors as split
    sizes. -> that helper also converts CPU tensors when numpy is asked for.
 
+6. megatron's jit-fused helpers (`jit_fuser` = torch.compile: SwiGLU with router probs, fused cross entropy) would
+   compile per shape on CPU, costing seconds for nothing. -> torch.compile is switched off for this process
+   (`torch._dynamo.config.disable`): they run eagerly, same math.
+
 Not worked around (capability_issues reports them before launch): sequence parallel (needs a TE/apex norm), the
 distributed optimizer (asserts CUDA tensors throughout), Transformer Engine specs, fp8/fp4.
 """
@@ -240,6 +244,7 @@ def enable() -> None:
     _patch_loaded_modules()
     if _enabled:
         return
+    torch._dynamo.config.disable = True
     # A forked region swaps the CPU generator here, which megatron then reports as "CPU RNG state changed
     # within GPU RNG context" on every fork: expected on CPU, so that logger is quietened.
     logging.getLogger(mp_random.__name__).setLevel(logging.ERROR)

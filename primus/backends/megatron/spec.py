@@ -95,12 +95,13 @@ def _is_norm(cls) -> bool:
     return cls is not IdentityOp and "Norm" in getattr(cls, "__name__", "")
 
 
-def decoder_block_spec(config: TransformerConfig, use_te: bool, vp_stage: Optional[int] = None):
+def decoder_block_spec(config: TransformerConfig, use_te: bool, vp_stage: Optional[int] = None,
+                       pp_rank: Optional[int] = None):
     """The decoder block spec for this pipeline stage (and virtual stage)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=use_te, normalization="RMSNorm",
-                                      vp_stage=vp_stage)
+                                      vp_stage=vp_stage, pp_rank=pp_rank)
     if not use_te:
         for layer_spec in spec.layer_specs:
             _swap_local_modules(layer_spec)

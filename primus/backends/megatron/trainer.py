@@ -122,6 +122,10 @@ class MegatronTrainer(Trainer):
         use_te = a["layer_spec"] == "te"
         if use_te:
             import transformer_engine  # noqa: F401 - confirm it imports, not only that it is installed
+        elif tconfig.num_moe_experts and tconfig.moe_grouped_gemm:
+            from primus.backends.megatron import grouped_gemm
+
+            grouped_gemm.install()
         self.spec_name = spec.describe(use_te)
         if ctx.is_rank0:
             log.info("megatron layer spec: %s", self.spec_name)

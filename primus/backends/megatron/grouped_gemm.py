@@ -1,0 +1,48 @@
+"""Grouped GEMM for megatron-core's GroupedMLP without Transformer Engine or the `grouped_gemm` package.
+
+megatron-core 0.16.1 runs `moe_grouped_gemm` through TE's TEGroupedMLP or, in the local spec, through GroupedMLP,
+which calls `grouped_gemm.ops.gmm(a, b, batch_sizes, trans_b)` from the separate `grouped_gemm` package. When that
+package is absent, this module answers the same call with torch's own grouped matmul (`torch._grouped_mm`, one
+kernel over all experts on sm90+ GPUs, with autograd) and, elsewhere (CPU, older GPUs, unaligned shapes), with one
+matmul per expert: the same numbers, slower.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+
+def _torch_grouped_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if not (a.is_cuda and hasattr(torch, "_grouped_mm") and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16):
+        return False
+    if torch.version.hip is None and torch.cuda.get_device_capability(a.device) < (9, 0):
+        return False
+    # operands must be 16-byte aligned along the reduced and output dims
+    return a.shape[-1] % 8 == 0 and b.shape[-1] % 8 == 0 and b.shape[-2] % 8 == 0
+
+
+def gmm(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor, trans_b: bool = False) -> torch.Tensor:
+    """rows of `a` grouped by expert (`batch_sizes[e]` rows for expert e) times `b[e]` ([E, K, N], or [E, N, K]
+    with trans_b)."""
+    if trans_b:
+        b = b.transpose(-1, -2)
+    if _torch_grouped_ok(a, b):
+        offs = torch.cumsum(batch_sizes.to(device=a.device), 0, dtype=torch.int32)
+        return torch._grouped_mm(a, b, offs=offs)
+    sizes = [int(n) for n in batch_sizes.tolist()]
+    outs = [x @ b[e] for e, x in enumerate(torch.split(a, sizes, dim=0))]
+    return torch.cat(outs, dim=0) if outs else a.new_empty(0, b.shape[-1])
+
+
+def install() -> bool:
+    """Point megatron's grouped_gemm_util at `gmm` when the grouped_gemm package is missing. Returns whether it
+    did."""
+    from megatron.core.transformer.moe import grouped_gemm_util as gg
+
+    if gg.grouped_gemm is not None:
+        return False
+    ops = types.SimpleNamespace(gmm=gmm)
+    gg.grouped_gemm = types.SimpleNamespace(ops=ops, __name__="primus.backends.megatron.grouped_gemm")
+    gg.ops = ops
+    return True

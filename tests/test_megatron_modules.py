@@ -1,0 +1,102 @@
+"""The fused local modules compute what megatron-core's stock ones compute."""
+import contextlib
+import types
+
+import pytest
+import torch
+
+
+
+def _config(**kw):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    base = dict(num_layers=2, hidden_size=64, num_attention_heads=8, num_query_groups=2, ffn_hidden_size=128,
+                normalization="RMSNorm", attention_dropout=0.0, hidden_dropout=0.0)
+    base.update(kw)
+    return TransformerConfig(**base)
+
+
+def _tp1():
+    return types.SimpleNamespace(tp=types.SimpleNamespace(size=lambda: 1))
+
+
+@pytest.mark.parametrize("groups", [8, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_sdpa_core_matches_megatron_dot_product_attention(groups, monkeypatch):
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from primus.backends.megatron.spec import SDPAttention
+
+    # the stock module borrows its score buffer from megatron's (CUDA) global memory buffer and forks the CUDA RNG
+    # tracker around dropout: stand-ins for this test only (cpu_compat is not installed into the test process)
+    import megatron.core.transformer.dot_product_attention as dpa
+
+    buffer = types.SimpleNamespace(get_tensor=lambda shape, dtype, name: torch.empty(shape, dtype=dtype))
+    monkeypatch.setattr(dpa.parallel_state, "get_global_memory_buffer", lambda: buffer)
+    tracker = types.SimpleNamespace(fork=contextlib.nullcontext)
+    monkeypatch.setattr(dpa.tensor_parallel, "get_cuda_rng_tracker", lambda: tracker)
+    cfg = _config(num_query_groups=groups)
+    kw = dict(config=cfg, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self",
+              pg_collection=_tp1())
+    ours, stock = SDPAttention(**kw), DotProductAttention(**kw)
+    s, b, hd = 16, 3, cfg.kv_channels
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(s, b, 8, hd, generator=g, requires_grad=True)
+    k = torch.randn(s, b, groups, hd, generator=g, requires_grad=True)
+    v = torch.randn(s, b, groups, hd, generator=g, requires_grad=True)
+    causal = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)[None, None]  # True = masked (megatron)
+    out_ours = ours(q, k, v, None)
+    out_stock = stock(q, k, v, causal)
+    assert out_ours.shape == out_stock.shape == (s, b, 8 * hd)
+    torch.testing.assert_close(out_ours, out_stock, atol=1e-5, rtol=1e-4)
+    grads_ours = torch.autograd.grad(out_ours.square().sum(), (q, k, v))
+    grads_stock = torch.autograd.grad(out_stock.square().sum(), (q, k, v))
+    for a, c in zip(grads_ours, grads_stock):
+        torch.testing.assert_close(a, c, atol=1e-4, rtol=1e-4)
+
+
+def test_rmsnorm_matches_torch_and_carries_the_sequence_parallel_mark():
+    from primus.backends.megatron.spec import RMSNorm
+
+    cfg = _config()
+    norm = RMSNorm(cfg, 64, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    ref = torch.nn.RMSNorm(64, eps=1e-6)
+    ref.weight.data.copy_(norm.weight)
+    x = torch.randn(5, 2, 64)
+    torch.testing.assert_close(norm(x), ref(x))
+    assert norm.weight.sequence_parallel is False
+    cfg_sp = _config(tensor_model_parallel_size=2, sequence_parallel=True)
+    assert RMSNorm(cfg_sp, 64).weight.sequence_parallel is True
+
+
+def test_local_spec_swaps_in_the_fused_modules():
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec  # noqa: F401 - import order
+
+    from primus.backends.megatron import spec
+
+    cfg = _config(num_moe_experts=4, moe_layer_freq=[0, 1], moe_ffn_hidden_size=32)
+    block = spec.decoder_block_spec(cfg, use_te=False, pp_rank=0)
+    assert block.layer_norm is spec.RMSNorm
+    for layer in block.layer_specs:
+        sub = layer.submodules
+        assert sub.input_layernorm is spec.RMSNorm and sub.pre_mlp_layernorm is spec.RMSNorm
+        assert sub.self_attention.submodules.core_attention is spec.SDPAttention
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_grouped_gemm_matches_per_expert_matmuls(trans_b):
+    from primus.backends.megatron.grouped_gemm import gmm
+
+    g = torch.Generator().manual_seed(1)
+    sizes = torch.tensor([3, 0, 5, 2])
+    a = torch.randn(10, 16, generator=g, requires_grad=True)
+    b = torch.randn(4, 24, 16, generator=g) if trans_b else torch.randn(4, 16, 24, generator=g)
+    b.requires_grad_(True)
+    out = gmm(a, b, sizes, trans_b=trans_b)
+    bb = b.transpose(-1, -2) if trans_b else b
+    ref = torch.cat([a[0:3] @ bb[0], a[3:8] @ bb[2], a[8:10] @ bb[3]])
+    torch.testing.assert_close(out, ref)
+    out.sum().backward()
+    assert b.grad[1].abs().sum() == 0 and b.grad[0].abs().sum() > 0  # an expert without tokens gets no gradient
