@@ -244,6 +244,12 @@ def test_moe_shapes_torchtitan_cannot_build():
     ("model.cross_entropy_loss_fusion=true", "model.cross_entropy_loss_fusion"),
     ("model.mtp_num_layers=1", "model.mtp_num_layers"),
     ("parallel=tp2", "parallel.sequence_parallel"),
+    ("overlap.enable_async_tensor_parallel=true", "overlap.enable_async_tensor_parallel"),
+    ("parallel=tp2 parallel.sequence_parallel=true overlap.enable_async_tensor_parallel=true",
+     "overlap.enable_async_tensor_parallel"),
+    ("parallel.context_parallel_size=2 training.seq_length=130", "training.seq_length"),
+    ("precision=fp8 parallel=tp2 parallel.sequence_parallel=true", "precision.fp8"),
+    ("parallel=ep2", "parallel.expert_model_parallel_size"),
     ("recompute.activation_checkpoint_mode=selective recompute.selective_ac_option=every",
      "recompute.selective_ac_option"),
 ])
@@ -253,8 +259,10 @@ def test_unhonoured_setting_is_an_issue(override, key):
 
 
 def test_defaults_and_presets_have_no_issues():
-    for over in ([], ["recompute=selective"], ["model=llama3_8b"], ["precision=fp8"], ["parallel=tp2",
-                                                                                     "parallel.sequence_parallel=true"]):
+    for over in ([], ["recompute=selective"], ["model=llama3_8b"], ["precision=fp8"],
+                 ["parallel=tp2", "parallel.sequence_parallel=true"],
+                 ["parallel=tp2", "parallel.sequence_parallel=true", "overlap.enable_async_tensor_parallel=true",
+                  "training.compile=true"]):
         _, issues = build(over)
         assert not issues, (over, [str(i) for i in issues])
 

@@ -70,15 +70,15 @@ def launch(nproc, overrides, run_dir, steps, same_weights=False):
 
 
 def test_single_process_debug_model_loss_decreases(tmp_path):
-    out = run_trainer(["training.train_iters=20", "training.lr=3e-3", "training.min_lr=3e-4",
-                       "training.lr_warmup_iters=5", "training.lr_decay_style=cosine"], str(tmp_path), 20)
+    out = run_trainer(["training.train_iters=12", "training.lr=3e-3", "training.min_lr=3e-4",
+                       "training.lr_warmup_iters=3", "training.lr_decay_style=cosine"], str(tmp_path), 12)
     losses = out["losses"]
     assert abs(losses[0] - math.log(2048)) < 1.0, losses[0]  # starts near chance
-    assert sum(losses[-3:]) / 3 < losses[0] - 1.5, losses  # learns the synthetic n-grams
+    assert sum(losses[-3:]) / 3 < losses[0] - 1.0, losses  # learns the synthetic n-grams
     assert all(math.isfinite(g) and g > 0 for g in out["grad_norms"])
     lrs = out["lrs"]
-    assert lrs[:5] == pytest.approx([6e-4, 1.2e-3, 1.8e-3, 2.4e-3, 3e-3])  # linear warm-up over 5 steps
-    assert all(a > b for a, b in zip(lrs[5:], lrs[6:])) and lrs[-1] > 3e-4  # cosine decay towards min_lr
+    assert lrs[:3] == pytest.approx([1e-3, 2e-3, 3e-3])  # linear warm-up over 3 steps
+    assert all(a > b for a, b in zip(lrs[3:], lrs[4:])) and lrs[-1] > 3e-4  # cosine decay towards min_lr
     assert out["info"]["gradient_accumulation_steps"] == 2  # global 8 / micro 4
     assert out["info"]["params"] == 1_311_872  # 2 * 2048 * 128 + 4 layers + final norm
     text = open(out["info"]["job_config_toml"]).read()
@@ -103,14 +103,14 @@ def test_fsdp_two_processes_match_one_process(tmp_path):
 
 
 def test_tied_embeddings_train_and_share_one_table(tmp_path):
-    out = run_trainer(["model.tie_word_embeddings=true", "training.train_iters=12"], str(tmp_path), 12)
+    out = run_trainer(FP32 + ["model.tie_word_embeddings=true", "training.train_iters=10"], str(tmp_path), 10)
     assert out["tied"] is True
     assert out["info"]["params"] == 1_311_872 - 2048 * 128  # one table, not two
     assert out["losses"][-1] < out["losses"][0] - 0.5, out["losses"]
 
 
 def test_tied_embeddings_under_fsdp(tmp_path):
-    out = launch(2, ["model.tie_word_embeddings=true", "training.train_iters=4"], str(tmp_path), 4)
+    out = launch(2, FP32 + ["model.tie_word_embeddings=true", "training.train_iters=4"], str(tmp_path), 4)
     assert out["info"]["parallel_dims"]["dp_shard"] == 2
     assert out["losses"][-1] < out["losses"][0], out["losses"]
 
@@ -146,7 +146,7 @@ def test_local_jsonl_with_local_tokenizer(tmp_path):
                 f.write(json.dumps({"text": t}) + "\n")
     vocab = _byte_bpe(str(tmp_path / "tok"), texts)
     assert vocab <= 2048
-    out = run_trainer(["data=jsonl", f"data.path={data}", f"data.tokenizer={tmp_path / 'tok'}",
+    out = run_trainer(FP32 + ["data=jsonl", f"data.path={data}", f"data.tokenizer={tmp_path / 'tok'}",
                        "training.train_iters=12"], str(tmp_path / "run"), 12)
     assert out["losses"][-1] < out["losses"][0] - 1.0, out["losses"]
 

@@ -142,6 +142,26 @@ def _unhonoured(cfg: PrimusConfig, issues: List[ConfigIssue]) -> None:
         issues.append(ConfigIssue(["parallel.virtual_pipeline_model_parallel_size"],
                                   par.virtual_pipeline_model_parallel_size,
                                   "layers must split evenly over pp x vpp stages", "pick a divisor of num_layers"))
+    tp, cp = par.tensor_model_parallel_size, par.context_parallel_size
+    if cfg.overlap.enable_async_tensor_parallel and (tp == 1 or not t.compile):
+        issues.append(ConfigIssue(["overlap.enable_async_tensor_parallel", "parallel.tensor_model_parallel_size",
+                                  "training.compile"], {"tp": tp, "compile": t.compile},
+                                  "torchtitan's async TP needs tp > 1 and torch.compile of the model",
+                                  "set tp > 1 and training.compile=true, or turn async TP off"))
+    divisor = tp * (2 * cp if cp > 1 else 1)
+    if cfg.training.seq_length % divisor:
+        issues.append(ConfigIssue(["training.seq_length"], cfg.training.seq_length,
+                                  f"torchtitan needs seq_len divisible by tp x 2cp = {divisor}",
+                                  f"use a multiple of {divisor}"))
+    if p.fp8 is not None and tp > 1:
+        # 0.2.2's llama3 parallelize looks for a converter named "float8", but the converter is registered as
+        # "quantize.linear.float8": its float8 TP plan would never be applied to the float8 linears
+        issues.append(ConfigIssue(["precision.fp8", "parallel.tensor_model_parallel_size"], tp,
+                                  "torchtitan 0.2.2 does not apply its float8 tensor-parallel plan",
+                                  "use float8 with FSDP only (tp=1), or drop fp8"))
+    if par.expert_model_parallel_size > 1 and not m.num_experts:
+        issues.append(ConfigIssue(["parallel.expert_model_parallel_size"], par.expert_model_parallel_size,
+                                  "expert parallelism has no effect on a dense model", "set 1"))
     if m.tie_word_embeddings and (par.tensor_model_parallel_size > 1 or par.pipeline_model_parallel_size > 1) \
             and not m.num_experts and not m.qk_layernorm:
         issues.append(ConfigIssue(["model.tie_word_embeddings"], True,

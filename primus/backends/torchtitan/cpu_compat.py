@@ -72,10 +72,15 @@ class _CpuDeviceModule:
 
 def _set_pg_timeouts(timeout: timedelta, parallel_dims) -> None:
     """(3) TorchTitan's helper without the device ids in its barrier."""
+    import warnings
+
     torch.distributed.barrier()
     groups = [mesh.get_group() for mesh in parallel_dims.get_all_one_dimensional_meshes().values()] + [None]
-    for group in groups:
-        torch.distributed.distributed_c10d._set_pg_timeout(timeout, group)
+    with warnings.catch_warnings():
+        # c10d warns for groups whose backend it cannot retime; timeouts are best effort on CPU
+        warnings.filterwarnings("ignore", message="Set timeout is now only supported")
+        for group in groups:
+            torch.distributed.distributed_c10d._set_pg_timeout(timeout, group)
 
 
 class _TorchWithIntegerHistc:

@@ -7,8 +7,10 @@ data) from a JobConfig; we hand it one parsed by its own ConfigManager from a TO
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import logging
 import os
 import socket
 from datetime import timedelta
@@ -51,6 +53,19 @@ def to_toml(sections: Dict[str, Any]) -> str:
     for name, d in sections.items():
         table(name, d)
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _quiet_torchtitan():
+    """TorchTitan logs through the root logger (which Hydra sets to INFO): keep its info lines (config dumps,
+    mesh building, GC notes) out of the run log while its code runs; warnings still show."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def _free_port() -> int:
@@ -101,7 +116,8 @@ class TorchTitanTrainer(Trainer):
         os.replace(self.toml_path + f".{ctx.rank}", self.toml_path)
         self.job_config = ConfigManager().parse_args(["--job.config_file", self.toml_path])
 
-        self.tt = TTTrainer(self.job_config)
+        with _quiet_torchtitan():
+            self.tt = TTTrainer(self.job_config)
         self._check_built(cfg)
         self.tt.checkpointer.load(step=self.job_config.checkpoint.load_step)
         self._data = self.tt.batch_generator(self.tt.dataloader)
@@ -153,12 +169,13 @@ class TorchTitanTrainer(Trainer):
         tt.step += 1
         tt.gc_handler.run(tt.step)
         tt.metrics_processor.last = None
-        tt.train_step(self._data)
-        tt.checkpointer.save(tt.step, last_step=(tt.step == self.job_config.training.steps))
-        if tt.step == 1:
-            # as TorchTitan's loop: shorter collective timeouts once compilation and lazy init are done
-            dist_utils.set_pg_timeouts(timedelta(seconds=self.job_config.comm.train_timeout_seconds),
-                                       tt.parallel_dims)
+        with _quiet_torchtitan():
+            tt.train_step(self._data)
+            tt.checkpointer.save(tt.step, last_step=(tt.step == self.job_config.training.steps))
+            if tt.step == 1:
+                # as TorchTitan's loop: shorter collective timeouts once compilation and lazy init are done
+                dist_utils.set_pg_timeouts(timedelta(seconds=self.job_config.comm.train_timeout_seconds),
+                                           tt.parallel_dims)
         last = tt.metrics_processor.last
         assert last is not None, "torchtitan did not report the step's metrics"
         loss = last["loss"]
