@@ -56,7 +56,7 @@ start_munge() {
     mkdir -p /run/munge /var/lib/munge /var/log/munge
     chown munge:munge /run/munge /var/lib/munge /var/log/munge
     chmod 755 /run/munge
-    runuser -u munge -- /usr/sbin/munged
+    runuser -u munge -- /usr/sbin/munged --force  # --force: a stale socket/pid file of a dead munged is no obstacle
     for _ in $(seq 50); do munge_ok && break; sleep 0.1; done
     munge_ok || { log "munged did not start"; exit 1; }
     cat /run/munge/munged.pid > "$DIR/munged.pid.ours" 2>/dev/null || pgrep -u munge -x munged | head -1 > "$DIR/munged.pid.ours"
