@@ -239,6 +239,8 @@ def test_moe_shapes_torchtitan_cannot_build():
     ("precision.bf16=false", "precision.bf16"),
     ("precision=fp8_blockwise", "precision.fp8_recipe"),
     ("precision=fp8_delayed", "precision.fp8_recipe"),
+    ("precision=fp8_tensorwise precision.fp8=e4m3", "precision.fp8"),
+    ("precision=fp8_rowwise precision.fp8=hybrid", "precision.fp8"),
     ("training.optimizer=sgd", "training.optimizer"),
     ("training.init_method_std=0.01", "training.init_method_std"),
     ("model.cross_entropy_loss_fusion=true", "model.cross_entropy_loss_fusion"),

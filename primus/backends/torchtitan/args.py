@@ -21,7 +21,7 @@ from primus.backends.torchtitan import flavors
 from primus.backends.torchtitan.jobconfig_keys import FLAVOR_KEY, installed_version, static_problems
 from primus.config.errors import ConfigIssue
 from primus.config.schema import (
-    ACMode, DataKind, Dtype, FP8Recipe, LRDecay, Optimizer, PrimusConfig, RecomputeGranularity,
+    ACMode, DataKind, Dtype, FP8Format, FP8Recipe, LRDecay, Optimizer, PrimusConfig, RecomputeGranularity,
     MemoryConfig, OverlapConfig, PrecisionConfig, RecomputeConfig, TrainingConfig,
 )
 from primus.context import RunContext, data_parallel_size
@@ -76,6 +76,13 @@ def _float8(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any]:
         issues.append(ConfigIssue(["precision.fp8_recipe"], recipe.value,
                                   "torchtitan 0.2.2 (torchao float8) has tensorwise, rowwise and mxfp8 recipes only",
                                   "use precision=fp8_tensorwise or fp8_rowwise, or backend=megatron"))
+    # torchao's formats are fixed per recipe: tensorwise casts grads to e5m2 (hybrid), rowwise/mxfp8 use e4m3
+    want = FP8Format.hybrid if recipe == FP8Recipe.tensorwise else FP8Format.e4m3
+    if recipe in (FP8Recipe.tensorwise, FP8Recipe.rowwise) and p.fp8 != want:
+        issues.append(ConfigIssue(["precision.fp8", "precision.fp8_recipe"], {"fp8": p.fp8.value,
+                                                                                "recipe": recipe.value},
+                                  f"torchao's {recipe.value} recipe runs fp8 format {want.value}",
+                                  f"set precision.fp8={want.value}"))
     f8: Dict[str, Any] = {"filter_fqns": list(p.float8_filter_fqns)}
     if recipe == FP8Recipe.rowwise:
         # torchtitan asserts the float8 all-gather options are off with a named recipe
