@@ -23,7 +23,6 @@ def test_defaults_have_no_issues_on_cpu_and_gpu():
 
 
 @pytest.mark.parametrize("overrides,key,words", [
-    (["parallel.sequence_parallel=true", "parallel.tensor_model_parallel_size=2"], "parallel.sequence_parallel", "CPU"),
     (["memory=distributed_optimizer"], "memory.use_distributed_optimizer", "CUDA tensors"),
     (["memory=offload"], "memory.optimizer_cpu_offload", "no GPU"),
     (["precision=fp8"], "precision.fp8", "GPU"),
@@ -42,8 +41,6 @@ def test_cpu_rejects_what_megatron_cannot_run_without_cuda(overrides, key, words
     (["precision=fp8"], "precision.fp8", "fp8"),
     (["precision=fp4"], "precision.fp4", "TE"),
     (["precision=fp8", "precision.fp8_recipe=rowwise"], "precision.fp8_recipe", "0.16.1"),
-    (["parallel.sequence_parallel=true", "parallel.tensor_model_parallel_size=2"], "parallel.sequence_parallel",
-     "0.16.1"),
     (["parallel.context_parallel_size=2"], "parallel.context_parallel_size", "TE"),
     (["model.cross_entropy_loss_fusion=true", "model.cross_entropy_fusion_impl=te"],
      "model.cross_entropy_fusion_impl", "TE"),
@@ -100,6 +97,12 @@ def test_wrong_megatron_core_version_is_named(monkeypatch):
     monkeypatch.setattr(margs, "mcore_version", lambda: "0.15.0")
     found = issues()
     assert any("0.16.1" in str(i) and "0.15.0" in str(i) for i in found), found
+
+
+def test_sequence_parallel_is_accepted_with_the_fused_local_spec():
+    """spec.RMSNorm carries megatron's sequence_parallel mark, so SP runs without TE (CPU parity: test_megatron_e2e)."""
+    assert issues("parallel.sequence_parallel=true", "parallel.tensor_model_parallel_size=2") == []
+    assert issues("parallel.sequence_parallel=true", "parallel.tensor_model_parallel_size=2", ctx=GPU) == []
 
 
 def test_validate_runs_these_rules(monkeypatch):

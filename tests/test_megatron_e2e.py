@@ -49,7 +49,8 @@ def test_one_process_trains_and_loss_decreases(tmp_path):
     ["parallel.tensor_model_parallel_size=2"],
     ["parallel.pipeline_model_parallel_size=2"],
     [],  # dp=2
-], ids=["tp2", "pp2", "dp2"])
+    ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"],
+], ids=["tp2", "pp2", "dp2", "tp2_sp"])
 def test_two_processes_match_one_process(tmp_path, reference, layout):
     ref, _ = reference
     res, _ = train(tmp_path, "two", ["launcher.nproc_per_node=2", *layout], steps=5)
@@ -75,3 +76,12 @@ def test_moe_grouped_gemm_without_te_trains(tmp_path):
     """moe_grouped_gemm without TE: megatron's GroupedMLP on primus' grouped GEMM (grouped_gemm.py)."""
     res, _ = train(tmp_path, "gg", ["model=debug_moe", "moe.moe_grouped_gemm=true"], steps=4)
     assert res["losses"][-1] < res["losses"][0] - 0.2, res["losses"]
+
+
+def test_tied_embeddings_across_pipeline_stages_match_one_process(tmp_path):
+    """Tied embeddings (Llama 3.2 style) with pp=2: the last stage's output copy starts equal and stays synced."""
+    one, _ = train(tmp_path, "tied1", ["model.tie_word_embeddings=true"], steps=4)
+    two, _ = train(tmp_path, "tied2", ["model.tie_word_embeddings=true", "launcher.nproc_per_node=2",
+                                       "parallel.pipeline_model_parallel_size=2"], steps=4)
+    assert two["params"] == one["params"] == 1_049_728  # the output copy is not counted twice
+    assert two["losses"] == pytest.approx(one["losses"], abs=2e-3)

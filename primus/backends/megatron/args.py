@@ -410,10 +410,6 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
 
     # ---- CPU: what megatron-core cannot do without CUDA (see cpu_compat.py)
     if cpu:
-        if par.sequence_parallel:
-            out.append(_issue(["parallel.sequence_parallel", "device"], True,
-                              "sequence parallel needs a TE or apex norm (megatron's torch norm asserts it off); "
-                              "neither runs on CPU", "set parallel.sequence_parallel=false on CPU"))
         if mem.use_distributed_optimizer:
             out.append(_issue(["memory.use_distributed_optimizer", "device"], True,
                               f"megatron-core {ver}'s distributed optimizer only accepts CUDA tensors",
@@ -432,11 +428,7 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
 
     # ---- things the local (non-TE) spec of megatron-core 0.16.1 cannot do, on any device
     if spec == "local":
-        if par.sequence_parallel and not cpu:
-            out.append(_issue(["parallel.sequence_parallel", "backend.layer_spec"], True,
-                              f"megatron-core {ver}'s local spec uses torch norms, which assert sequence_parallel "
-                              "off (it needs TE's or apex's norm)",
-                              "install Transformer Engine, or set parallel.sequence_parallel=false"))
+        # sequence parallel is fine here: spec.py's RMSNorm replaces the stock torch norm that asserts it off
         if par.context_parallel_size > 1:
             out.append(_issue(["parallel.context_parallel_size", "backend.layer_spec"], par.context_parallel_size,
                               "context parallelism is implemented by TE's attention only", "set cp=1 or install TE"))

@@ -23,12 +23,16 @@ present (`enable()` is never called on a GPU machine). Upstream behaviours worke
    (`moe_utils.maybe_move_tensor_to_cpu`); CPU tensors reach `all_to_all_single`, which rejects tensors as split
    sizes. -> that helper also converts CPU tensors when numpy is asked for.
 
-6. megatron's jit-fused helpers (`jit_fuser` = torch.compile: SwiGLU with router probs, fused cross entropy) would
+6. With tied embeddings and pp > 1, `LanguageModule.setup_embeddings_and_output_layer` moves the last stage's
+   copy with `weight.data.cuda()` before syncing it. -> that method runs with `Tensor.cuda` returning the tensor
+   itself (scoped to the call).
+7. megatron's jit-fused helpers (`jit_fuser` = torch.compile: SwiGLU with router probs, fused cross entropy) would
    compile per shape on CPU, costing seconds for nothing. -> torch.compile is switched off for this process
    (`torch._dynamo.config.disable`): they run eagerly, same math.
 
-Not worked around (capability_issues reports them before launch): sequence parallel (needs a TE/apex norm), the
-distributed optimizer (asserts CUDA tensors throughout), Transformer Engine specs, fp8/fp4.
+Not worked around (capability_issues reports them before launch): the distributed optimizer (asserts CUDA
+tensors throughout), Transformer Engine specs, fp8/fp4. Sequence parallel does run: the stock torch norm asserts
+it off, but spec.py's RMSNorm (used on every device without TE) supports it.
 """
 from __future__ import annotations
 
@@ -208,10 +212,21 @@ def cuda_type_names():
         torch.Tensor.type = orig
 
 
-def _with_cuda_type_names(fn):
+@contextlib.contextmanager
+def tensors_stay_on_cpu():
+    """Within the block, `t.cuda()` returns `t` (megatron moves freshly built CPU tensors to the GPU)."""
+    orig = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *_a, **_k: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = orig
+
+
+def _in_cpu_scope(fn, scope):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        with cuda_type_names():
+        with scope():
             return fn(*args, **kwargs)
 
     wrapper.__primus_cpu_compat__ = True
@@ -263,7 +278,12 @@ def enable() -> None:
     moe_utils.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
     token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
 
-    clip = _with_cuda_type_names(clip_grads.clip_grad_by_total_norm_fp32)
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    LanguageModule.setup_embeddings_and_output_layer = _in_cpu_scope(
+        LanguageModule.setup_embeddings_and_output_layer, tensors_stay_on_cpu)
+
+    clip = _in_cpu_scope(clip_grads.clip_grad_by_total_norm_fp32, cuda_type_names)
     clip_grads.clip_grad_by_total_norm_fp32 = clip
     optimizer.clip_grad_by_total_norm_fp32 = clip
     _enabled = True

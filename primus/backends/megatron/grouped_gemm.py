@@ -8,9 +8,12 @@ matmul per expert: the same numbers, slower.
 """
 from __future__ import annotations
 
+import logging
 import types
 
 import torch
+
+log = logging.getLogger("primus.megatron")
 
 
 def _torch_grouped_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -22,17 +25,44 @@ def _torch_grouped_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape[-1] % 8 == 0 and b.shape[-1] % 8 == 0 and b.shape[-2] % 8 == 0
 
 
+_torch_path = {"state": "untried"}  # untried -> ok | column_major | failed (decided on the first call, on the GPU)
+
+
+def _per_expert(a, b, batch_sizes):
+    sizes = [int(n) for n in batch_sizes.tolist()]
+    outs = [x @ b[e] for e, x in enumerate(torch.split(a, sizes, dim=0))]
+    return torch.cat(outs, dim=0) if outs else a.new_empty(0, b.shape[-1])
+
+
 def gmm(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor, trans_b: bool = False) -> torch.Tensor:
     """rows of `a` grouped by expert (`batch_sizes[e]` rows for expert e) times `b[e]` ([E, K, N], or [E, N, K]
     with trans_b)."""
     if trans_b:
         b = b.transpose(-1, -2)
-    if _torch_grouped_ok(a, b):
+    if _torch_path["state"] != "failed" and _torch_grouped_ok(a, b):
         offs = torch.cumsum(batch_sizes.to(device=a.device), 0, dtype=torch.int32)
-        return torch._grouped_mm(a, b, offs=offs)
-    sizes = [int(n) for n in batch_sizes.tolist()]
-    outs = [x @ b[e] for e, x in enumerate(torch.split(a, sizes, dim=0))]
-    return torch.cat(outs, dim=0) if outs else a.new_empty(0, b.shape[-1])
+        if _torch_path["state"] == "column_major":
+            b = b.transpose(-1, -2).contiguous().transpose(-1, -2)
+        try:
+            out = torch._grouped_mm(a, b, offs=offs)
+            if _torch_path["state"] == "untried":
+                _torch_path["state"] = "ok"
+            return out
+        except RuntimeError as e:
+            # some torch builds want mat_b column-major; untested layouts fall back rather than stop training
+            if _torch_path["state"] == "untried":
+                _torch_path["state"] = "column_major"
+                log.warning("torch._grouped_mm refused row-major expert weights (%s); retrying column-major", e)
+                return gmm(a, b, batch_sizes)
+            _torch_path["state"] = "failed"
+            log.warning("torch._grouped_mm unavailable (%s): one matmul per expert", e)
+    return _per_expert(a, b, batch_sizes)
+
+
+def path() -> str:
+    """Which kernel the grouped GEMM used (for the log / result.json)."""
+    return {"ok": "torch._grouped_mm", "column_major": "torch._grouped_mm (column-major weights)",
+            "failed": "per-expert matmul"}.get(_torch_path["state"], "per-expert matmul")
 
 
 def install() -> bool:
