@@ -261,11 +261,12 @@ def test_unhonoured_setting_is_an_issue(override, key):
 
 
 def test_defaults_and_presets_have_no_issues():
+    four = RunContext(device="cuda", world_size=4, run_dir="/tmp/r")
     for over in ([], ["recompute=selective"], ["model=llama3_8b"], ["precision=fp8"],
                  ["parallel=tp2", "parallel.sequence_parallel=true"],
                  ["parallel=tp2", "parallel.sequence_parallel=true", "overlap.enable_async_tensor_parallel=true",
                   "training.compile=true"]):
-        _, issues = build(over)
+        _, issues = build(over, four)
         assert not issues, (over, [str(i) for i in issues])
 
 
@@ -274,6 +275,19 @@ def test_cpu_only_limits():
     assert "precision.fp8" in keys_of(issues)
     _, issues = build(["memory.enable_cpu_offload=true", "device=cpu"], CPU1)
     assert "memory.enable_cpu_offload" in keys_of(issues)
+
+
+def test_bf16_with_tp_or_pp_needs_fsdp():
+    sp = ["parallel.sequence_parallel=true"]
+    two, four = (RunContext(device="cuda", world_size=n, run_dir="/tmp/r") for n in (2, 4))
+    for over, ctx, bad in ((["parallel=tp2"] + sp, two, True), (["parallel=pp2"], two, True),
+                           (["parallel=tp2"] + sp, four, False),  # dp_shard -1 -> 2: FSDP applies bf16
+                           (["parallel=tp2"] + sp + FP32_PARAMS, two, False)):
+        _, issues = build(over, ctx)
+        assert ("precision.mixed_precision_param" in keys_of(issues)) == bad, over
+
+
+FP32_PARAMS = ["precision.bf16=false", "precision.mixed_precision_param=float32"]
 
 
 def test_tied_llama_with_tp_is_an_issue():

@@ -103,6 +103,22 @@ def _float8(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any]:
     return {"converters": ["quantize.linear.float8"], "quantize": {"linear": {"float8": f8}}}
 
 
+def _mixed_precision_dropped(cfg: PrimusConfig, ctx: RunContext, issues: List[ConfigIssue]) -> None:
+    """TorchTitan applies bf16 through fully_shard (FSDP/HSDP/CP) or autocast (DDP / one device); with TP or PP
+    and no FSDP it logs a warning and trains in fp32, so a bf16 setting would silently have no effect."""
+    par, p = cfg.parallel, cfg.precision
+    tp, pp, cp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, par.context_parallel_size
+    shard = par.data_parallel_shard_degree
+    if shard == -1:
+        shard = max(1, ctx.world_size // max(1, par.data_parallel_replicate_degree * cp * tp * pp))
+    if (tp > 1 or pp > 1) and shard == 1 and cp == 1 and p.mixed_precision_param == Dtype.bfloat16:
+        issues.append(ConfigIssue(["precision.mixed_precision_param", "parallel.data_parallel_shard_degree"],
+                                  "bfloat16", "torchtitan 0.2.2 drops mixed precision under TP/PP without FSDP "
+                                  "(it would train in fp32)",
+                                  "shard over dp too (data_parallel_shard_degree > 1), or set "
+                                  "precision.bf16=false precision.mixed_precision_param=float32"))
+
+
 def _unhonoured(cfg: PrimusConfig, issues: List[ConfigIssue]) -> None:
     for group, (cls, keys) in _MEGATRON_ONLY.items():
         section = getattr(cfg, group)
@@ -189,6 +205,7 @@ def _map(cfg: PrimusConfig, ctx: RunContext):
     flavor = flavors.build_flavor(cfg)
     issues += flavor.issues
     _unhonoured(cfg, issues)
+    _mixed_precision_dropped(cfg, ctx, issues)
     t, par, p = cfg.training, cfg.parallel, cfg.precision
     dp = data_parallel_size(cfg, ctx.world_size) or 1
     pp = par.pipeline_model_parallel_size
