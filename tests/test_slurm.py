@@ -86,6 +86,12 @@ def test_two_task_job_trains_as_one_world(cluster, tmp_path):
         assert job_return.return_value == "ok"
         assert os.path.isfile(os.path.join(job_folder, f"{job_id}_{task}_log.err"))
 
+    # one world over the two tasks, not two worlds (each task starting its own local workers would also report
+    # world_size 2): task 0 is rank 0 and logs the steps, task 1 is rank 1 and trains without logging them
+    logs = [open(os.path.join(job_folder, f"{job_id}_{t}_log.out")).read() for t in (0, 1)]
+    steps = [len(re.findall(r"^step +\d+/3 ", log, re.M)) for log in logs]
+    assert steps == [3, 0], (steps, logs[1][-3000:])
+
     # the sweep table covers the job
     rows = (sweep / "results.csv").read_text().splitlines()
     assert len(rows) == 2 and ",ok," in rows[1]
