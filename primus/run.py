@@ -48,6 +48,20 @@ def resolved_summary(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
 
 
 def run(dcfg: DictConfig):
+    """One Hydra job. The process env it changes is restored afterwards, so sweep points never leak into each
+    other (a WORLD_SIZE left by a 1-process point would turn the next 2-process point into a Slurm-style task)."""
+    saved = dict(os.environ)
+    try:
+        return _run(dcfg)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _run(dcfg: DictConfig):
+    from primus.launch.slurm import slurm_task_env
+
+    os.environ.update(slurm_task_env() or {})  # a task of a multi-task Slurm job: rank + rendezvous from Slurm
     # merge onto the schema so a saved run config (`--config-dir <run>/.hydra`) is typed and checked as well
     cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
     meta = hydra_meta()
@@ -73,11 +87,15 @@ def run(dcfg: DictConfig):
         return 0
 
     summary = resolved_summary(cfg, ctx)
-    print("[primus] resolved: " + ", ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
+    if ctx.is_rank0:
+        print("[primus] resolved: " + ", ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
 
+    from primus.backends import backend_env
     from primus.tuning_env import effective_stage, tuning_env
 
-    env = tuning_env(cfg, ctx.rocm)
+    # the env a run needs, set per job (also per Slurm task): tuning stage, the user's launcher.env, and what the
+    # backend's settings require (e.g. CUDA_DEVICE_MAX_CONNECTIONS=1 for megatron's overlap)
+    env = {**tuning_env(cfg, ctx.rocm), **cfg.launcher.env, **backend_env(cfg, ctx)}
     os.environ.update(env)
     meta = {**meta, "resolved": summary, "env": env, "config": OmegaConf.to_container(OmegaConf.structured(cfg))}
 

@@ -127,8 +127,8 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
                 _say(ctx, f"[primus] non-finite {what} at step {step}: update skipped (training.on_nonfinite=skip)")
         gemm_recording.__exit__(None, None, None)
         result["status"] = "ok"
-    except Exception as e:  # noqa: BLE001 - every failure ends as a status in result.json, then re-raised
-        result["status"] = "oom" if _is_oom(e) else "failed"
+    except BaseException as e:  # noqa: BLE001 - every ending gets a status in result.json, then re-raised
+        result["status"] = "interrupted" if isinstance(e, KeyboardInterrupt) else "oom" if _is_oom(e) else "failed"
         result["error"] = f"{type(e).__name__}: {e}"
         result["traceback"] = traceback.format_exc()
         raise

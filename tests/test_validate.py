@@ -229,3 +229,11 @@ def test_warmup_must_end_before_run_ends():
     msg = error_of(["training.train_iters=4", "training.lr_warmup_iters=4"])
     assert "training.lr_warmup_iters" in msg and "0..3" in msg
     check(["training.train_iters=1", "training.lr_warmup_iters=0"])
+
+
+def test_multi_node_needs_slurm(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    msg = error_of(["launcher.nnodes=2", "training.global_batch_size=8"], world=2)
+    assert "launcher.nnodes = 2" in msg and "hydra/launcher=slurm" in msg
+    check(["launcher.nnodes=2", "training.global_batch_size=8", "dry_run=true"], world=2)

@@ -24,6 +24,11 @@ def backend_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
     return importlib.import_module(_REGISTRY[_name(cfg)][0]).build_args(cfg, ctx)
 
 
+def backend_env(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, str]:
+    """Env vars the backend's settings need before any GPU work (its build_args' "env" entry)."""
+    return {k: str(v) for k, v in (backend_args(cfg, ctx).get("env") or {}).items()}
+
+
 def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> list:
     """Backend-specific rules (what the installed library / this device cannot honour) as ConfigIssues."""
     return importlib.import_module(_REGISTRY[_name(cfg)][0]).capability_issues(cfg, ctx)

@@ -403,6 +403,11 @@ def launcher_values(cfg, ctx):
     if lc.nproc_per_node < 1 or lc.nnodes < 1:
         out.append(ConfigIssue(["launcher.nproc_per_node", "launcher.nnodes"], [lc.nproc_per_node, lc.nnodes],
                                "must be >= 1", "use positive counts"))
+    launching = not (cfg.dry_run or cfg.mode.value == "plan")
+    if lc.nnodes > 1 and launching and "WORLD_SIZE" not in os.environ and "SLURM_JOB_ID" not in os.environ:
+        out.append(ConfigIssue(["launcher.nnodes"], lc.nnodes,
+                               "the local launcher starts processes on this node only; several nodes run through Slurm",
+                               "submit with -m hydra/launcher=slurm (see docs/launching.md), or set launcher.nnodes=1"))
     if ctx.device == "cuda" and lc.nproc_per_node > 1:
         import torch
 
