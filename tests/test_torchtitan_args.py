@@ -245,7 +245,7 @@ def test_moe_shapes_torchtitan_cannot_build():
     ("training.init_method_std=0.01", "training.init_method_std"),
     ("model.cross_entropy_loss_fusion=true", "model.cross_entropy_loss_fusion"),
     ("model.mtp_num_layers=1", "model.mtp_num_layers"),
-    ("parallel=tp2", "parallel.sequence_parallel"),
+    ("parallel=tp2 parallel.sequence_parallel=false", "parallel.sequence_parallel"),
     ("overlap.enable_async_tensor_parallel=true", "overlap.enable_async_tensor_parallel"),
     ("parallel=tp2 parallel.sequence_parallel=true overlap.enable_async_tensor_parallel=true",
      "overlap.enable_async_tensor_parallel"),

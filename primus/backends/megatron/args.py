@@ -112,8 +112,11 @@ def recompute_kwargs(cfg: PrimusConfig) -> Dict[str, Any]:
         return {"recompute_granularity": None}
     out: Dict[str, Any] = {"recompute_granularity": r.recompute_granularity.value}
     if r.recompute_granularity.value == "full":
-        out["recompute_method"] = r.recompute_method.value if r.recompute_method else None
-        out["recompute_num_layers"] = r.recompute_num_layers
+        if r.recompute_method is None:  # plain `recompute=full`: every layer, one per checkpointed chunk
+            out.update(recompute_method="uniform", recompute_num_layers=1)
+        else:
+            out["recompute_method"] = r.recompute_method.value
+            out["recompute_num_layers"] = r.recompute_num_layers
     else:
         out["recompute_modules"] = list(r.recompute_modules)
     return out
