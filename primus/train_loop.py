@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional
 from omegaconf import OmegaConf
 
 from primus.config.schema import PrimusConfig
+from primus import fault_injection
 from primus.context import RunContext, resolve
 from primus.metrics.meter import Meter, is_finite
 from primus.results import RESULT_FILE, env_snapshot, git_sha, package_versions, write_json_atomic
@@ -89,9 +90,14 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         "git_sha": git_sha(),
         "versions": package_versions(),
     }
-    trainer = None
+    trainer = ckpt = None
     sinks = prof = None
+    from primus.checkpoint import CheckpointManager
+    from primus.preemption import Preemption
+
+    preempt = Preemption(ctx.device)
     try:
+        preempt.install()  # SIGTERM/SIGUSR1 (+ submitit's signal): stop after the current step, checkpoint, exit
         from primus import determinism
 
         ctx.env.update(determinism.apply(cfg, ctx.rank))
@@ -102,14 +108,25 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         prof = StepProfiler(cfg, ctx)
         gemm_recording = _tuning_hooks(cfg, ctx, result)
         trainer = trainer_class(cfg)(cfg, ctx)
+        ckpt = CheckpointManager(cfg, ctx, trainer, say=lambda m: _say(ctx, m))
+        ckpt.precheck()  # an explicit checkpoint.resume path must be a whole checkpoint: fail before building
         info = trainer.setup() or {}
         result["params"] = info.get("params")
         result["backend_info"] = {k: v for k, v in info.items() if k != "params"}
         _say(ctx, f"[primus] model {cfg.model.name}: {result['params']:,} parameters; "
                   + "; ".join(f"{k}: {v}" for k, v in result["backend_info"].items()))
+        resumed = ckpt.resume()
+        start = 1
+        if resumed is not None:
+            start = resumed["step"] + 1
+            result["resumed_from"] = {"path": resumed["path"], "step": resumed["step"],
+                                      "skipped": [{"path": p, "reason": why} for p, why in resumed["skipped"]]}
+        result["first_step"] = start
+        result["last_step"] = start - 1
         gemm_recording.__enter__()
-        for step in range(1, t.train_iters + 1):
+        for step in range(start, t.train_iters + 1):
             prof.before_step(step)
+            fault_injection.maybe_oom(step)
             t0 = time.perf_counter()
             r = trainer.train_step(step)
             dt = time.perf_counter() - t0
@@ -119,20 +136,36 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
                 sink.write(line)
             if step % t.log_interval == 0 or step == t.train_iters:
                 _say(ctx, line.format(t.train_iters))
+            result["last_step"] = step
             bad = [(n, v) for n, v in (("loss", r.loss), ("grad_norm", r.grad_norm)) if not is_finite(v)]
             if bad:
                 what = ", ".join(f"{n}={v}" for n, v in bad)
                 if cfg.training.on_nonfinite.value == "stop":
                     raise NonFiniteError(f"non-finite {what} at step {step}; stopping (training.on_nonfinite=stop)")
-                _say(ctx, f"[primus] non-finite {what} at step {step}: update skipped (training.on_nonfinite=skip)")
+                done = "update skipped" if r.skipped else "the backend did NOT skip the update"
+                _say(ctx, f"[primus] non-finite {what} at step {step}: {done} (training.on_nonfinite=skip)")
+                result.setdefault("nonfinite_steps", []).append(
+                    {"step": step, **{n: str(v) for n, v in bad}, "skipped": r.skipped})
+            last = step == t.train_iters
+            if ckpt.due(step, last):
+                ckpt.save(step)
+            if not last and preempt.requested(step):
+                if ckpt.last_saved_step != step:
+                    ckpt.save(step)
+                result["preempted"] = {"signal": preempt.signal_name, "after_step": step,
+                                       "checkpoint": ckpt.saved[-1]}
+                _say(ctx, f"[primus] preempted ({preempt.signal_name}) after step {step}: checkpoint "
+                          f"{ckpt.saved[-1]}; resume with checkpoint.resume=auto in this run dir")
+                break
         gemm_recording.__exit__(None, None, None)
-        result["status"] = "ok"
+        result["status"] = "preempted" if "preempted" in result else "ok"
     except BaseException as e:  # noqa: BLE001 - every ending gets a status in result.json, then re-raised
         result["status"] = "interrupted" if isinstance(e, KeyboardInterrupt) else "oom" if _is_oom(e) else "failed"
         result["error"] = f"{type(e).__name__}: {e}"
         result["traceback"] = traceback.format_exc()
         raise
     finally:
+        preempt.restore()
         from primus.metrics.sinks import close_sinks
 
         close_sinks(sinks)
@@ -145,7 +178,11 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
             handle.uninstall()
         result.update(meter.summary())
         result["env"] = {**env_snapshot(), **ctx.env}
-        if ctx.device == "cuda":
+        if ckpt is not None and ckpt.saved:
+            result["checkpoints"] = list(ckpt.saved)
+        if ctx.device != "cuda":
+            result["memory"] = host_memory()
+        else:
             import torch
 
             result["memory"] = {"max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
@@ -158,7 +195,21 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
                 trainer.close()
             except Exception:  # noqa: BLE001 - closing must not hide the run's own error
                 log.exception("trainer.close failed")
+    if result["status"] == "preempted":
+        preempt.exit_for_requeue(ctx.rank)  # in a submitit Slurm job: requeue (rank 0 exits here)
     return result
+
+
+def host_memory() -> Dict[str, Any]:
+    """Memory figures of a CPU run: this process's peak resident set and the machine's total."""
+    import resource
+
+    out: Dict[str, Any] = {"max_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    try:
+        out["host_total_gib"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        pass
+    return out
 
 
 def worker(cfg_yaml: str, run_dir: str, meta: Dict[str, Any]) -> Optional[Dict[str, Any]]:

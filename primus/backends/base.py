@@ -36,8 +36,17 @@ class Trainer(abc.ABC):
     def train_step(self, step: int) -> StepResult:
         """Run one optimizer step (all micro batches) and return its metrics, synchronised with the device."""
 
-    def state_dict_for_checkpoint(self) -> Dict[str, Any]:  # issue 9
-        raise NotImplementedError(f"{self.name}: checkpointing")
+    # ------------------------------------------------------------------ checkpoints (primus/checkpoint.py)
+    def save_checkpoint(self, path: str, step: int) -> Dict[str, Any]:
+        """Write model, optimizer, LR scheduler and data position after `step` into the (temporary) directory
+        `path`, collectively on every rank. Returns small JSON-able facts for primus_meta.json (e.g. the data
+        position). The caller adds the RNG states, the meta file with sizes/crc32 and the atomic rename."""
+        raise NotImplementedError(f"backend {self.name}: checkpoints are not implemented")
+
+    def load_checkpoint(self, path: str, meta: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Restore what save_checkpoint wrote (called after setup, on every rank); `meta` is primus_meta.json.
+        The next train_step must then be step meta["step"] + 1."""
+        raise NotImplementedError(f"backend {self.name}: checkpoints are not implemented")
 
     def close(self) -> None:
         """Release process groups and caches."""

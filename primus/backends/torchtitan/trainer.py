@@ -19,7 +19,7 @@ from typing import Any, Dict
 from primus.backends.base import StepResult, Trainer
 from primus.backends.torchtitan import PINNED_VERSION, args as tt_args, flavors
 from primus.backends.torchtitan.jobconfig_keys import (
-    FLAVOR_KEY, UnknownTorchTitanKey, installed_version, runtime_problems, static_problems,
+    EXTRA_KEYS, FLAVOR_KEY, TURBO_KEY, UnknownTorchTitanKey, installed_version, runtime_problems, static_problems,
 )
 from primus.config.errors import ConfigError
 
@@ -107,7 +107,8 @@ class TorchTitanTrainer(Trainer):
         self._owns_pg = not torch.distributed.is_initialized()
         model = args["model"]
         self.model_args = spec.register(model["name"], model["flavor"], args[FLAVOR_KEY])
-        job = {k: v for k, v in args.items() if k != FLAVOR_KEY}
+        job = {k: v for k, v in args.items() if k not in EXTRA_KEYS}
+        turbo_info = self._turbo_setup(args)
         os.makedirs(job["job"]["dump_folder"], exist_ok=True)
         self.toml_path = os.path.join(ctx.run_dir, "torchtitan_job.toml")
         # every rank writes the same text; the atomic replace keeps a reader from seeing half a file
@@ -121,6 +122,10 @@ class TorchTitanTrainer(Trainer):
         self._check_built(cfg)
         self.tt.checkpointer.load(step=self.job_config.checkpoint.load_step)
         self._data = self.tt.batch_generator(self.tt.dataloader)
+        from primus.backends.torchtitan import checkpoint as tt_ckpt  # issue 9: NaN test hook, on_nonfinite=skip
+
+        self._nan = tt_ckpt.NaNInjector(self.tt)
+        self._guard = tt_ckpt.nonfinite_guard(self.tt, cfg)
         pd = self.tt.parallel_dims
         return {
             "params": self._param_count(),
@@ -131,7 +136,30 @@ class TorchTitanTrainer(Trainer):
             "parallel_dims": {"dp_shard": pd.dp_shard, "dp_replicate": pd.dp_replicate, "tp": pd.tp,
                               "pp": pd.pp, "cp": pd.cp, "ep": pd.ep},
             "job_config_toml": self.toml_path,
+            **self._turbo_built(turbo_info),
         }
+
+    def _turbo_setup(self, args) -> Dict[str, Any]:
+        """Who serves each enabled turbo flag (logged at start-up, kept in backend_info); our model converters
+        (turbo.py, named in model.converters) get their settings before TorchTitan builds the model."""
+        cfg, ctx = self.cfg, self.ctx
+        if not cfg.turbo.enable_primus_turbo:
+            return {}
+        from primus.backends.torchtitan import turbo
+        from primus.turbo.providers import log_providers, resolve_providers
+
+        mapping = resolve_providers(cfg.turbo, cfg.precision, ctx.device, "torchtitan", moe_cfg=cfg.moe)
+        if ctx.is_rank0:
+            log_providers(mapping)
+        turbo.configure(args.get(TURBO_KEY))
+        return {"turbo_providers": mapping}
+
+    def _turbo_built(self, turbo_info: Dict[str, Any]) -> Dict[str, Any]:
+        if not turbo_info:
+            return {}
+        from primus.backends.torchtitan import turbo
+
+        return {**turbo_info, "turbo_swaps": dict(turbo.LAST_SWAPS)}
 
     def _check_built(self, cfg) -> None:
         """What TorchTitan built must be our model: FFN width (derived from dim in llama3) and vocabulary."""
@@ -169,6 +197,9 @@ class TorchTitanTrainer(Trainer):
         tt.step += 1
         tt.gc_handler.run(tt.step)
         tt.metrics_processor.last = None
+        from primus import fault_injection
+
+        self._nan.on = fault_injection.nan_at(step)
         with _quiet_torchtitan():
             tt.train_step(self._data)
             tt.checkpointer.save(tt.step, last_step=(tt.step == self.job_config.training.steps))
@@ -186,7 +217,20 @@ class TorchTitanTrainer(Trainer):
             loss = float(t.item())
         if tt.device.type == "cuda":
             torch.cuda.synchronize()
-        return StepResult(loss=loss, grad_norm=last["grad_norm"], lr=float(last["lr"]))
+        return StepResult(loss=loss, grad_norm=last["grad_norm"], lr=float(last["lr"]),
+                          skipped=bool(self._guard and self._guard.skipped))
+
+    def save_checkpoint(self, path: str, step: int) -> Dict[str, Any]:
+        from primus.backends.torchtitan import checkpoint as tt_ckpt
+
+        return tt_ckpt.save(self.tt, path, step)
+
+    def load_checkpoint(self, path: str, meta=None) -> Dict[str, Any]:
+        from primus.backends.torchtitan import checkpoint as tt_ckpt
+
+        out = tt_ckpt.load(self.tt, path)
+        self._data = self.tt.batch_generator(self.tt.dataloader)  # a fresh iterator from the restored position
+        return out
 
     def close(self) -> None:
         import torch
