@@ -133,6 +133,7 @@ class MegatronTrainer(Trainer):
         vp = a["parallel_state"]["virtual_pipeline_model_parallel_size"]
         chunks = []
         self.kept_init = []
+        self.fp8_converted = 0
         for vp_stage in (range(vp) if vp else [None]):
             block = spec.decoder_block_spec(tconfig, use_te, vp_stage=vp_stage)
             first = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
@@ -142,7 +143,7 @@ class MegatronTrainer(Trainer):
                              vp_stage=vp_stage, **a["gpt_model"])
             self.kept_init += layout_independent_init(model, tconfig, seed)
             if self.fp8_hook is not None:
-                self.fp8_hook(model, self.fp8_settings, tconfig)
+                self.fp8_converted += len(self.fp8_hook(model, self.fp8_settings, tconfig))
             if a["recompute_layer_ids"]:
                 recompute_ids.apply(model, a["recompute_layer_ids"])
             if not cpu:
@@ -176,6 +177,9 @@ class MegatronTrainer(Trainer):
         # one iterator per model chunk: each chunk takes the same micro batches in the same order
         self.iters = [mdata.MicroBatches(dataset, a["schedule"]["micro_batch_size"], dp_rank, dp, device)
                       for _ in self.model]
+        from primus.backends.megatron import checkpoint as mckpt  # issue 9: on_nonfinite=skip
+
+        self._guard = mckpt.nonfinite_guard(self)
         info = {
             "params": self.params,
             "layer_spec": self.spec_name,
@@ -188,6 +192,8 @@ class MegatronTrainer(Trainer):
             info["sdpa_backends"] = list(spec.sdpa_backends())
         if a["fp8_backend"]:
             info["fp8_backend"] = a["fp8_backend"]
+        if self.fp8_hook is not None:
+            info["fp8_linears_on_this_rank"] = self.fp8_converted
         if self.kept_init:
             info["megatron_init_params"] = len(self.kept_init)
         return info
@@ -199,26 +205,22 @@ class MegatronTrainer(Trainer):
 
     def _plug_low_precision(self, kw: Dict[str, Any]) -> None:
         """fp8/fp4 run through TE when the TE spec is in use. Otherwise the project's portable fp8 linear takes
-        them: megatron must not see the fp8 fields (it would route them to TE), and the portable module converts
-        each built model chunk with one call, `apply_to_megatron_model(model, settings, config)`."""
+        them (fp8.py): megatron must not see the fp8 fields (it would route them to TE); each built model chunk is
+        converted by one call, `fp8.apply(model, settings, config)`."""
         self.fp8_hook, self.fp8_settings = None, {}
         if self.args["fp8_backend"] != "portable":
             return
         keys = [k for k in kw if k.startswith(("fp8", "fp4")) or k in (
             "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")]
         self.fp8_settings = {k: kw.pop(k) for k in keys}
-        try:
-            from primus.turbo import fp8_linear
-        except ImportError as e:
-            raise ConfigError(ConfigIssue(["precision.fp8"], self.fp8_settings.get("fp8"),
-                                          "portable fp8 linear not available yet (primus.turbo.fp8_linear)",
-                                          "use precision=bf16, or install Transformer Engine")) from e
-        self.fp8_hook = getattr(fp8_linear, "apply_to_megatron_model", None)
-        if self.fp8_hook is None:
-            raise ConfigError(ConfigIssue(["precision.fp8"], self.fp8_settings.get("fp8"),
-                                          "primus.turbo.fp8_linear has no apply_to_megatron_model(model, settings, "
-                                          "config) to convert megatron's linears",
+        if "fp4" in self.fp8_settings or not margs.portable_fp8_available(self.fp8_settings.get("fp8_recipe")):
+            raise ConfigError(ConfigIssue(["precision.fp8", "precision.fp8_recipe"], self.fp8_settings,
+                                          "portable fp8 linear not available here for this recipe "
+                                          "(primus.turbo.fp8_linear), and Transformer Engine is not installed",
                                           "use precision=bf16, or install Transformer Engine"))
+        from primus.backends.megatron import fp8
+
+        self.fp8_hook = fp8.apply
 
     def _wire_sync_hooks(self, tconfig, finalize_model_grads) -> None:
         """As Megatron-LM's training loop does: let the schedules drive grad/param sync of the DDP chunks."""
@@ -272,6 +274,8 @@ class MegatronTrainer(Trainer):
         losses = output_tensor.float().view(-1)
         mask = loss_mask.view(-1).float()
         loss = torch.sum(losses * mask) / mask.sum().clamp(min=1.0)
+        if getattr(self, "_nan_step", False):  # TEST HOOK PRIMUS_INJECT_NAN_AT_STEP (primus/fault_injection.py)
+            loss = loss * float("nan")
         # the schedule scales the returned loss in place: report a copy
         return loss, {"lm loss": loss.detach().clone()}
 
@@ -283,6 +287,9 @@ class MegatronTrainer(Trainer):
     def train_step(self, step: int) -> StepResult:
         a, ps = self.args, self.ps
         s = a["schedule"]
+        from primus import fault_injection
+
+        self._nan_step = fault_injection.nan_at(step)
         for m in self.model:
             m.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -301,6 +308,8 @@ class MegatronTrainer(Trainer):
         if level >= 2 and self.ctx.device == "cuda":
             torch.cuda.empty_cache()
         ok, grad_norm, _ = self.optimizer.step()
+        if not ok and grad_norm is None and getattr(self, "_guard", None) is not None:
+            grad_norm = self._guard.last_norm  # skipped by the non-finite guard: report the norm it saw
         if ok:
             self.scheduler.step(increment=1)
         if level >= 1 and self.ctx.device == "cuda":
@@ -318,6 +327,16 @@ class MegatronTrainer(Trainer):
             t[1] = 1.0
         torch.distributed.all_reduce(t)
         return float(t[0] / t[1])
+
+    def save_checkpoint(self, path: str, step: int) -> Dict[str, Any]:
+        from primus.backends.megatron import checkpoint as mckpt
+
+        return mckpt.save(self, path, step)
+
+    def load_checkpoint(self, path: str, meta=None) -> Dict[str, Any]:
+        from primus.backends.megatron import checkpoint as mckpt
+
+        return mckpt.load(self, path)
 
     def close(self) -> None:
         try:

@@ -1,0 +1,75 @@
+"""fp8 without Transformer Engine: megatron-core's local linears run their GEMMs through primus.turbo.fp8_linear.
+
+megatron-core routes `config.fp8` to TE modules only, so on the local spec the fp8 fields are kept away from its
+TransformerConfig (trainer.py) and, once the model is built, each Column/RowParallelLinear of the decoder has its
+`_forward_impl` (megatron's GEMM + tensor-parallel communication autograd function) replaced by:
+- row-parallel: the fp8 GEMM alone (megatron reduces the output outside `_forward_impl`);
+- column-parallel: the same input communication megatron would do (all-gather over the sequence under sequence
+  parallel, else the identity whose backward all-reduces the input gradient), then the fp8 GEMM.
+Gradients land in `weight.grad` as with megatron's non-fused path, so DDP's main_grad hooks work unchanged (the
+async dgrad all-reduce overlap of the bf16 path is given up). Kept in bf16: the output layer, linears whose dims
+are not multiples of 16, and, with first_last_layers_bf16, the first/last N decoder layers (global numbering).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List
+
+log = logging.getLogger("primus.megatron")
+
+
+def _column_impl(fp8_linear, recipe: str, fmt: str):
+    from megatron.core.tensor_parallel.mappings import (
+        copy_to_tensor_model_parallel_region,
+        gather_from_sequence_parallel_region,
+    )
+
+    def forward_impl(input, weight, bias, gradient_accumulation_fusion=False, allreduce_dgrad=False,
+                     sequence_parallel=False, tp_group=None, **_unused):
+        if sequence_parallel:
+            input = gather_from_sequence_parallel_region(input, group=tp_group)
+        elif allreduce_dgrad:
+            input = copy_to_tensor_model_parallel_region(input, group=tp_group)
+        return fp8_linear(input, weight, bias, recipe, fmt)
+
+    return forward_impl
+
+
+def _row_impl(fp8_linear, recipe: str, fmt: str):
+    def forward_impl(input, weight, bias, **_unused):
+        return fp8_linear(input, weight, bias, recipe, fmt)
+
+    return forward_impl
+
+
+def apply(model, settings: Dict[str, Any], config) -> List[str]:
+    """Convert one GPTModel chunk in place; returns the converted module names."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    from primus.turbo.fp8_linear import fp8_linear, fp8_shape_ok
+
+    recipe, fmt = settings.get("fp8_recipe", "tensorwise"), settings.get("fp8", "e4m3")
+    keep_first = keep_last = 0
+    if settings.get("first_last_layers_bf16"):
+        keep_first = settings.get("num_layers_at_start_in_bf16", 1)
+        keep_last = settings.get("num_layers_at_end_in_bf16", 1)
+    bf16_layers = set(range(keep_first)) | set(range(config.num_layers - keep_last, config.num_layers))
+    column, row = _column_impl(fp8_linear, recipe, fmt), _row_impl(fp8_linear, recipe, fmt)
+    converted, kept = [], []
+    decoder = getattr(model, "decoder", None)
+    if decoder is None:
+        return converted
+    for layer in decoder.layers:
+        in_bf16 = (layer.layer_number - 1) in bf16_layers
+        for name, mod in layer.named_modules():
+            if not isinstance(mod, (ColumnParallelLinear, RowParallelLinear)):
+                continue
+            full = f"decoder.layers.{layer.layer_number - 1}.{name}"
+            out_f, in_f = mod.weight.shape
+            if in_bf16 or not fp8_shape_ok(in_f, out_f):
+                kept.append(full)
+                continue
+            mod._forward_impl = column if isinstance(mod, ColumnParallelLinear) else row
+            converted.append(full)
+    log.info("portable fp8 (%s, %s): %d linears converted, %d kept in bf16", recipe, fmt, len(converted), len(kept))
+    return converted
