@@ -373,13 +373,19 @@ class CheckpointManager:
         """Restore the checkpoint that checkpoint.resume names (after trainer.setup). Returns what was restored:
         {"path", "step", "trainer_state", "skipped": [(path, reason)]}, or None for a fresh start."""
         r = self.c.resume
+        if r in (None, "") and requeued_slurm_job():
+            r = "auto"
+            self.say(f"[primus] requeued Slurm job (SLURM_RESTART_COUNT={os.environ['SLURM_RESTART_COUNT']}): "
+                     f"resuming from the newest valid checkpoint in {self.root}")
         if r in (None, ""):
             return None
         skipped: List[Tuple[str, str]] = []
         if r == "auto":
             path, skipped = find_latest_valid(self.root, self.backend)
             for p, why in skipped:
-                self.say(f"[primus] checkpoint {p} is not valid ({why}): falling back to an older one")
+                self.say(f"[primus] checkpoint {p} is not valid ({why}); falling back to the previous one")
+            if skipped and path is not None:
+                self.say(f"[primus] resume=auto: using {path} (the newest valid checkpoint)")
             if path is None:
                 self.say(f"[primus] resume=auto: no valid checkpoint in {self.root}; starting from step 1")
                 return {"path": None, "step": 0, "skipped": skipped} if skipped else None
@@ -406,6 +412,16 @@ class CheckpointManager:
         self.say(f"[primus] resumed from {path} (step {meta['step']}); next step {meta['step'] + 1}")
         return {"path": path, "step": int(meta["step"]), "trainer_state": meta.get("trainer_state", {}),
                 "skipped": skipped}
+
+
+def requeued_slurm_job() -> bool:
+    """A Slurm job that was requeued (preemption, `scontrol requeue`) runs again with SLURM_RESTART_COUNT >= 1: it
+    resumes from its run dir's checkpoints even when checkpoint.resume is null (the pickled submission still says
+    what the first attempt was told; the run dir is the same)."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
+    except ValueError:
+        return False
 
 
 def _config_error(path: str, msg: str):

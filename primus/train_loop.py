@@ -101,6 +101,10 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         from primus import determinism
 
         ctx.env.update(determinism.apply(cfg, ctx.rank))
+        if determinism.deterministic_on(cfg):
+            # PRIMUS_DETERMINISTIC=1 alone must reach the backends' own switches too (megatron's
+            # deterministic_mode, TorchTitan's debug.deterministic), which read the config
+            cfg.training.deterministic = True
         from primus.metrics.profiler import StepProfiler
         from primus.metrics.sinks import open_sinks
 
