@@ -18,7 +18,7 @@ import os
 from typing import Any, Dict, List
 
 from primus.backends.torchtitan import flavors
-from primus.backends.torchtitan.jobconfig_keys import FLAVOR_KEY, installed_version, static_problems
+from primus.backends.torchtitan.jobconfig_keys import FLAVOR_KEY, TURBO_KEY, installed_version, static_problems
 from primus.config.errors import ConfigIssue
 from primus.config.schema import (
     ACMode, DataKind, Dtype, FP8Format, FP8Recipe, LRDecay, Optimizer, PrimusConfig, RecomputeGranularity,
@@ -68,6 +68,8 @@ def _float8(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any]:
                                       "set precision.fp8 (e.g. precision=fp8_tensorwise) or drop them"))
         return {"converters": [], "quantize": {}}
     recipe = p.fp8_recipe
+    if _turbo_fp8(cfg):
+        return _turbo_float8(cfg, issues)
     if recipe == FP8Recipe.mxfp8:
         return {"converters": ["quantize.linear.mx"],
                 "quantize": {"linear": {"mx": {"recipe_name": "mxfp8_cublas",
@@ -101,6 +103,104 @@ def _float8(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any]:
                                       "it only acts together with float8_enable_fsdp_float8_all_gather",
                                       "enable precision.float8_enable_fsdp_float8_all_gather too"))
     return {"converters": ["quantize.linear.float8"], "quantize": {"linear": {"float8": f8}}}
+
+
+# ---------------------------------------------------------------------------------------------------- turbo
+# turbo.* flags -> our TorchTitan model converters (turbo.py), settings in args[TURBO_KEY]. Pure Python here.
+
+TURBO_ATTENTION = "primus_turbo.attention"  # names registered by turbo.py (kept in sync by a test)
+TURBO_FLOAT8 = "primus_turbo.float8_linear"
+TURBO_GROUPED_GEMM = "primus_turbo.grouped_gemm"
+TURBO_FP8_RECIPES = ("tensorwise", "rowwise")  # fp8_linear also has blockwise: 0.37x bf16, not offered
+
+
+def _turbo_on(cfg: PrimusConfig, flag: str) -> bool:
+    return bool(cfg.turbo.enable_primus_turbo and getattr(cfg.turbo, flag))
+
+
+def _turbo_fp8(cfg: PrimusConfig) -> bool:
+    return _turbo_on(cfg, "use_turbo_float8_linear") and cfg.precision.fp8 is not None
+
+
+def _turbo_float8(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any]:
+    """precision.fp8 served by primus.turbo.fp8_linear instead of torchao's quantize.linear.float8 converter."""
+    p = cfg.precision
+    if p.fp8_recipe.value not in TURBO_FP8_RECIPES:
+        issues.append(ConfigIssue(["turbo.use_turbo_float8_linear", "precision.fp8_recipe"], p.fp8_recipe.value,
+                                  f"the turbo fp8 linear runs recipes {list(TURBO_FP8_RECIPES)}",
+                                  "use precision=fp8 (tensorwise, the fast one) or turbo.use_turbo_float8_linear=false"))
+    for k in ("float8_enable_fsdp_float8_all_gather", "float8_precompute_float8_dynamic_scale_for_fsdp"):
+        if getattr(p, k):
+            issues.append(ConfigIssue([f"precision.{k}", "turbo.use_turbo_float8_linear"], True,
+                                      "the turbo fp8 linear casts after the FSDP all-gather (bf16 all-gather); "
+                                      "float8 all-gather is torchao's",
+                                      f"set precision.{k}=false, or turbo.use_turbo_float8_linear=false"))
+    return {"converters": [TURBO_FLOAT8], "quantize": {}}
+
+
+def _turbo(cfg: PrimusConfig, issues: List[ConfigIssue]):
+    """(converters to add before the float8 one, settings for turbo.py or None, async TP on)."""
+    t, p, par = cfg.turbo, cfg.precision, cfg.parallel
+    if not t.enable_primus_turbo:
+        return [], None, False
+    converters: List[str] = []
+    settings: Dict[str, Any] = {"compile": cfg.training.compile}
+    if t.use_turbo_attention:
+        converters.append(TURBO_ATTENTION)
+        settings["attention"] = True
+    if t.use_turbo_grouped_gemm and cfg.model.num_experts:  # dense models: validate.py's MoE-on-dense rule
+        converters.append(TURBO_GROUPED_GEMM)
+        settings["grouped_gemm"] = True
+    if t.use_turbo_float8_linear:
+        if p.fp8 is None:
+            issues.append(ConfigIssue(["turbo.use_turbo_float8_linear", "precision.fp8"], None,
+                                      "the turbo float8 linear serves precision.fp8; with fp8 off there is nothing "
+                                      "to serve",
+                                      "set precision=fp8 (tensorwise), or turbo.use_turbo_float8_linear=false"))
+        else:
+            settings["float8_linear"] = {"recipe": p.fp8_recipe.value, "fmt": p.fp8.value,
+                                         "filter_fqns": list(p.float8_filter_fqns)}
+            if par.tensor_model_parallel_size > 1:
+                issues.append(ConfigIssue(["turbo.use_turbo_float8_linear", "parallel.tensor_model_parallel_size"],
+                                          par.tensor_model_parallel_size,
+                                          "the turbo fp8 linear runs on plain tensors; TorchTitan's TP plan would "
+                                          "hand it DTensors", "use it with FSDP only (tp=1)"))
+    async_tp = False
+    if t.use_turbo_async_tp:
+        # TorchTitan's async TP: torch symmetric-memory fused all-gather/reduce-scatter matmuls, which compile
+        # inserts into the TP regions. primus.turbo.parallel_linear is not wired into TorchTitan's DTensor plan.
+        tp = par.tensor_model_parallel_size
+        if tp == 1 or not cfg.training.compile:
+            issues.append(ConfigIssue(["turbo.use_turbo_async_tp", "parallel.tensor_model_parallel_size",
+                                       "training.compile"], {"tp": tp, "compile": cfg.training.compile},
+                                      "async TP overlaps the TP collectives with the GEMMs: it needs tp > 1 and "
+                                      "torch.compile (TorchTitan's micro-pipelined TP)",
+                                      "set tp > 1 and training.compile=true, or turbo.use_turbo_async_tp=false"))
+        async_tp = True
+        settings["async_tp"] = True
+    return converters, settings, async_tp
+
+
+def _local_device_info(ctx: RunContext):
+    """primus.turbo.providers.DeviceInfo for this run: probed on a GPU; on CPU built without importing torch."""
+    from primus.turbo import providers
+
+    if ctx.device != "cpu":
+        return providers.probe(ctx.device)
+    return providers.DeviceInfo(kind="cpu", has_triton=providers._importable("triton"),
+                                triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
+                                has_primus_turbo=providers._importable(providers.PRIMUS_TURBO),
+                                has_deep_ep=providers._importable("deep_ep"))
+
+
+def turbo_provider_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
+    """A turbo flag whose provider is missing on this device (names what to install). A planned run (dry run on a
+    machine without the target GPU) skips the hardware probe."""
+    if not cfg.turbo.enable_primus_turbo or getattr(ctx, "planned", False):
+        return []
+    from primus.turbo import providers
+
+    return providers.capability_issues(cfg, ctx.device, info=_local_device_info(ctx))
 
 
 def _mixed_precision_dropped(cfg: PrimusConfig, ctx: RunContext, issues: List[ConfigIssue]) -> None:
@@ -176,7 +276,7 @@ def _unhonoured(cfg: PrimusConfig, issues: List[ConfigIssue]) -> None:
         issues.append(ConfigIssue(["training.seq_length"], cfg.training.seq_length,
                                   f"torchtitan needs seq_len divisible by tp x 2cp = {divisor}",
                                   f"use a multiple of {divisor}"))
-    if p.fp8 is not None and tp > 1:
+    if p.fp8 is not None and tp > 1 and not _turbo_fp8(cfg):
         # 0.2.2's llama3 parallelize looks for a converter named "float8", but the converter is registered as
         # "quantize.linear.float8": its float8 TP plan would never be applied to the float8 linears
         issues.append(ConfigIssue(["precision.fp8", "parallel.tensor_model_parallel_size"], tp,
@@ -217,6 +317,7 @@ def _map(cfg: PrimusConfig, ctx: RunContext):
     else:
         local_batch, pp_micro = t.micro_batch_size, 1
     f8 = _float8(cfg, issues)
+    turbo_converters, turbo_settings, turbo_async_tp = _turbo(cfg, issues)
     data = cfg.data
     training: Dict[str, Any] = {
         "dataset": SYNTHETIC_DATASET if data.kind == DataKind.synthetic else JSONL_DATASET,
@@ -232,7 +333,8 @@ def _map(cfg: PrimusConfig, ctx: RunContext):
     }
     if data.kind == DataKind.jsonl and data.path:
         training["dataset_path"] = os.path.abspath(data.path)
-    model: Dict[str, Any] = {"name": flavor.spec, "flavor": flavor.name, "converters": f8["converters"]}
+    model: Dict[str, Any] = {"name": flavor.spec, "flavor": flavor.name,
+                             "converters": turbo_converters + f8["converters"]}
     if data.kind == DataKind.jsonl and data.tokenizer:
         model["hf_assets_path"] = os.path.abspath(data.tokenizer)
     lr_min_factor = 1.0 if t.lr_decay_style == LRDecay.constant else (t.min_lr / t.lr if t.lr else 0.0)
@@ -240,7 +342,7 @@ def _map(cfg: PrimusConfig, ctx: RunContext):
         "data_parallel_shard_degree": par.data_parallel_shard_degree,
         "data_parallel_replicate_degree": par.data_parallel_replicate_degree,
         "tensor_parallel_degree": par.tensor_model_parallel_size,
-        "enable_async_tensor_parallel": cfg.overlap.enable_async_tensor_parallel,
+        "enable_async_tensor_parallel": cfg.overlap.enable_async_tensor_parallel or turbo_async_tp,
         "pipeline_parallel_degree": pp,
         "pipeline_parallel_microbatch_size": pp_micro,
         "pipeline_parallel_schedule": "Interleaved1F1B" if par.virtual_pipeline_model_parallel_size else "1F1B",
@@ -283,6 +385,8 @@ def _map(cfg: PrimusConfig, ctx: RunContext):
     }
     if f8["quantize"]:
         args["quantize"] = f8["quantize"]
+    if turbo_settings is not None:
+        args[TURBO_KEY] = turbo_settings
     return args, issues
 
 
@@ -301,7 +405,8 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
         key, _, why = problem.partition(": ")
         issues.append(ConfigIssue([f"torchtitan:{key}"], version, why,
                                   "fix primus/backends/torchtitan/args.py for this torchtitan version"))
-    if ctx.device == "cpu" and cfg.precision.fp8 is not None:
+    issues += turbo_provider_issues(cfg, ctx)
+    if ctx.device == "cpu" and cfg.precision.fp8 is not None and not _turbo_fp8(cfg):
         issues.append(ConfigIssue(["precision.fp8", "device"], cfg.precision.fp8.value,
                                   "torchao float8 needs a GPU with SM89+ (TorchTitan refuses CPU)",
                                   "drop precision.fp8 on CPU"))

@@ -19,7 +19,9 @@ import os
 import typing
 from typing import Any, Dict, List, Optional, Tuple
 
-FLAVOR_KEY = "flavor_args"  # our one top-level key that is not a JobConfig section (see args.py)
+FLAVOR_KEY = "flavor_args"  # top-level keys of ours that are not JobConfig sections (see args.py)
+TURBO_KEY = "primus_turbo"  # settings of our turbo model converters (turbo.py)
+EXTRA_KEYS = (FLAVOR_KEY, TURBO_KEY)
 
 
 def installed_version() -> Optional[str]:
@@ -96,7 +98,7 @@ def _walk(args: Dict[str, Any], lookup, root) -> List[str]:
             elif shape[0] == "literal" and value not in shape[1]:
                 problems.append(f"{dotted}: {value!r} is not one of {list(shape[1])}")
 
-    visit(root, {k: v for k, v in args.items() if k != FLAVOR_KEY}, "")
+    visit(root, {k: v for k, v in args.items() if k not in EXTRA_KEYS}, "")
     return problems
 
 

@@ -1,0 +1,355 @@
+"""Turbo swaps for backend=torchtitan: TorchTitan model converters that put this project's kernels in the model.
+
+TorchTitan builds the model on the meta device, runs the converters named in `model.converters`, then applies
+TP / activation checkpointing / torch.compile (per block, fullgraph) / FSDP. Ours are registered under these names
+(args.py puts them in the job config; `configure` hands them the settings in `args[TURBO_KEY]`):
+
+  primus_turbo.attention      every attention module's SDPA wrapper (`inner_attention`, TorchTitan's
+                              ScaledDotProductAttentionWrapper) -> TurboSDPA: `primus.turbo.attention.turbo_attention`
+                              (cuDNN > flash > efficient on CUDA, GQA in the kernel, never the math fallback)
+  primus_turbo.float8_linear  nn.Linear -> TurboFP8Linear through `primus.turbo.fp8_linear.swap_linears_to_fp8`
+                              (precision.fp8_recipe / fp8 format / float8_filter_fqns), instead of torchao's
+                              `quantize.linear.float8` converter. The fp8 forward and backward are torch custom ops
+                              (opaque to dynamo, with fake kernels), so TorchTitan's fullgraph per-block compile
+                              traces them.
+  primus_turbo.grouped_gemm   MoE GroupedExperts -> TurboGroupedExperts: the three expert GEMMs through
+                              `primus.turbo.grouped_gemm.grouped_gemm` (torch._grouped_mm on sm90/sm100, else the
+                              Triton grouped GEMM), TorchTitan's sync-free token padding kept.
+
+A converter that finds nothing to swap raises (a turbo flag is never a silent no-op). Swapped counts are kept in
+`LAST_SWAPS` for the trainer's start-up info.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+log = logging.getLogger("primus.turbo")
+
+ATTENTION = "primus_turbo.attention"
+FLOAT8_LINEAR = "primus_turbo.float8_linear"
+GROUPED_GEMM = "primus_turbo.grouped_gemm"
+CONVERTERS = (ATTENTION, FLOAT8_LINEAR, GROUPED_GEMM)
+
+_SETTINGS: Dict[str, Any] = {}
+LAST_SWAPS: Dict[str, int] = {}
+
+
+def configure(settings: Optional[Dict[str, Any]]) -> None:
+    """Settings for the converters of the next TorchTitan build (args[TURBO_KEY]); registers them once."""
+    _SETTINGS.clear()
+    _SETTINGS.update(settings or {})
+    LAST_SWAPS.clear()
+    register_converters()
+
+
+# ------------------------------------------------------------------------------------------------ attention
+
+
+def _sdpa_wrapper_cls():
+    from torchtitan.models.attention import ScaledDotProductAttentionWrapper
+
+    return ScaledDotProductAttentionWrapper
+
+
+class TurboSDPA(nn.Module):
+    """Drop-in for TorchTitan's ScaledDotProductAttentionWrapper (q, k, v in (bs, heads, seq, dim))."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, scale: Optional[float] = None, enable_gqa: bool = False,
+                is_causal: bool = True) -> Tensor:
+        from primus.turbo.attention import turbo_attention
+
+        # GQA is read from the head counts (enable_gqa in SDPA: K/V are never repeated in memory)
+        return turbo_attention(q, k, v, causal=is_causal, layout="bhsd", scale=scale)
+
+
+def _make_turbo_sdpa():
+    """TurboSDPA that is also an instance of TorchTitan's wrapper class (its CP / AC code matches on the type)."""
+    base = _sdpa_wrapper_cls()
+    cls = _TURBO_SDPA_CLS.get(base)
+    if cls is None:
+        cls = type("TurboSDPA", (TurboSDPA, base), {"__module__": __name__})
+        _TURBO_SDPA_CLS[base] = cls
+    return cls()
+
+
+_TURBO_SDPA_CLS: Dict[type, type] = {}
+
+
+def swap_attention(model: nn.Module) -> int:
+    """Replace every `inner_attention` that is TorchTitan's SDPA wrapper; returns how many were swapped."""
+    base = _sdpa_wrapper_cls()
+    n = 0
+    for mod in model.modules():
+        inner = getattr(mod, "inner_attention", None)
+        if isinstance(inner, base) and not isinstance(inner, TurboSDPA):
+            mod.inner_attention = _make_turbo_sdpa()
+            n += 1
+    return n
+
+
+def count_turbo_attention(model: nn.Module) -> int:
+    return sum(isinstance(m, TurboSDPA) for m in model.modules())
+
+
+# ------------------------------------------------------------------------------------------------ fp8 linear
+# Custom ops around primus.turbo.fp8_linear's forward / backward: dynamo sees one opaque node each (the Triton cast
+# kernels and torch._scaled_mm run inside), shapes come from the fake kernels. Outputs are fixed 5-/2-tuples; the
+# unused slots of a recipe are empty tensors.
+
+
+def _fp8_dtypes(device, fmt: str):
+    from primus.turbo.fp8_linear import fp8_dtypes
+
+    f_dt, e5 = fp8_dtypes(device)
+    return f_dt, (e5 if fmt == "hybrid" else f_dt)
+
+
+def _out_dtype(t: Tensor):
+    return t.dtype if t.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+
+
+def _pad16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+@torch.library.custom_op("primus_turbo_tt::fp8_linear_fwd", mutates_args=())
+def fp8_linear_fwd(x2: Tensor, weight: Tensor, recipe: str, fmt: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    from primus.turbo.fp8_linear import fp8_forward
+
+    y, st = fp8_forward(x2, weight, None, recipe, fmt, need_wgrad=True)
+    empty = x2.new_empty(0)
+    if recipe == "tensorwise":
+        xqt, sx, wqt, sw = st.tensors
+        return y.contiguous(), xqt, sx, wqt, sw
+    if recipe == "blockwise":
+        _, wq, sw = st.tensors
+        return y.contiguous(), wq, sw, empty, empty.clone()
+    return y.contiguous(), empty, empty.clone(), empty.clone(), empty.clone()  # rowwise saves the inputs
+
+
+@fp8_linear_fwd.register_fake
+def _(x2, weight, recipe, fmt):
+    M, K = x2.shape
+    N = weight.shape[0]
+    f_dt, _ = _fp8_dtypes(x2.device, fmt)
+    y = x2.new_empty((M, N), dtype=_out_dtype(x2))
+    e = lambda: x2.new_empty(0)  # noqa: E731
+    if recipe == "tensorwise":
+        return (y, x2.new_empty((K, _pad16(M)), dtype=f_dt), x2.new_empty((), dtype=torch.float32),
+                x2.new_empty((K, N), dtype=f_dt), x2.new_empty((), dtype=torch.float32))
+    if recipe == "blockwise":
+        return (y, x2.new_empty((N, K), dtype=f_dt), x2.new_empty(((N + 127) // 128, (K + 127) // 128),
+                                                                  dtype=torch.float32), e(), e())
+    return y, e(), e(), e(), e()
+
+
+@torch.library.custom_op("primus_turbo_tt::fp8_linear_bwd", mutates_args=())
+def fp8_linear_bwd(dy2: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor, recipe: str, fmt: str,
+                   w_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    from primus.turbo.fp8_linear import FP8State, fp8_backward
+
+    f_dt, g_dt = _fp8_dtypes(dy2.device, fmt)
+    saved = {"tensorwise": [a, b, c, d], "rowwise": [a, b], "blockwise": [a, b, c]}[recipe]
+    st = FP8State(recipe, f_dt, g_dt, w_dtype, False, saved)
+    dx, dw, _ = fp8_backward(st, dy2, need_dx=True, need_dw=True, need_db=False)
+    return dx.contiguous(), dw
+
+
+@fp8_linear_bwd.register_fake
+def _(dy2, a, b, c, d, recipe, fmt, w_dtype):
+    M = dy2.shape[0]
+    if recipe == "tensorwise":
+        K, N = c.shape  # W^T in fp8
+    else:
+        N, K = b.shape  # the weight (rowwise) or its fp8 copy (blockwise)
+    w_dt = w_dtype if w_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    return dy2.new_empty((M, K), dtype=_out_dtype(dy2)), dy2.new_empty((N, K), dtype=w_dt)
+
+
+def _fp8_setup(ctx, inputs, output):
+    x2, weight, recipe, fmt = inputs
+    _, a, b, c, d = output
+    if recipe == "rowwise":
+        saved = (x2, weight, a, b)
+    elif recipe == "blockwise":
+        saved = (x2, a, b, c)
+    else:
+        saved = (a, b, c, d)
+    ctx.save_for_backward(*saved)
+    ctx.recipe, ctx.fmt, ctx.w_dtype = recipe, fmt, weight.dtype
+    ctx.mark_non_differentiable(a, b, c, d)
+
+
+def _fp8_backward(ctx, dy, *_):
+    a, b, c, d = ctx.saved_tensors
+    dx, dw = fp8_linear_bwd(dy.contiguous(), a, b, c, d, ctx.recipe, ctx.fmt, ctx.w_dtype)
+    return dx, dw, None, None
+
+
+fp8_linear_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
+
+
+def _fp8_linear_cls():
+    from primus.turbo.fp8_linear import FP8Linear
+
+    global _TURBO_FP8_CLS
+    if _TURBO_FP8_CLS is None:
+        def forward(self, x):
+            if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
+                x = x.to(torch.get_autocast_dtype(x.device.type))
+            shape = x.shape
+            y = fp8_linear_fwd(x.reshape(-1, shape[-1]), self.weight, self.recipe, self.fmt)[0]
+            y = y.view(*shape[:-1], y.shape[-1])
+            if self.bias is not None:
+                y = y + self.bias.to(y.dtype)
+            return y
+
+        _TURBO_FP8_CLS = type("TurboFP8Linear", (FP8Linear,), {"forward": forward, "__module__": __name__})
+    return _TURBO_FP8_CLS
+
+
+_TURBO_FP8_CLS = None
+
+
+def swap_float8_linears(model: nn.Module, recipe: str = "tensorwise", filter_fqns=("output",),
+                        fmt: str = "e4m3") -> List[str]:
+    """primus.turbo.fp8_linear.swap_linears_to_fp8, then each FP8Linear gets the compile-safe (custom op) forward."""
+    from primus.turbo.fp8_linear import swap_linears_to_fp8
+
+    names = swap_linears_to_fp8(model, recipe=recipe, filter_fqns=filter_fqns, fmt=fmt)
+    cls = _fp8_linear_cls()
+    for name in names:
+        mod = model.get_submodule(name)
+        mod.__class__ = cls
+    return names
+
+
+# ------------------------------------------------------------------------------------------------ grouped GEMM
+
+
+def _run_experts_turbo(w1: Tensor, w2: Tensor, w3: Tensor, x: Tensor, num_tokens_per_expert: Tensor,
+                       provider: Optional[str] = None) -> Tensor:
+    """TorchTitan's _run_experts_grouped_mm with its three GEMMs through primus.turbo.grouped_gemm."""
+    from primus.turbo.grouped_gemm import grouped_gemm
+
+    xb = x.bfloat16()
+    h = F.silu(grouped_gemm(xb, w1.bfloat16(), num_tokens_per_expert, trans_b=True, provider=provider))
+    h = h * grouped_gemm(xb, w3.bfloat16(), num_tokens_per_expert, trans_b=True, provider=provider)
+    return grouped_gemm(h, w2.bfloat16(), num_tokens_per_expert, trans_b=True, provider=provider).type_as(x)
+
+
+_COMPILED_RUN = None
+
+
+class TurboGroupedExperts(nn.Module):
+    """Mixin over TorchTitan's GroupedExperts (same parameters): forward through the turbo grouped GEMM."""
+
+    turbo_provider: Optional[str] = None  # None: primus.turbo.grouped_gemm.pick_provider per call
+    turbo_compile: bool = False
+
+    def forward(self, x: Tensor, num_tokens_per_expert: Tensor) -> Tensor:
+        from torch.distributed.tensor import DTensor
+        from torchtitan.models.moe.utils import indices_padding_wrapper
+
+        w1, w2, w3 = self.w1, self.w2, self.w3
+        ep = isinstance(w1, DTensor) and "ep" in (w1.device_mesh.mesh_dim_names or ())
+        if isinstance(w1, DTensor):
+            w1, w2, w3 = w1.to_local(), w2.to_local(), w3.to_local()
+        provider = self.turbo_provider
+        if provider is None:
+            from primus.turbo.grouped_gemm import pick_provider
+
+            provider = pick_provider(x.bfloat16(), w1.bfloat16())
+        run = _run_experts_turbo
+        if self.turbo_compile and provider == "torch":
+            # as TorchTitan compiles its own _run_experts_grouped_mm under compile (fuses silu * mul and casts)
+            global _COMPILED_RUN
+            if _COMPILED_RUN is None:
+                _COMPILED_RUN = torch.compile(_run_experts_turbo, fullgraph=True)
+            run = _COMPILED_RUN
+
+        def fn(w1, w2, w3, x, n):
+            return run(w1, w2, w3, x, n, provider)
+
+        if not ep and provider == "torch" and x.device.type == "cuda":
+            # torch._grouped_mm wants each expert's rows aligned: TorchTitan's sync-free padding (a Triton index
+            # kernel). The Triton grouped GEMM takes any group sizes: no permutation copy there.
+            fn = indices_padding_wrapper(fn)
+        return fn(w1, w2, w3, x, num_tokens_per_expert)
+
+
+_TURBO_EXPERTS_CLS: Dict[type, type] = {}
+
+
+def swap_grouped_experts(model: nn.Module, compile: bool = False, provider: Optional[str] = None) -> int:
+    from torchtitan.models.moe.moe import GroupedExperts
+
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, GroupedExperts) and not isinstance(mod, TurboGroupedExperts):
+            base = type(mod)
+            cls = _TURBO_EXPERTS_CLS.get(base)
+            if cls is None:
+                cls = type("TurboGroupedExperts", (TurboGroupedExperts, base), {"__module__": __name__})
+                _TURBO_EXPERTS_CLS[base] = cls
+            mod.__class__ = cls
+            mod.turbo_compile = compile
+            mod.turbo_provider = provider
+            n += 1
+    return n
+
+
+# ------------------------------------------------------------------------------------------------ converters
+
+
+class _Converter:
+    key = ""
+
+    def __init__(self, job_config, parallel_dims):
+        self.job_config = job_config
+
+    def post_optimizer_hook(self, model):
+        pass
+
+    def _done(self, what: str, n: int) -> None:
+        if n == 0:
+            raise RuntimeError(f"{self.key}: found nothing to swap ({what}) in this model; turn the turbo flag off")
+        LAST_SWAPS[self.key] = LAST_SWAPS.get(self.key, 0) + n
+        log.info("turbo: %s swapped %d %s", self.key, n, what)
+
+
+class AttentionConverter(_Converter):
+    key = ATTENTION
+
+    def convert(self, model):
+        self._done("SDPA attention cores", swap_attention(model))
+
+
+class Float8LinearConverter(_Converter):
+    key = FLOAT8_LINEAR
+
+    def convert(self, model):
+        s = _SETTINGS.get("float8_linear") or {}
+        names = swap_float8_linears(model, recipe=s.get("recipe", "tensorwise"),
+                                    filter_fqns=s.get("filter_fqns", ["output"]), fmt=s.get("fmt", "e4m3"))
+        self._done("linears", len(names))
+
+
+class GroupedGemmConverter(_Converter):
+    key = GROUPED_GEMM
+
+    def convert(self, model):
+        self._done("MoE expert groups", swap_grouped_experts(model, compile=bool(_SETTINGS.get("compile"))))
+
+
+def register_converters() -> None:
+    from torchtitan.protocols import model_converter as mc
+
+    for cls in (AttentionConverter, Float8LinearConverter, GroupedGemmConverter):
+        if cls.key not in mc._registry_model_converter_cls:
+            mc.register_model_converter(cls, cls.key)

@@ -1,0 +1,267 @@
+"""Turbo flags under backend=torchtitan: job-config wiring, validation (missing providers), the module swaps, and a
+CPU end-to-end run with turbo attention against the stock run. GPU-only paths (fp8 GEMMs, async TP, cuDNN) are in
+bench/torchtitan_turbo_smoke.py; the fp8 custom ops run here through Triton's interpreter."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torchtitan")
+
+from conftest import PY, ROOT, compose_cfg  # noqa: E402
+
+from primus.backends.torchtitan import args as tt_args  # noqa: E402
+from primus.backends.torchtitan.jobconfig_keys import TURBO_KEY  # noqa: E402
+from primus.config.errors import ConfigError  # noqa: E402
+from primus.context import RunContext  # noqa: E402
+
+TT = ["backend=torchtitan"]
+
+
+def _ctx(device="cpu", planned=False, tmp="/tmp/primus-tt-turbo"):
+    return RunContext(world_size=1, rank=0, local_rank=0, device=device, dist_backend="gloo", run_dir=tmp,
+                      planned=planned)
+
+
+def _issues(overrides, device="cpu", planned=False):
+    return tt_args.capability_issues(compose_cfg(TT + overrides), _ctx(device, planned))
+
+
+def _validate_msg(overrides, device="cpu"):
+    from primus.config.validate import validate
+
+    with pytest.raises(ConfigError) as e:
+        validate(compose_cfg(TT + overrides), _ctx(device))
+    return str(e.value)
+
+
+# ------------------------------------------------------------------------------------------ job config wiring
+
+
+def test_attention_flag_adds_our_converter_and_settings():
+    args = tt_args.build_args(compose_cfg(TT + ["turbo=torchtitan"]), _ctx())
+    assert args["model"]["converters"] == ["primus_turbo.attention"]
+    assert args[TURBO_KEY]["attention"] is True
+    assert TURBO_KEY not in tt_args.build_args(compose_cfg(TT), _ctx())  # off: nothing added
+
+
+def test_turbo_float8_replaces_torchao_converter():
+    cfg = compose_cfg(TT + ["turbo=torchtitan_fp8", "precision=fp8", "training.compile=true"])
+    args = tt_args.build_args(cfg, _ctx("cuda", planned=True))
+    conv = args["model"]["converters"]
+    assert conv == ["primus_turbo.attention", "primus_turbo.float8_linear"]
+    assert "quantize.linear.float8" not in conv and "quantize" not in args
+    assert args[TURBO_KEY]["float8_linear"] == {"recipe": "tensorwise", "fmt": "hybrid", "filter_fqns": ["output"]}
+    assert args[TURBO_KEY]["compile"] is True
+    # a planned (dry) run for the GPU skips the hardware probe: no issue on this CPU machine
+    assert _issues(["turbo=torchtitan_fp8", "precision=fp8"], device="cuda", planned=True) == []
+
+
+def test_converter_names_match_turbo_module():
+    from primus.backends.torchtitan import turbo
+
+    assert (tt_args.TURBO_ATTENTION, tt_args.TURBO_FLOAT8, tt_args.TURBO_GROUPED_GEMM) == turbo.CONVERTERS
+
+
+def test_grouped_gemm_converter_for_moe_models():
+    args = tt_args.build_args(compose_cfg(TT + ["model=debug_moe", "turbo=torchtitan_moe",
+                                                "moe.moe_router_load_balancing_type=none"]), _ctx())
+    assert args["model"]["converters"] == ["primus_turbo.attention", "primus_turbo.grouped_gemm"]
+
+
+def test_async_tp_flag_turns_on_torchtitan_async_tp():
+    cfg = compose_cfg(TT + ["turbo.enable_primus_turbo=true", "turbo.use_turbo_async_tp=true", "parallel=tp2",
+                            "training.compile=true"])
+    args = tt_args.build_args(cfg, RunContext(world_size=2, rank=0, local_rank=0, device="cuda",
+                                              dist_backend="nccl", run_dir="/tmp/x", planned=True))
+    assert args["parallelism"]["enable_async_tensor_parallel"] is True
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+def test_float8_flag_without_fp8_names_both_keys():
+    msg = _validate_msg(["turbo=torchtitan_fp8"])
+    assert "turbo.use_turbo_float8_linear" in msg and "precision.fp8" in msg
+
+
+def test_float8_on_cpu_is_a_provider_error_naming_the_key():
+    msg = _validate_msg(["turbo=torchtitan_fp8", "precision=fp8"])
+    assert "turbo.use_turbo_float8_linear" in msg and "fp8 tensor cores" in msg
+    assert "torchao" not in msg  # torchao is not what would run
+
+
+def test_float8_all_gather_is_torchao_only():
+    msgs = " ".join(i.rule + " ".join(i.keys) for i in _issues(
+        ["turbo=torchtitan_fp8", "precision=fp8", "precision.float8_enable_fsdp_float8_all_gather=true"],
+        device="cuda", planned=True))
+    assert "precision.float8_enable_fsdp_float8_all_gather" in msgs and "turbo.use_turbo_float8_linear" in msgs
+
+
+def test_async_tp_needs_tp_and_compile():
+    keys = [k for i in _issues(["turbo.enable_primus_turbo=true", "turbo.use_turbo_async_tp=true"], "cuda", True)
+            for k in i.keys]
+    assert "turbo.use_turbo_async_tp" in keys and "training.compile" in keys
+
+
+def test_async_tp_on_cpu_is_a_provider_error():
+    msg = " ".join(i.rule for i in _issues(["turbo.enable_primus_turbo=true", "turbo.use_turbo_async_tp=true",
+                                            "parallel=tp2", "training.compile=true"]))
+    assert "async TP" in msg
+
+
+def test_grouped_gemm_on_cpu_names_what_is_missing(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    issues = _issues(["model=debug_moe", "turbo=torchtitan_moe", "moe.moe_router_load_balancing_type=none"])
+    hit = [i for i in issues if "turbo.use_turbo_grouped_gemm" in i.keys]
+    assert hit and ("GPU" in hit[0].rule or "triton" in hit[0].fix), issues
+
+
+def test_missing_primus_turbo_package_is_named(monkeypatch):
+    from primus.turbo import providers
+
+    if providers._importable("primus_turbo"):
+        pytest.skip("primus_turbo is installed here")
+    msg = " ".join(i.fix for i in _issues(["turbo=torchtitan", "turbo.provider=primus_turbo"]))
+    assert "Primus-Turbo" in msg
+
+
+def test_dry_run_stays_import_light():
+    """Validation with turbo on must not import torch on CPU (dry runs print in well under a second)."""
+    code = ("import sys; from tests.conftest import compose_cfg; from primus.backends.torchtitan import args as a;"
+            "from primus.context import RunContext as R;"
+            "cfg = compose_cfg(['backend=torchtitan', 'turbo=torchtitan']);"
+            "a.capability_issues(cfg, R(world_size=1, rank=0, local_rank=0, device='cpu', dist_backend='gloo',"
+            " run_dir='/tmp/x')); print('torch' in sys.modules)")
+    out = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("False")
+
+
+# ------------------------------------------------------------------------------------------ module swaps
+
+
+def _tiny_llama(n_kv_heads=2):
+    import torch
+    from torchtitan.models.llama3 import Transformer, TransformerModelArgs
+
+    torch.manual_seed(0)
+    m = Transformer(TransformerModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, vocab_size=128,
+                                         max_seq_len=32, attn_type="sdpa"))
+    with torch.no_grad():
+        m.init_weights()
+    return m
+
+
+def test_attention_swap_same_math_and_compiles():
+    import copy
+
+    import torch
+
+    from primus.backends.torchtitan import turbo
+
+    ref = _tiny_llama()
+    m = copy.deepcopy(ref)
+    assert turbo.swap_attention(m) == 2 and turbo.count_turbo_attention(m) == 2
+    assert turbo.swap_attention(m) == 0  # idempotent
+    from torchtitan.models.attention import ScaledDotProductAttentionWrapper
+
+    assert all(isinstance(layer.attention.inner_attention, ScaledDotProductAttentionWrapper)
+               for layer in m.layers.values())  # still TorchTitan's type (its CP / AC code matches on it)
+    tok = torch.randint(0, 128, (2, 32))
+    out, want = m(tok), ref(tok)
+    assert torch.allclose(out, want, atol=1e-5, rtol=1e-5)
+    # TorchTitan compiles each block with fullgraph=True: the swapped core must trace
+    block = torch.compile(m.layers["0"], fullgraph=True, backend="aot_eager")
+    h = torch.randn(2, 32, 64, requires_grad=True)
+    y = block(h, m.freqs_cis, attention_masks=None)
+    y.sum().backward()
+    assert torch.allclose(y, ref.layers["0"](h, ref.freqs_cis, attention_masks=None), atol=1e-5)
+
+
+def test_grouped_experts_swap_matches_stock():
+    import torch
+    from torchtitan.models.moe.moe import GroupedExperts
+
+    from primus.backends.torchtitan import turbo
+
+    torch.manual_seed(0)
+    g = GroupedExperts(dim=32, hidden_dim=48, num_experts=4, use_grouped_mm=False)
+    for w in (g.w1, g.w2, g.w3):
+        torch.nn.init.normal_(w, std=0.1)
+    x = torch.randn(40, 32)
+    n = torch.tensor([10, 0, 17, 13])
+    want = g(x, n)  # TorchTitan's per-expert loop, fp32
+    root = torch.nn.Module()
+    root.experts = g
+    assert turbo.swap_grouped_experts(root) == 1 and isinstance(g, turbo.TurboGroupedExperts)
+    for provider in ("torch", "loop"):
+        g.turbo_provider = provider
+        xg = x.clone().requires_grad_(True)
+        out = g(xg, n)
+        out.sum().backward()
+        assert out.dtype == want.dtype and (out - want).abs().max() < 2e-2  # expert GEMMs in bf16
+        assert g.w1.grad is not None and torch.isfinite(xg.grad).all()
+        g.zero_grad()
+
+
+_FP8_SCRIPT = r"""
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from primus.backends.torchtitan import turbo
+from primus.turbo.fp8_linear import FP8Linear
+torch.manual_seed(0)
+for recipe, fmt in (("tensorwise", "hybrid"), ("rowwise", "e4m3")):
+    m = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(32, 16, bias=False))
+    ref = FP8Linear.from_linear(m[0], recipe, fmt)
+    names = turbo.swap_float8_linears(m, recipe, filter_fqns=["1"], fmt=fmt)
+    assert names == ["0"] and type(m[0]).__name__ == "TurboFP8Linear" and type(m[1]) is torch.nn.Linear, names
+    x = torch.randn(2, 24, 64, requires_grad=True)
+    y = m[0](x); y.square().sum().backward()
+    gx, gw = x.grad.clone(), m[0].weight.grad.clone()
+    x.grad = None; m[0].weight.grad = None
+    y2 = ref(x); y2.square().sum().backward()
+    assert torch.equal(y, y2) and torch.equal(gx, x.grad) and torch.equal(gw, m[0].weight.grad)
+    x.grad = None; m[0].weight.grad = None
+    yc = torch.compile(m[0], fullgraph=True, backend="aot_eager")(x)  # the custom ops trace (fake kernels)
+    yc.square().sum().backward()
+    assert torch.equal(yc, y2) and torch.equal(gx, x.grad)
+print("ok")
+"""
+
+
+def test_turbo_fp8_linear_custom_ops_match_and_compile():
+    """TurboFP8Linear (custom ops) == FP8Linear (autograd.Function) bit for bit, eager and under fullgraph compile;
+    Triton interpreter on CPU, in a fresh process (TRITON_INTERPRET must precede the first triton import)."""
+    out = subprocess.run([PY, "-c", _FP8_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=170,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------------------ end to end (CPU)
+
+TINY = ["device=cpu", "training.seq_length=64", "training.micro_batch_size=2", "training.global_batch_size=2",
+        "training.train_iters=3", "training.lr_warmup_iters=1", "logging.tensorboard=false"]
+
+
+@pytest.mark.slow
+def test_turbo_attention_e2e_matches_stock_and_records_providers(tmp_path):
+    from test_torchtitan_e2e import run_trainer
+
+    run_dir = tmp_path / "turbo"
+    p = subprocess.run([PY, "train.py", *TT, "turbo=torchtitan", *TINY, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=200)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert "turbo: turbo.use_turbo_attention -> torch SDPA" in p.stdout + p.stderr  # the start-up provider line
+    r = json.load(open(run_dir / "result.json"))
+    info = r["backend_info"]
+    assert info["turbo_providers"] == {"turbo.use_turbo_attention": "torch SDPA (CPU flash backend)"}
+    layers = compose_cfg(TT).model.num_layers
+    assert info["turbo_swaps"] == {"primus_turbo.attention": layers}  # one SDPA core per layer
+    stock = run_trainer(TINY, str(tmp_path / "stock"), 3)
+    assert "turbo_providers" not in stock["info"]
+    for a, b in zip(r["losses"], stock["losses"]):
+        assert abs(a - b) < 1e-3 * max(1.0, abs(b)), (r["losses"], stock["losses"])
