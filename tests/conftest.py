@@ -2,6 +2,11 @@
 import os
 import sys
 
+# Without a GPU, Triton kernels run in Triton's interpreter. It must be chosen before triton is first imported
+# (torch and torchtitan import it early), so it is set here, for the whole session and its subprocesses.
+if not (os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -29,3 +34,13 @@ def compose_cfg(overrides=()):
 @pytest.fixture
 def cfg_of():
     return compose_cfg
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    """Tests that drive trainers in-process set RANK/WORLD_SIZE/MASTER_PORT...: never let them leak into later
+    tests (a leaked MASTER_PORT sends the next train.py subprocess to a port this process still listens on)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
