@@ -261,10 +261,10 @@ class TurboGroupedExperts(nn.Module):
         if isinstance(w1, DTensor):
             w1, w2, w3 = w1.to_local(), w2.to_local(), w3.to_local()
         provider = self.turbo_provider
-        if provider is None:
+        if provider is None:  # decided once, on the first batch (device, dtype, shapes)
             from primus.turbo.grouped_gemm import pick_provider
 
-            provider = pick_provider(x.bfloat16(), w1.bfloat16())
+            provider = self.turbo_provider = pick_provider(x[:1].bfloat16(), w1[:1].bfloat16())
         run = _run_experts_turbo
         if self.turbo_compile and provider == "torch":
             # as TorchTitan compiles its own _run_experts_grouped_mm under compile (fuses silu * mul and casts)
