@@ -85,3 +85,12 @@ def test_tied_embeddings_across_pipeline_stages_match_one_process(tmp_path):
                                        "parallel.pipeline_model_parallel_size=2"], steps=4)
     assert two["params"] == one["params"] == 1_049_728  # the output copy is not counted twice
     assert two["losses"] == pytest.approx(one["losses"], abs=2e-3)
+
+
+def test_deepseek_style_mla_moe_trains(tmp_path):
+    """Multi-latent attention (SDPA core with q/k head dim != v head dim) + MoE with a leading dense layer."""
+    mla = ["model=debug_moe", "model.multi_latent_attention=true", "model.kv_lora_rank=32", "model.qk_head_dim=32",
+           "model.qk_pos_emb_head_dim=16", "model.v_head_dim=32", "model.num_query_groups=4",
+           "model.moe_first_k_dense=1"]
+    res, _ = train(tmp_path, "mla", mla, steps=4)
+    assert res["losses"][-1] < res["losses"][0] - 0.2, res["losses"]

@@ -26,7 +26,9 @@ class SDPAttention(MegatronModule):
 
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
                  attention_type: str, attention_dropout: Optional[float] = None,
-                 softmax_scale: Optional[float] = None, cp_comm_type: Optional[str] = None, pg_collection=None):
+                 softmax_scale: Optional[float] = None, cp_comm_type: Optional[str] = None, pg_collection=None,
+                 k_channels: Optional[int] = None, v_channels: Optional[int] = None):
+        # MLA passes k/v head dims (192 / 128 for DeepSeek-V2); SDPA reads them off the tensors
         super().__init__(config=config)
         if config.context_parallel_size != 1:
             raise ValueError("SDPAttention has no context parallelism (capability_issues should have said so)")
@@ -40,7 +42,7 @@ class SDPAttention(MegatronModule):
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None):
+                packed_seq_params=None, **_unused):
         if packed_seq_params is not None or attention_bias is not None:
             raise NotImplementedError("SDPAttention: packed sequences / attention bias need TE's attention")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type

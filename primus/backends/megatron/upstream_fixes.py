@@ -3,8 +3,13 @@
 - `transformer/moe/moe_utils.py` imports `te_general_gemm` only inside its `try: import transformer_engine`
   block, yet `RouterGatingLinearFunction` tests `te_general_gemm is not None` unconditionally: without TE every
   MoE router forward raises NameError. Defining the name as None selects megatron's own torch matmul path.
+- `transformer/multi_latent_attention.py` sets HAVE_TE from an import that succeeds without TE (the extension
+  module stands mock objects in for its TE classes), then calls `isinstance(..., TELinear)` with that mock:
+  every MLA layer fails to build. HAVE_TE is set to what it means (Transformer Engine importable).
 """
 from __future__ import annotations
+
+import importlib.util
 
 
 def apply() -> None:
@@ -12,3 +17,8 @@ def apply() -> None:
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+
+    from megatron.core.transformer import multi_latent_attention as mla
+
+    if importlib.util.find_spec("transformer_engine") is None:
+        mla.HAVE_TE = False
