@@ -34,7 +34,7 @@ from primus.turbo import _common
 
 log = logging.getLogger("primus.turbo")
 
-RECIPES = ("tensorwise", "rowwise", "blockwise")
+from primus.turbo.providers import PORTABLE_FP8_RECIPES as RECIPES  # noqa: E402
 _DEVICE_WORDS = ("cpu", "cuda", "rocm")
 GROUP = 128  # blockwise group / tile edge
 _PARTS = 1024  # max programs of the amax pass (its partial maxima fit one load of the cast kernel)

@@ -19,6 +19,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from primus.config.errors import ConfigError, ConfigIssue
 
+# fp8 recipes the portable fp8 linear (primus/turbo/fp8_linear.py) implements; kept here, in an import-light
+# module, so validation and dry runs can ask without importing torch.
+PORTABLE_FP8_RECIPES = ("tensorwise", "rowwise", "blockwise")
+
 log = logging.getLogger("primus.turbo")
 
 PRIMUS_TURBO = "primus_turbo"

@@ -43,10 +43,15 @@ def te_available() -> bool:
     return _importable("transformer_engine")
 
 
-def portable_fp8_available(recipe: Optional[str] = None) -> bool:
-    """The project's own fp8 linear (primus/turbo/fp8_linear.py), when it exists and says it can run."""
+def portable_fp8_available(recipe: Optional[str] = None, planned: bool = False) -> bool:
+    """The project's own fp8 linear (primus/turbo/fp8_linear.py), when it exists and says it can run.
+    planned: judged for a GPU this machine does not have (dry run / plan): the recipe alone decides."""
     if not _importable("primus.turbo.fp8_linear"):
         return False
+    if planned:
+        from primus.turbo.providers import PORTABLE_FP8_RECIPES
+
+        return recipe in PORTABLE_FP8_RECIPES
     import inspect
 
     from primus.turbo import fp8_linear  # small module, no megatron
@@ -465,7 +470,7 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
         if r not in MCORE_FP8_RECIPES:
             out.append(_issue(["precision.fp8_recipe"], r, f"megatron-core {ver} has fp8 recipes {list(MCORE_FP8_RECIPES)}",
                               "pick one of those"))
-        elif not cpu and spec == "local" and not portable_fp8_available(r):
+        elif not cpu and spec == "local" and not portable_fp8_available(r, planned=ctx.planned):
             if _importable("primus.turbo.fp8_linear"):
                 rule = f"neither Transformer Engine nor the portable fp8 linear can run recipe {r!r} here"
             else:
