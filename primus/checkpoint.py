@@ -411,7 +411,7 @@ class CheckpointManager:
             set_rng_state(torch.load(rf, weights_only=False))
         self.say(f"[primus] resumed from {path} (step {meta['step']}); next step {meta['step'] + 1}")
         return {"path": path, "step": int(meta["step"]), "trainer_state": meta.get("trainer_state", {}),
-                "skipped": skipped}
+                "skipped": skipped, "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)}
 
 
 def requeued_slurm_job() -> bool:

@@ -124,7 +124,8 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         if resumed is not None:
             start = resumed["step"] + 1
             result["resumed_from"] = {"path": resumed["path"], "step": resumed["step"],
-                                      "skipped": [{"path": p, "reason": why} for p, why in resumed["skipped"]]}
+                                      "skipped": [{"path": p, "reason": why} for p, why in resumed["skipped"]],
+                                      "slurm_restart_count": resumed.get("slurm_restart_count", 0)}
         result["first_step"] = start
         result["last_step"] = start - 1
         gemm_recording.__enter__()
