@@ -528,6 +528,10 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
         if not (p.bf16 or p.fp16):
             out.append(_issue(["moe.overlap_moe_expert_parallel_comm", "precision.bf16"], False,
                               "the EP overlap runs bf16/fp16 models only", "set precision.bf16=true"))
+    if par.context_parallel_size > 1 and spec == "te":
+        out.append(_issue(["parallel.context_parallel_size"], par.context_parallel_size,
+                          "splitting each sequence over cp ranks (data and loss) is not wired in this backend yet",
+                          "set parallel.context_parallel_size=1"))
     if m.mtp_num_layers and par.pipeline_model_parallel_size > 1:
         out.append(_issue(["model.mtp_num_layers", "parallel.pipeline_model_parallel_size"], m.mtp_num_layers,
                           "multi-token prediction with pipeline parallelism is not wired in this backend",
