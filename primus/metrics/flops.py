@@ -54,9 +54,9 @@ class ParamCounts:
 def param_counts(m: ModelConfig) -> ParamCounts:
     h = m.hidden_size
     attn = attention_params(m)
-    norms_per_layer = 2 * h + (2 * head_dim(m) if m.qk_layernorm else 0)
-    if m.multi_latent_attention:
-        norms_per_layer += m.kv_lora_rank + (m.q_lora_rank or 0)
+    norms_per_layer = 2 * h
+    if m.qk_layernorm:  # GQA: per-head q/k norms; MLA: norms on the compressed latents
+        norms_per_layer += (m.kv_lora_rank + (m.q_lora_rank or 0)) if m.multi_latent_attention else 2 * head_dim(m)
     moe_layers = num_moe_layers(m)
     dense_layers = m.num_layers - moe_layers
     router = h * (m.num_experts or 0)
