@@ -38,9 +38,16 @@ def cfg_of():
 
 @pytest.fixture(autouse=True)
 def _restore_environ():
-    """Tests that drive trainers in-process set RANK/WORLD_SIZE/MASTER_PORT...: never let them leak into later
-    tests (a leaked MASTER_PORT sends the next train.py subprocess to a port this process still listens on)."""
+    """Tests that drive trainers in-process set RANK/WORLD_SIZE/MASTER_PORT... and process-wide switches: never
+    let them leak into later tests (a leaked MASTER_PORT sends the next train.py subprocess to a port this process still listens on)."""
     saved = dict(os.environ)
+    dynamo = sys.modules.get("torch._dynamo")
+    dynamo_disabled = dynamo.config.disable if dynamo else None
     yield
     os.environ.clear()
     os.environ.update(saved)
+    # megatron's CPU redirections switch torch.compile off for their process (cpu_compat.py, item 7): a test that
+    # drives megatron in-process must not leave later compile tests running with dynamo disabled
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.config.disable = bool(dynamo_disabled)
