@@ -22,7 +22,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 
-BENCH = ["model=llama3_2_1b", "training=bench", "logging.tensorboard=false", "plan.enforce=false"]
+QUIET = ["logging.tensorboard=false", "plan.enforce=false"]
+BENCH = ["model=llama3_2_1b", "training=bench", *QUIET]
 
 SUITES = {
     "core": [
@@ -33,6 +34,7 @@ SUITES = {
         ("torchtitan bf16 compile", ["train.py", "backend=torchtitan", "training.compile=true", *BENCH]),
         ("torchtitan fp8 compile", ["train.py", "backend=torchtitan", "training.compile=true", "precision=fp8", *BENCH]),
     ],
+    "none": [],  # only the --extra points
     "reference": [
         ("reference/eager", ["bench/reference.py", "--variant", "eager"]),
         ("reference/compile_fused", ["bench/reference.py", "--variant", "compile_fused"]),
@@ -116,7 +118,10 @@ def main():
     points = [p for p in SUITES[args.suite] if not args.only or p[0] in args.only]
     for e in args.extra:
         name, argv = e.split("=", 1)
-        points.append((name, ["train.py", *argv.split(), *BENCH]))
+        argv = argv.split()
+        # an experiment preset brings its own model and batch (a command-line model= would override it)
+        base = QUIET if any(a.startswith("experiment=") for a in argv) else BENCH
+        points.append((name, ["train.py", *base, *argv]))
     out = os.environ.get("OUT")
     log_dir = out or os.path.join(ROOT, "outputs", "bench")
     os.makedirs(log_dir, exist_ok=True)
