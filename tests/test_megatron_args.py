@@ -90,7 +90,9 @@ CASES = [
     (["model=debug_moe", "moe.moe_router_load_balancing_type=seq_aux_loss"], "transformer_config",
      "moe_router_load_balancing_type", "seq_aux_loss"),
     (["model=debug_moe", "moe=optimized"], "transformer_config", "moe_grouped_gemm", True),
-    (["model=debug_moe", "moe=optimized"], "transformer_config", "moe_permute_fusion", True),
+    # megatron's own permute fusion is TE's; without TE turbo.py's Triton permute serves the flag
+    (["model=debug_moe", "moe=optimized"], "transformer_config", "moe_permute_fusion", margs.te_available()),
+    (["model=debug_moe", "moe=optimized"], "turbo", "moe_permute_fusion", True),
     (["model=debug_moe", "moe.moe_token_dispatcher_type=allgather"], "transformer_config",
      "moe_token_dispatcher_type", "allgather"),
     (["model=debug_moe", "moe.overlap_moe_expert_parallel_comm=true"], "transformer_config",

@@ -44,7 +44,6 @@ def test_cpu_rejects_what_megatron_cannot_run_without_cuda(overrides, key, words
     (["parallel.context_parallel_size=2"], "parallel.context_parallel_size", "TE"),
     (["model.cross_entropy_loss_fusion=true", "model.cross_entropy_fusion_impl=te"],
      "model.cross_entropy_fusion_impl", "TE"),
-    (["model=debug_moe", "moe.moe_permute_fusion=true"], "moe.moe_permute_fusion", "0.16.1"),
     (["model=debug_moe", "moe.moe_grouped_gemm=true", "precision=fp16"], "moe.moe_grouped_gemm", "bf16"),
     (["model=debug_moe", "moe.moe_token_dispatcher_type=flex"], "moe.moe_token_dispatcher_type", "DeepEP"),
     (["memory=distributed_optimizer", "memory.use_precision_aware_optimizer=true"],
@@ -87,7 +86,6 @@ def test_gpu_without_fp8_tensor_cores_is_an_error(monkeypatch):
     (["model=debug_moe", "moe.overlap_moe_expert_parallel_comm=true", "recompute=full",
       "recompute.recompute_method=uniform", "recompute.recompute_num_layers=1"], "recompute.recompute_granularity"),
     (["training.compile=true"], "training.compile"),
-    (["turbo=megatron"], "turbo.enable_primus_turbo"),
 ])
 def test_settings_megatron_cannot_honour_on_any_device(overrides, key):
     found = issues(*overrides, ctx=GPU)

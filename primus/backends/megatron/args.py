@@ -8,6 +8,7 @@ are megatron-core 0.16.1's own keyword names.
 from __future__ import annotations
 
 import importlib.util
+import os
 from functools import lru_cache
 from importlib import metadata
 from typing import Any, Dict, List, Optional
@@ -127,6 +128,37 @@ def recompute_kwargs(cfg: PrimusConfig) -> Dict[str, Any]:
     return out
 
 
+# turbo.* flags the megatron backend wires (turbo.py); dense / MoE ones apply to the local spec only
+TURBO_SPEC_FLAGS = ("use_turbo_attention", "use_turbo_rms_norm", "use_turbo_parallel_linear")
+TURBO_MOE_FLAGS = ("use_turbo_grouped_gemm", "moe_use_fused_router_with_aux_score", "use_turbo_fused_act_with_probs",
+                   "use_turbo_deepep")
+
+
+def turbo_permute_fusion(cfg: PrimusConfig) -> bool:
+    """moe.moe_permute_fusion without TE: served by primus.turbo.moe_ops.permute / unpermute (turbo.py)."""
+    return bool(cfg.moe.moe_permute_fusion and cfg.model.num_experts and resolved_layer_spec(cfg) == "local")
+
+
+def turbo_args(cfg: PrimusConfig) -> Dict[str, Any]:
+    """args["turbo"]: what primus/backends/megatron/turbo.py swaps in ({} when nothing)."""
+    t, moe = cfg.turbo, cfg.moe
+    out: Dict[str, Any] = {}
+    if t.enable_primus_turbo:
+        for f in TURBO_SPEC_FLAGS + TURBO_MOE_FLAGS:
+            if getattr(t, f) and (f in TURBO_SPEC_FLAGS or cfg.model.num_experts):
+                out[f] = True
+        if t.turbo_sync_free_moe_stage and cfg.model.num_experts:
+            out["turbo_sync_free_moe_stage"] = int(t.turbo_sync_free_moe_stage)
+            out["sync_free"] = True  # permute with num_out_tokens = tokens x topk (dropless): no host sync
+        if t.use_turbo_parallel_linear:
+            out["chunks"] = 2  # pieces of the overlapped TP collectives
+    if turbo_permute_fusion(cfg):
+        out["moe_permute_fusion"] = True
+    if out and cfg.model.num_experts:
+        out["topk"] = cfg.model.moe_router_topk
+    return out
+
+
 def transformer_config_kwargs(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
     m, p, par, moe, ov = cfg.model, cfg.precision, cfg.parallel, cfg.moe, cfg.overlap
     dtype = _dtype(cfg)
@@ -208,9 +240,13 @@ def transformer_config_kwargs(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, A
             "moe_z_loss_coeff": moe.moe_z_loss_coeff,
             "moe_router_score_function": moe.moe_router_score_function.value,
             "moe_router_pre_softmax": moe.moe_router_pre_softmax,
-            "moe_grouped_gemm": moe.moe_grouped_gemm,
+            # the turbo grouped GEMM / fused act with probs serve megatron's GroupedMLP (turbo.py)
+            "moe_grouped_gemm": moe.moe_grouped_gemm or bool(
+                cfg.turbo.enable_primus_turbo and (cfg.turbo.use_turbo_grouped_gemm
+                                                   or cfg.turbo.use_turbo_fused_act_with_probs)),
             "moe_token_dispatcher_type": moe.moe_token_dispatcher_type.value,
-            "moe_permute_fusion": moe.moe_permute_fusion,
+            # without TE megatron's fused permute is missing: turbo.py's Triton permute runs instead (args["turbo"])
+            "moe_permute_fusion": moe.moe_permute_fusion and not turbo_permute_fusion(cfg),
             "overlap_moe_expert_parallel_comm": moe.overlap_moe_expert_parallel_comm,
         })
     if m.multi_latent_attention:
@@ -362,6 +398,7 @@ def build_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
             "align_param_gather": cfg.overlap.align_param_gather,
         },
         "recompute_layer_ids": list(cfg.recompute.recompute_layer_ids or []),
+        "turbo": turbo_args(cfg),
         "empty_unused_memory_level": cfg.memory.empty_unused_memory_level,
         "env": env_vars(cfg, ctx),
         "data": {
@@ -443,10 +480,7 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
         if m.cross_entropy_loss_fusion and m.cross_entropy_fusion_impl.value == "te":
             out.append(_issue(["model.cross_entropy_fusion_impl"], "te", "the TE fused cross entropy needs TE",
                               "set model.cross_entropy_fusion_impl=native"))
-        if moe.moe_permute_fusion and m.num_experts:
-            out.append(_issue(["moe.moe_permute_fusion"], True,
-                              f"megatron-core {ver}'s fused permute/unpermute kernels come from TE",
-                              "set moe.moe_permute_fusion=false or install TE"))
+        # moe.moe_permute_fusion without TE: primus.turbo.moe_ops permute/unpermute (turbo_issues checks Triton)
         if moe.moe_grouped_gemm and m.num_experts and not p.bf16:
             # without TE the local spec uses GroupedMLP (grouped_gemm.py supplies its GEMM), which is bf16-only
             out.append(_issue(["moe.moe_grouped_gemm", "precision.bf16"], False,
@@ -540,8 +574,50 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
         out.append(_issue(["training.compile", "backend.name"], True,
                           "torch.compile of megatron-core modules is not implemented in the megatron backend",
                           "set training.compile=false (the local spec already uses fused SDPA / RMSNorm / SwiGLU)"))
-    if cfg.turbo.enable_primus_turbo:
-        out.append(_issue(["turbo.enable_primus_turbo", "backend.name"], True,
-                          "Primus-Turbo kernels are not wired into the megatron backend yet",
-                          "use turbo=off with backend=megatron"))
+    out += turbo_issues(cfg, ctx)
+    return out
+
+
+def _local_device_info(ctx: RunContext):
+    """primus.turbo.providers.DeviceInfo for this run: probed on a GPU; on CPU built without importing torch."""
+    from primus.turbo import providers
+
+    if ctx.device != "cpu":
+        return providers.probe(ctx.device)
+    return providers.DeviceInfo(kind="cpu", has_triton=providers._importable("triton"),
+                                triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
+                                has_primus_turbo=providers._importable(providers.PRIMUS_TURBO),
+                                has_deep_ep=providers._importable("deep_ep"),
+                                has_te=providers._importable("transformer_engine"))
+
+
+def turbo_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
+    """Turbo flags with backend=megatron: what they need, and (unless planned) a provider for each on this device
+    (primus.turbo.providers names what to install)."""
+    t = cfg.turbo
+    out: List[ConfigIssue] = []
+    permute = turbo_permute_fusion(cfg)
+    if not t.enable_primus_turbo and not permute:
+        return out
+    spec = resolved_layer_spec(cfg)
+    if t.enable_primus_turbo and spec == "te":
+        on = [f"turbo.{f}" for f in TURBO_SPEC_FLAGS + ("use_turbo_grouped_gemm", "use_turbo_fused_act_with_probs",
+                                                         "moe_use_fused_router_with_aux_score") if getattr(t, f)]
+        if on:
+            out.append(_issue(on + ["backend.layer_spec"], "te",
+                              "the megatron turbo swaps replace modules of the local spec; Transformer Engine's "
+                              "layers already fuse these", "set backend.layer_spec=local, or turbo=off"))
+    if t.enable_primus_turbo and t.use_turbo_parallel_linear and cfg.precision.fp8 is not None and spec == "local" \
+            and cfg.precision.fp8_recipe.value not in ("tensorwise", "rowwise", "blockwise"):
+        out.append(_issue(["turbo.use_turbo_parallel_linear", "precision.fp8_recipe"], cfg.precision.fp8_recipe.value,
+                          "the turbo parallel linear runs fp8 recipes tensorwise, rowwise or blockwise",
+                          "use precision=fp8 (tensorwise)"))
+    if getattr(ctx, "planned", False):
+        return out
+    from primus.turbo import providers
+
+    for i in providers.capability_issues(cfg, ctx.device, info=_local_device_info(ctx)):
+        if i.keys and i.keys[0].startswith("precision.fp8"):
+            continue  # the precision rules above judge fp8 (TE or the portable linear)
+        out.append(i)
     return out

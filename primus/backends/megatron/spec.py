@@ -98,8 +98,9 @@ def _is_norm(cls) -> bool:
 
 
 def decoder_block_spec(config: TransformerConfig, use_te: bool, vp_stage: Optional[int] = None,
-                       pp_rank: Optional[int] = None):
-    """The decoder block spec for this pipeline stage (and virtual stage)."""
+                       pp_rank: Optional[int] = None, turbo: Optional[dict] = None):
+    """The decoder block spec for this pipeline stage (and virtual stage). `turbo`: args["turbo"] (turbo.py swaps
+    the attention core / norms it asks for)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=use_te, normalization="RMSNorm",
@@ -108,6 +109,13 @@ def decoder_block_spec(config: TransformerConfig, use_te: bool, vp_stage: Option
         for layer_spec in spec.layer_specs:
             _swap_local_modules(layer_spec)
         spec.layer_norm = RMSNorm
+        if turbo:
+            from primus.backends.megatron import turbo as mturbo
+
+            for layer_spec in spec.layer_specs:
+                mturbo.swap_spec(layer_spec, turbo)
+            if turbo.get("use_turbo_rms_norm"):
+                spec.layer_norm = mturbo.TurboRMSNorm
     return spec
 
 

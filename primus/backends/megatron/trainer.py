@@ -126,6 +126,7 @@ class MegatronTrainer(Trainer):
             from primus.backends.megatron import grouped_gemm
 
             grouped_gemm.install()
+        turbo_info = self._turbo_setup()
         self.spec_name = spec.describe(use_te)
         if ctx.is_rank0:
             log.info("megatron layer spec: %s", self.spec_name)
@@ -135,14 +136,16 @@ class MegatronTrainer(Trainer):
         self.kept_init = []
         self.fp8_converted = 0
         for vp_stage in (range(vp) if vp else [None]):
-            block = spec.decoder_block_spec(tconfig, use_te, vp_stage=vp_stage)
+            block = spec.decoder_block_spec(tconfig, use_te, vp_stage=vp_stage, turbo=a["turbo"])
             first = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
             last = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
             model = GPTModel(config=tconfig, transformer_layer_spec=block, pre_process=first, post_process=last,
                              mtp_block_spec=spec.mtp_block_spec(tconfig, block, use_te, vp_stage=vp_stage),
                              vp_stage=vp_stage, **a["gpt_model"])
             self.kept_init += layout_independent_init(model, tconfig, seed)
-            if self.fp8_hook is not None:
+            if a["turbo"]:
+                self._turbo_apply(model)
+            if self.fp8_hook is not None and not a["turbo"].get("use_turbo_parallel_linear"):
                 self.fp8_converted += len(self.fp8_hook(model, self.fp8_settings, tconfig))
             if a["recompute_layer_ids"]:
                 recompute_ids.apply(model, a["recompute_layer_ids"])
@@ -196,7 +199,43 @@ class MegatronTrainer(Trainer):
             info["fp8_linears_on_this_rank"] = self.fp8_converted
         if self.kept_init:
             info["megatron_init_params"] = len(self.kept_init)
+        info.update(self._turbo_built(turbo_info))
         return info
+
+    def _turbo_setup(self) -> Dict[str, Any]:
+        """turbo.* flags (turbo.py): providers resolved (ConfigError naming what to install) and logged, megatron's
+        MoE entry points patched; the spec and the built chunks are swapped in setup()."""
+        flags = self.args["turbo"]
+        if not flags:
+            return {}
+        from primus.backends.megatron import turbo as mturbo
+        from primus.turbo.providers import log_providers
+
+        mapping = mturbo.resolve(self.cfg, self.ctx)
+        if self.ctx.is_rank0:
+            log_providers(mapping, log)
+        mturbo.reset(flags)
+        mturbo.install()
+        return {"turbo_providers": mapping}
+
+    def _turbo_apply(self, model) -> None:
+        from primus.backends.megatron import turbo as mturbo
+
+        mturbo.apply(model, self.tconfig, self.fp8_settings if self.fp8_hook is not None else None)
+        for k, v in mturbo.count_modules(model).items():
+            if v:
+                mturbo.SWAPS[k] = mturbo.SWAPS.get(k, 0) + v
+
+    def _turbo_built(self, turbo_info: Dict[str, Any]) -> Dict[str, Any]:
+        if not turbo_info:
+            return {}
+        from primus.backends.megatron import turbo as mturbo
+
+        missing = mturbo.check_swapped(self.args["turbo"], mturbo.SWAPS)
+        if missing:
+            raise ConfigError([ConfigIssue([f"turbo.{k}"], True, "found nothing to swap in this model",
+                                           "turn the flag off") for k in missing])
+        return {**turbo_info, "turbo_swaps": dict(mturbo.SWAPS)}
 
     def _transformer_config(self, kw: Dict[str, Any]):
         kw = dict(kw)

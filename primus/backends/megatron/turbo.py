@@ -1,0 +1,359 @@
+"""Turbo kernels in megatron-core's local spec (`turbo.*` flags, backend=megatron, no Transformer Engine).
+
+args.py decides what is on (`args["turbo"]`, JSON-able, shown by a dry run); the trainer resolves and logs the
+providers (`primus.turbo.providers`), then uses this module at three points:
+
+  spec (before the model is built)   spec.py calls `swap_spec`:
+      use_turbo_attention   core attention -> TurboSDPAttention: `primus.turbo.attention.turbo_attention` on the
+                            [s, b, h, d] tensors (cuDNN > flash > efficient on CUDA; never the math kernel on a GPU,
+                            it raises instead), GQA in the kernel. Non-causal masks fall back to spec.SDPAttention.
+      use_turbo_rms_norm    input / pre-MLP / q-k(-latent) / final norms -> TurboRMSNorm: the Triton fused
+                            RMSNorm fwd+bwd, weight marked `sequence_parallel` as spec.RMSNorm does.
+  megatron internals (`install`, before the model is built, idempotent, switches read per call):
+      use_turbo_grouped_gemm               GroupedMLP's `gg.ops.gmm` -> primus.turbo.grouped_gemm (the config's
+                                           moe_grouped_gemm is forced on by args.py so GroupedMLP is built)
+      moe_use_fused_router_with_aux_score  TopKRouter's top-k + aux-loss scores -> moe_ops.fused_router (one pass
+                                           computes probs, routing map and the aux scores; group-limited routing,
+                                           padding masks and router replay keep megatron's code)
+      moe.moe_permute_fusion (no TE)       the token dispatchers' permute / unpermute -> moe_ops.permute /
+                                           unpermute (megatron's own fusion needs TE, so its config flag stays off)
+  built model (`apply`, per model chunk):
+      use_turbo_parallel_linear  decoder Column/RowParallelLinear (not experts) -> primus.turbo.parallel_linear's
+                                 autograd functions: column = input comm + GEMM (+ async dgrad all-reduce /
+                                 reduce-scatter overlapped with the wgrad GEMM; sequence parallel: chunked all-gather
+                                 overlapped with GEMMs); row = GEMM with the output all-reduce chunked and overlapped
+                                 (sequence parallel: reduce-scatter). bf16 GEMMs, or fp8 (portable recipe) under
+                                 precision.fp8 for the linears fp8 would convert (first/last bf16 layers kept).
+      use_turbo_fused_act_with_probs  GroupedMLP's activation_func_with_probs -> moe_ops.swiglu_with_probs
+A flag that finds nothing to swap in the model raises (never a silent no-op). `SWAPS` counts swaps per flag.
+"""
+from __future__ import annotations
+
+import logging
+import types
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from primus.backends.megatron.spec import RMSNorm, SDPAttention
+
+log = logging.getLogger("primus.megatron")
+
+SWAPS: Dict[str, int] = {}
+_STATE: Dict[str, Any] = {"flags": {}}
+
+
+def _count(key: str, n: int = 1) -> None:
+    SWAPS[key] = SWAPS.get(key, 0) + n
+
+
+def reset(flags: Optional[Dict[str, Any]]) -> None:
+    """The flags of this run (args["turbo"]); clears the swap counts."""
+    SWAPS.clear()
+    _STATE["flags"] = dict(flags or {})
+
+
+def _on(name: str) -> bool:
+    return bool(_STATE["flags"].get(name))
+
+
+# ------------------------------------------------------------------------------------------------ spec modules
+
+
+class TurboSDPAttention(SDPAttention):
+    """SDPAttention through primus.turbo.attention.turbo_attention (explicit backend order, never math on GPU)."""
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, **kw):
+        from megatron.core.transformer.enums import AttnMaskType
+
+        from primus.turbo.attention import turbo_attention
+
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        dropout = self.dropout_p if self.training else 0.0
+        if packed_seq_params is not None or attention_bias is not None or mask_type != AttnMaskType.causal \
+                or dropout > 0.0:
+            return super().forward(query, key, value, attention_mask, attn_mask_type=attn_mask_type,
+                                   attention_bias=attention_bias, packed_seq_params=packed_seq_params, **kw)
+        out = turbo_attention(query, key, value, causal=True, layout="sbhd", scale=self.scale)
+        s, b, h, dv = out.shape
+        return out.reshape(s, b, h * dv)
+
+
+class TurboRMSNorm(RMSNorm):
+    """spec.RMSNorm (same parameter, same sequence-parallel mark) with the Triton fused kernel."""
+
+    def forward(self, x):
+        from primus.turbo.rmsnorm import rms_norm
+
+        return rms_norm(x, self.weight, self.eps)
+
+
+def swap_spec(layer_spec, flags: Dict[str, Any]) -> None:
+    """Point one (already locally swapped) layer spec at the turbo modules that the flags ask for."""
+    sub = layer_spec.submodules
+    if flags.get("use_turbo_rms_norm"):
+        for name in ("input_layernorm", "pre_mlp_layernorm"):
+            if getattr(sub, name, None) is RMSNorm:
+                setattr(sub, name, TurboRMSNorm)
+    attn = getattr(getattr(sub, "self_attention", None), "submodules", None)
+    if attn is None:
+        return
+    if flags.get("use_turbo_attention") and getattr(attn, "core_attention", None) is SDPAttention:
+        attn.core_attention = TurboSDPAttention
+    if flags.get("use_turbo_rms_norm"):
+        for name in ("q_layernorm", "k_layernorm", "kv_layernorm"):
+            if getattr(attn, name, None) is RMSNorm:
+                setattr(attn, name, TurboRMSNorm)
+
+
+# ------------------------------------------------------------------------------------------------ megatron internals
+
+
+def _gmm(a, b, batch_sizes, trans_b=False):
+    if not _on("use_turbo_grouped_gemm"):  # a later run in this process without the flag
+        from primus.backends.megatron.grouped_gemm import gmm
+
+        return gmm(a, b, batch_sizes, trans_b)
+    from primus.turbo.grouped_gemm import grouped_gemm
+
+    _count("gmm_calls")
+    return grouped_gemm(a, b, batch_sizes, trans_b=trans_b)
+
+
+def resolve(cfg, ctx) -> Dict[str, str]:
+    """{config key: provider} for this run's turbo flags (logged by the trainer); ConfigError naming what to install
+    when one is missing (fp8 itself is judged by args.capability_issues / the portable fp8 path)."""
+    from primus.backends.megatron import args as margs
+    from primus.config.errors import ConfigError
+    from primus.turbo import providers
+
+    mapping, issues = providers._resolve(cfg.turbo, cfg.precision, margs._local_device_info(ctx), "megatron", cfg.moe)
+    issues = [i for i in issues if not (i.keys and i.keys[0].startswith("precision.fp8"))]
+    if issues:
+        raise ConfigError(issues)
+    return mapping
+
+
+def _fused_topk(orig):
+    def topk_routing_with_score_function(logits, topk, use_pre_softmax=False, num_groups=None, group_topk=None,
+                                         scaling_factor=None, score_function="softmax", expert_bias=None,
+                                         fused=False, router_replay=None, **kw):
+        if not _on("moe_use_fused_router_with_aux_score") or num_groups or group_topk or router_replay is not None \
+                or kw or logits.dim() != 2:
+            return orig(logits, topk, use_pre_softmax=use_pre_softmax, num_groups=num_groups, group_topk=group_topk,
+                        scaling_factor=scaling_factor, score_function=score_function, expert_bias=expert_bias,
+                        fused=fused, router_replay=router_replay, **kw)
+        from primus.turbo.moe_ops import fused_router
+
+        probs, routing_map, aux = fused_router(logits, topk, score_function=score_function,
+                                               pre_softmax=use_pre_softmax, scaling_factor=scaling_factor,
+                                               expert_bias=expert_bias)
+        # the aux-loss scores came from the same pass; compute_routing_scores_for_aux_loss picks them up
+        _STATE["aux"] = (logits, routing_map if expert_bias is None else None, aux)
+        _count("router_calls")
+        return probs.to(logits.dtype), routing_map
+
+    return topk_routing_with_score_function
+
+
+def _fused_aux_scores(orig):
+    def compute_routing_scores_for_aux_loss(logits, topk, score_function, fused=False, padding_mask=None):
+        cached = _STATE.pop("aux", None)
+        if cached is not None and cached[0] is logits and cached[1] is not None and padding_mask is None:
+            return cached[1], cached[2]
+        return orig(logits, topk, score_function, fused=fused, padding_mask=padding_mask)
+
+    return compute_routing_scores_for_aux_loss
+
+
+def _turbo_permute(orig):
+    def permute(tokens, routing_map, probs=None, num_out_tokens=None, fused=False, drop_and_pad=False):
+        if not _on("moe_permute_fusion") or drop_and_pad:
+            return orig(tokens, routing_map, probs=probs, num_out_tokens=num_out_tokens, fused=fused,
+                        drop_and_pad=drop_and_pad)
+        from primus.turbo import moe_ops
+
+        n = num_out_tokens
+        if _on("sync_free") and n is None:
+            n = routing_map.shape[0] * int(_STATE["flags"].get("topk", 1))
+        out, pprobs, row_id_map = moe_ops.permute(tokens, routing_map, probs, num_out_tokens=n)
+        _count("permute_calls")
+        return out, pprobs, _RowIdMap(row_id_map)
+
+    return permute
+
+
+class _RowIdMap:
+    """Marks a permutation made by the turbo permute (unpermute must use the matching kernel)."""
+
+    __slots__ = ("row_id_map",)
+
+    def __init__(self, row_id_map):
+        self.row_id_map = row_id_map
+
+
+def _turbo_unpermute(orig):
+    def unpermute(permuted_tokens, sorted_indices, restore_shape, probs=None, routing_map=None, fused=False,
+                  drop_and_pad=False):
+        if not isinstance(sorted_indices, _RowIdMap):
+            return orig(permuted_tokens, sorted_indices, restore_shape, probs=probs, routing_map=routing_map,
+                        fused=fused, drop_and_pad=drop_and_pad)
+        from primus.turbo import moe_ops
+
+        out = moe_ops.unpermute(permuted_tokens, sorted_indices.row_id_map, probs)
+        return out.view(restore_shape) if tuple(out.shape) != tuple(restore_shape) else out
+
+    return unpermute
+
+
+def install() -> None:
+    """Patch megatron's grouped GEMM, router and dispatcher entry points (once per process); each patched entry
+    checks this run's flags on every call and otherwise runs megatron's own code."""
+    from megatron.core.transformer.moe import grouped_gemm_util as gg
+    from megatron.core.transformer.moe import moe_utils, router, token_dispatcher
+
+    if _on("use_turbo_grouped_gemm"):
+        ops = types.SimpleNamespace(gmm=_gmm)
+        gg.grouped_gemm = types.SimpleNamespace(ops=ops, __name__="primus.turbo.grouped_gemm")
+        gg.ops = ops
+    if getattr(router, "__primus_turbo__", False):
+        return
+    router.topk_routing_with_score_function = _fused_topk(moe_utils.topk_routing_with_score_function)
+    router.compute_routing_scores_for_aux_loss = _fused_aux_scores(moe_utils.compute_routing_scores_for_aux_loss)
+    token_dispatcher.permute = _turbo_permute(moe_utils.permute)
+    token_dispatcher.unpermute = _turbo_unpermute(moe_utils.unpermute)
+    router.__primus_turbo__ = True
+
+
+# ------------------------------------------------------------------------------------------------ built model
+
+
+def _column_impl(group_of, recipe: Optional[str], fmt: str, chunks: int):
+    from primus.turbo.parallel_linear import _ColumnFn
+
+    def forward_impl(input, weight, bias, gradient_accumulation_fusion=False, allreduce_dgrad=False,
+                     sequence_parallel=False, tp_group=None, **_unused):
+        group = tp_group if (sequence_parallel or allreduce_dgrad) else None
+        lead = list(input.shape[:-1])
+        y = _ColumnFn.apply(input.reshape(-1, input.shape[-1]), weight, bias, group, bool(sequence_parallel),
+                            recipe, fmt, chunks)
+        if sequence_parallel and group is not None and group.size() > 1:
+            lead[0] *= group.size()
+        return y.view(*lead, y.shape[-1])
+
+    return forward_impl
+
+
+def _row_forward(recipe: Optional[str], fmt: str, chunks: int):
+    from primus.turbo.parallel_linear import _RowFn
+
+    def forward(self, input_):
+        if not self.input_is_parallel:
+            raise NotImplementedError("turbo row-parallel linear expects a parallel input (megatron's default)")
+        group = self.tp_group if self.tp_group.size() > 1 else None
+        lead = list(input_.shape[:-1])
+        bias = self.bias if not self.skip_bias_add else None
+        y = _RowFn.apply(input_.reshape(-1, input_.shape[-1]), self.weight, bias, group, bool(self.sequence_parallel),
+                         recipe, fmt, chunks)
+        if self.sequence_parallel and group is not None:
+            lead[0] //= group.size()
+        y = y.view(*lead, y.shape[-1])
+        return y, (self.bias if self.skip_bias_add else None)
+
+    return forward
+
+
+def _bf16_layers(settings: Dict[str, Any], num_layers: int):
+    if not settings.get("first_last_layers_bf16"):
+        return set()
+    first, last = settings.get("num_layers_at_start_in_bf16", 1), settings.get("num_layers_at_end_in_bf16", 1)
+    return set(range(first)) | set(range(num_layers - last, num_layers))
+
+
+def apply(model, config, fp8_settings: Optional[Dict[str, Any]] = None) -> Dict[str, int]:
+    """Swap the built modules of one GPTModel chunk; returns {what: count} for this chunk."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    flags = _STATE["flags"]
+    done: Dict[str, int] = {}
+    decoder = getattr(model, "decoder", None)
+    layers = list(decoder.layers) if decoder is not None else []
+    if flags.get("use_turbo_parallel_linear"):
+        fp8 = fp8_settings or {}
+        recipe = fp8.get("fp8_recipe") if fp8.get("fp8") else None
+        fmt = fp8.get("fp8", "e4m3") or "e4m3"
+        bf16_layers = _bf16_layers(fp8, config.num_layers) if recipe else set()
+        chunks = int(flags.get("chunks", 2))
+        n_fp8 = n = 0
+        for layer in layers:
+            in_bf16 = (layer.layer_number - 1) in bf16_layers
+            for _name, mod in layer.named_modules():
+                if not isinstance(mod, (ColumnParallelLinear, RowParallelLinear)) or getattr(mod, "is_expert", False):
+                    continue
+                r = recipe
+                if r:
+                    from primus.turbo.fp8_linear import fp8_shape_ok
+
+                    out_f, in_f = mod.weight.shape
+                    if in_bf16 or not fp8_shape_ok(in_f, out_f):
+                        r = None
+                if isinstance(mod, ColumnParallelLinear):
+                    mod._forward_impl = _column_impl(None, r, fmt, chunks)
+                else:
+                    mod.forward = types.MethodType(_row_forward(r, fmt, chunks), mod)
+                mod.primus_turbo_linear = r or "bf16"
+                n += 1
+                n_fp8 += bool(r)
+        done["use_turbo_parallel_linear"] = n
+        if recipe:
+            done["use_turbo_parallel_linear_fp8"] = n_fp8
+    if flags.get("use_turbo_fused_act_with_probs"):
+        from megatron.core.transformer.moe.experts import GroupedMLP
+
+        from primus.turbo.moe_ops import swiglu_with_probs
+
+        n = 0
+        for mod in model.modules():
+            if isinstance(mod, GroupedMLP):
+                mod.activation_func_with_probs = swiglu_with_probs
+                n += 1
+        done["use_turbo_fused_act_with_probs"] = n
+    for k, v in done.items():
+        _count(k, v)
+    return done
+
+
+def count_modules(model) -> Dict[str, int]:
+    """Spec-level swaps found in a built chunk (attention cores, norms)."""
+    from megatron.core.transformer.moe.experts import GroupedMLP
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    flags = _STATE["flags"]
+    out = {"use_turbo_attention": 0, "use_turbo_rms_norm": 0}
+    for m in model.modules():
+        if isinstance(m, TurboSDPAttention):
+            out["use_turbo_attention"] += 1
+        elif isinstance(m, TurboRMSNorm):
+            out["use_turbo_rms_norm"] += 1
+        elif isinstance(m, TopKRouter) and flags.get("moe_use_fused_router_with_aux_score"):
+            # patched function; served unless group-limited routing is configured
+            ok = not (m.config.moe_router_num_groups or m.config.moe_router_group_topk)
+            out["moe_use_fused_router_with_aux_score"] = out.get("moe_use_fused_router_with_aux_score", 0) + ok
+        elif isinstance(m, GroupedMLP) and flags.get("use_turbo_grouped_gemm"):
+            out["use_turbo_grouped_gemm"] = out.get("use_turbo_grouped_gemm", 0) + 1
+        elif isinstance(m, MoELayer) and flags.get("moe_permute_fusion"):
+            out["moe_permute_fusion"] = out.get("moe_permute_fusion", 0) + 1
+    return out
+
+
+def check_swapped(flags: Dict[str, Any], swaps: Dict[str, int]) -> List[str]:
+    """The enabled flags that swapped nothing anywhere (a ConfigError for the trainer)."""
+    missing = []
+    for key in ("use_turbo_attention", "use_turbo_rms_norm", "use_turbo_parallel_linear",
+                "use_turbo_fused_act_with_probs", "use_turbo_grouped_gemm", "moe_use_fused_router_with_aux_score",
+                "moe_permute_fusion"):
+        if flags.get(key) and not swaps.get(key):
+            missing.append(key)
+    return missing
