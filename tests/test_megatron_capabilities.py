@@ -85,7 +85,6 @@ def test_gpu_without_fp8_tensor_cores_is_an_error(monkeypatch):
      "moe.moe_token_dispatcher_type"),
     (["model=debug_moe", "moe.overlap_moe_expert_parallel_comm=true", "recompute=full",
       "recompute.recompute_method=uniform", "recompute.recompute_num_layers=1"], "recompute.recompute_granularity"),
-    (["training.compile=true"], "training.compile"),
 ])
 def test_settings_megatron_cannot_honour_on_any_device(overrides, key):
     found = issues(*overrides, ctx=GPU)

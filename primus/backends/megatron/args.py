@@ -375,7 +375,7 @@ def forward_backward_schedule(cfg: PrimusConfig) -> str:
 
 
 def build_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
-    t = cfg.training
+    t, mem = cfg.training, cfg.memory
     return {
         "megatron_core": {"installed": mcore_version(), "pinned": PINNED_MCORE},
         "layer_spec": resolved_layer_spec(cfg),
@@ -399,6 +399,9 @@ def build_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
         },
         "recompute_layer_ids": list(cfg.recompute.recompute_layer_ids or []),
         "turbo": turbo_args(cfg),
+        # perf.py: torch.compile per TransformerLayer; torch AdamW switched to its fused kernel (no TE/apex)
+        "compile": bool(t.compile),
+        "fused_adamw": t.optimizer.value != "sgd" and not mem.use_precision_aware_optimizer,
         "empty_unused_memory_level": cfg.memory.empty_unused_memory_level,
         "env": env_vars(cfg, ctx),
         "data": {
@@ -570,10 +573,6 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
         out.append(_issue(["model.mtp_num_layers", "parallel.pipeline_model_parallel_size"], m.mtp_num_layers,
                           "multi-token prediction with pipeline parallelism is not wired in this backend",
                           "set pp=1 or model.mtp_num_layers=0"))
-    if cfg.training.compile:
-        out.append(_issue(["training.compile", "backend.name"], True,
-                          "torch.compile of megatron-core modules is not implemented in the megatron backend",
-                          "set training.compile=false (the local spec already uses fused SDPA / RMSNorm / SwiGLU)"))
     out += turbo_issues(cfg, ctx)
     return out
 

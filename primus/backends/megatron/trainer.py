@@ -111,6 +111,10 @@ class MegatronTrainer(Trainer):
             from primus.backends.megatron import cpu_compat
 
             cpu_compat.enable()
+        if a["compile"]:
+            from primus.backends.megatron import perf
+
+            perf.enable_dynamo()  # cpu_compat turns dynamo off on CPU
 
         ps.initialize_model_parallel(**a["parallel_state"])
         self.ps = ps
@@ -149,6 +153,8 @@ class MegatronTrainer(Trainer):
                 self.fp8_converted += len(self.fp8_hook(model, self.fp8_settings, tconfig))
             if a["recompute_layer_ids"]:
                 recompute_ids.apply(model, a["recompute_layer_ids"])
+            if a["compile"]:
+                self.compiled_layers = getattr(self, "compiled_layers", 0) + perf.compile_layers(model)
             if not cpu:
                 model.cuda(torch.cuda.current_device())
             chunks.append(model)
@@ -168,6 +174,11 @@ class MegatronTrainer(Trainer):
         else:
             self.optimizer = get_megatron_optimizer(opt_config, self.model)
         self.scheduler = OptimizerParamScheduler(self.optimizer, **a["scheduler"])
+        self.fused_optimizer = []
+        if a["fused_adamw"]:
+            from primus.backends.megatron import perf
+
+            self.fused_optimizer = perf.fused_adamw(self.optimizer)
 
         self._wire_sync_hooks(tconfig, finalize_model_grads)
         self.fb_func = get_forward_backward_func()
@@ -200,6 +211,10 @@ class MegatronTrainer(Trainer):
         if self.kept_init:
             info["megatron_init_params"] = len(self.kept_init)
         info.update(self._turbo_built(turbo_info))
+        if a["compile"]:
+            info["compiled_layers"] = self.compiled_layers
+        if self.fused_optimizer:
+            info["optimizer_impl"] = "torch fused " + "/".join(sorted(set(self.fused_optimizer)))
         return info
 
     def _turbo_setup(self) -> Dict[str, Any]:
