@@ -72,3 +72,16 @@ def test_fused_adamw_switch_matches_foreach():
     for x, y in zip(ps, qs):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
     assert perf.fused_adamw(Wrapped()) == []  # already stepped: left alone
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="turbo kernels need triton")
+def test_compile_with_turbo_kernels_trains(tmp_path):
+    """compile + turbo=megatron: the turbo kernel calls run eagerly inside the compiled layers (graph breaks, no
+    tracing into Triton launchers or TP collectives); same losses as the eager plain run."""
+    os.environ["TRITON_INTERPRET"] = "1"  # restored by conftest's autouse fixture
+    eager = train(tmp_path, "eager", [], steps=2)
+    both = train(tmp_path, "both", ["training.compile=true", "turbo=megatron"], steps=2)
+    assert both["backend_info"]["compiled_layers"] == 4
+    assert both["backend_info"]["turbo_swaps"]["use_turbo_parallel_linear"] == 16
+    assert both["losses"] == pytest.approx(eager["losses"], abs=2e-3)

@@ -26,6 +26,10 @@ providers (`primus.turbo.providers`), then uses this module at three points:
                                  precision.fp8 for the linears fp8 would convert (first/last bf16 layers kept).
       use_turbo_fused_act_with_probs  GroupedMLP's activation_func_with_probs -> moe_ops.swiglu_with_probs
 A flag that finds nothing to swap in the model raises (never a silent no-op). `SWAPS` counts swaps per flag.
+
+Under training.compile (perf.py compiles each TransformerLayer) every turbo entry point here runs eagerly
+(`torch.compiler.disable`: one graph break each): dynamo must not trace into the Triton launchers or the TP
+collectives; the elementwise work around them is still compiled.
 """
 from __future__ import annotations
 
@@ -41,6 +45,11 @@ log = logging.getLogger("primus.megatron")
 
 SWAPS: Dict[str, int] = {}
 _STATE: Dict[str, Any] = {"flags": {}}
+
+
+def _eager(fn):
+    """Keep dynamo out of a turbo kernel call (a graph break under training.compile; a no-op otherwise)."""
+    return torch.compiler.disable(fn, recursive=True)
 
 
 def _count(key: str, n: int = 1) -> None:
@@ -75,7 +84,7 @@ class TurboSDPAttention(SDPAttention):
                 or dropout > 0.0:
             return super().forward(query, key, value, attention_mask, attn_mask_type=attn_mask_type,
                                    attention_bias=attention_bias, packed_seq_params=packed_seq_params, **kw)
-        out = turbo_attention(query, key, value, causal=True, layout="sbhd", scale=self.scale)
+        out = _eager(turbo_attention)(query, key, value, causal=True, layout="sbhd", scale=self.scale)
         s, b, h, dv = out.shape
         return out.reshape(s, b, h * dv)
 
@@ -86,7 +95,7 @@ class TurboRMSNorm(RMSNorm):
     def forward(self, x):
         from primus.turbo.rmsnorm import rms_norm
 
-        return rms_norm(x, self.weight, self.eps)
+        return _eager(rms_norm)(x, self.weight, self.eps)
 
 
 def swap_spec(layer_spec, flags: Dict[str, Any]) -> None:
@@ -110,6 +119,7 @@ def swap_spec(layer_spec, flags: Dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------------------------ megatron internals
 
 
+@_eager
 def _gmm(a, b, batch_sizes, trans_b=False):
     if not _on("use_turbo_grouped_gemm"):  # a later run in this process without the flag
         from primus.backends.megatron.grouped_gemm import gmm
@@ -136,6 +146,7 @@ def resolve(cfg, ctx) -> Dict[str, str]:
 
 
 def _fused_topk(orig):
+    @_eager
     def topk_routing_with_score_function(logits, topk, use_pre_softmax=False, num_groups=None, group_topk=None,
                                          scaling_factor=None, score_function="softmax", expert_bias=None,
                                          fused=False, router_replay=None, **kw):
@@ -168,6 +179,7 @@ def _fused_aux_scores(orig):
 
 
 def _turbo_permute(orig):
+    @_eager
     def permute(tokens, routing_map, probs=None, num_out_tokens=None, fused=False, drop_and_pad=False):
         if not _on("moe_permute_fusion") or drop_and_pad:
             return orig(tokens, routing_map, probs=probs, num_out_tokens=num_out_tokens, fused=fused,
@@ -194,6 +206,7 @@ class _RowIdMap:
 
 
 def _turbo_unpermute(orig):
+    @_eager
     def unpermute(permuted_tokens, sorted_indices, restore_shape, probs=None, routing_map=None, fused=False,
                   drop_and_pad=False):
         if not isinstance(sorted_indices, _RowIdMap):
@@ -232,6 +245,7 @@ def install() -> None:
 def _column_impl(group_of, recipe: Optional[str], fmt: str, chunks: int):
     from primus.turbo.parallel_linear import _ColumnFn
 
+    @_eager
     def forward_impl(input, weight, bias, gradient_accumulation_fusion=False, allreduce_dgrad=False,
                      sequence_parallel=False, tp_group=None, **_unused):
         group = tp_group if (sequence_parallel or allreduce_dgrad) else None
@@ -248,6 +262,7 @@ def _column_impl(group_of, recipe: Optional[str], fmt: str, chunks: int):
 def _row_forward(recipe: Optional[str], fmt: str, chunks: int):
     from primus.turbo.parallel_linear import _RowFn
 
+    @_eager
     def forward(self, input_):
         if not self.input_is_parallel:
             raise NotImplementedError("turbo row-parallel linear expects a parallel input (megatron's default)")
@@ -316,7 +331,7 @@ def apply(model, config, fp8_settings: Optional[Dict[str, Any]] = None) -> Dict[
         n = 0
         for mod in model.modules():
             if isinstance(mod, GroupedMLP):
-                mod.activation_func_with_probs = swiglu_with_probs
+                mod.activation_func_with_probs = _eager(swiglu_with_probs)
                 n += 1
         done["use_turbo_fused_act_with_probs"] = n
     for k, v in done.items():
