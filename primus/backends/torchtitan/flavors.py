@@ -168,9 +168,12 @@ def build_flavor(cfg: PrimusConfig) -> Flavor:
         if m.tie_word_embeddings:
             issues.append(ConfigIssue(["model.tie_word_embeddings"], True,
                                       "torchtitan 0.2.2's deepseek_v3 never ties embeddings", "set false"))
-        if m.qk_layernorm:
-            issues.append(ConfigIssue(["model.qk_layernorm"], True,
-                                      "torchtitan 0.2.2's deepseek_v3 has no QK-norm", "set false"))
+        if not m.qk_layernorm:
+            # for MLA, qk_layernorm is the RMSNorm on the compressed latents (megatron's meaning), which
+            # deepseek_v3 always applies (kv_norm, and q_norm with a q LoRA rank)
+            issues.append(ConfigIssue(["model.qk_layernorm", "model.multi_latent_attention"], False,
+                                      "torchtitan 0.2.2's deepseek_v3 always normalises the MLA latents",
+                                      "set model.qk_layernorm=true (as conf/model/deepseek_v2_lite.yaml does)"))
         args = {
             "max_seq_len": seq,
             "vocab_size": m.vocab_size,
