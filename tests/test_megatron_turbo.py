@@ -133,3 +133,16 @@ def test_moe_turbo_trains_like_the_plain_run(tmp_path):
     assert swaps == {"use_turbo_grouped_gemm": 2, "moe_use_fused_router_with_aux_score": 2,
                      "use_turbo_fused_act_with_probs": 2, "moe_permute_fusion": 2}, swaps
     assert turbo["losses"] == pytest.approx(plain["losses"], abs=2e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")
+def test_sync_free_stage1_trains_like_the_plain_run(tmp_path):
+    """turbo=sync_free_stage1 (fused router + Triton permute/unpermute with a static num_out_tokens) on megatron's
+    SequentialMLP experts: the same losses as megatron's own router and permutation."""
+    plain, _ = train(tmp_path, "plain", MOE, steps=2)
+    stage1, _ = train(tmp_path, "stage1", [*MOE, "turbo=sync_free_stage1"], steps=2)
+    info = stage1["backend_info"]
+    assert info["turbo_swaps"] == {"moe_permute_fusion": 2, "moe_use_fused_router_with_aux_score": 2}
+    assert info["turbo_providers"]["turbo.turbo_sync_free_moe_stage"] == "stage 1: fused router, permute fusion"
+    assert stage1["losses"] == pytest.approx(plain["losses"], abs=2e-3)
