@@ -109,12 +109,15 @@ def test_dense_turbo_trains_like_the_plain_run(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")
-def test_turbo_parallel_linear_tp2_sequence_parallel_matches_one_process(tmp_path):
-    """Column: chunked all-gather overlapped with GEMMs + async dgrad reduce-scatter; row: reduce-scatter (gloo)."""
+@pytest.mark.parametrize("sp", [["parallel.sequence_parallel=true"], []], ids=["tp2_sp", "tp2"])
+def test_turbo_parallel_linear_tp2_matches_one_process(tmp_path, sp):
+    """2 gloo ranks. SP: column = chunked all-gather overlapped with GEMMs + async dgrad reduce-scatter, row =
+    reduce-scatter. No SP: column = async dgrad all-reduce during the wgrad GEMM, row = chunked output all-reduce
+    overlapped with the GEMM of the next chunk."""
     only_linear = ["turbo=megatron", "turbo.use_turbo_attention=false", "turbo.use_turbo_rms_norm=false"]
     one, _ = train(tmp_path, "one", only_linear, steps=3)
     two, _ = train(tmp_path, "two", [*only_linear, "launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2",
-                                     "parallel.sequence_parallel=true"], steps=3)
+                                     *sp], steps=3)
     assert two["backend_info"]["turbo_swaps"]["use_turbo_parallel_linear"] == 16
     assert two["losses"] == pytest.approx(one["losses"], abs=2e-3)
 
