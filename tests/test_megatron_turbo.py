@@ -149,3 +149,83 @@ def test_sync_free_stage1_trains_like_the_plain_run(tmp_path):
     assert info["turbo_swaps"] == {"moe_permute_fusion": 2, "moe_use_fused_router_with_aux_score": 2}
     assert info["turbo_providers"]["turbo.turbo_sync_free_moe_stage"] == "stage 1: fused router, permute fusion"
     assert stage1["losses"] == pytest.approx(plain["losses"], abs=2e-3)
+
+
+FP8_SCRIPT = r"""
+import json, sys
+import torch
+import primus.turbo.fp8_linear as F8
+from primus.backends.megatron import args as margs
+from primus.backends.megatron import turbo as mturbo
+
+calls = {"n": 0}
+class St:
+    def __init__(self, tensors):
+        self.tensors, self.has_bias = tensors, False
+def fp8_forward(x2, w, b, recipe="tensorwise", fmt="e4m3", need_wgrad=True):  # plain GEMMs that count calls
+    calls["n"] += 1
+    y = x2 @ w.t()
+    return (y + b if b is not None else y), St([x2, w])
+def fp8_backward(st, dy2, need_dx=True, need_dw=True, need_db=False, after_dgrad=None):
+    x2, w = st.tensors
+    dx = dy2 @ w if need_dx else None
+    if after_dgrad is not None:
+        after_dgrad(dx)
+    return dx, ((dy2.t() @ x2).to(w.dtype) if need_dw else None), None
+F8.fp8_forward, F8.fp8_backward = fp8_forward, fp8_backward
+margs.portable_fp8_available = lambda recipe=None, planned=False: True  # a CPU has no fp8: pretend
+mturbo.resolve = lambda cfg, ctx: {"turbo.use_turbo_parallel_linear": "test"}
+
+from primus.backends.megatron.testing import compose
+from primus.backends.megatron.trainer import MegatronTrainer
+from primus.context import resolve
+
+cfg = compose(sys.argv[2:])
+ctx = resolve(cfg, sys.argv[1])
+trainer = MegatronTrainer(cfg, ctx)  # not validate(): fp8 on CPU is (rightly) refused there
+info = trainer.setup()
+losses = [trainer.train_step(s).loss for s in (1, 2, 3)]
+trainer.close()
+with open(f"{sys.argv[1]}/result_rank{ctx.rank}.json", "w") as f:
+    json.dump({"rank": ctx.rank, "losses": losses, "calls": calls["n"], "swaps": info.get("turbo_swaps", {})}, f)
+"""
+
+
+def run_fp8_script(tmp_path, overrides, nproc=1):
+    script = tmp_path / "turbo_fp8_wiring.py"
+    script.write_text(FP8_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": ROOT}
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                  f"--nproc_per_node={nproc}"]
+    base = ["device=cpu", "training.micro_batch_size=2", "training.global_batch_size=4", "training.seq_length=64",
+            "training.lr_warmup_iters=0", "turbo=megatron", "turbo.use_turbo_attention=false",
+            "turbo.use_turbo_rms_norm=false"]
+    for old in tmp_path.glob("result_rank*.json"):
+        old.unlink()
+    p = subprocess.run([*launch, str(script), str(tmp_path), *base, *overrides], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return [json.loads((tmp_path / f"result_rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRITON, reason="primus.turbo.fp8_linear needs triton")
+def test_turbo_parallel_linear_runs_the_fp8_gemms_under_precision_fp8(tmp_path):
+    """precision=fp8 + use_turbo_parallel_linear: the turbo linears call the fp8 GEMM path (replaced here by plain
+    GEMMs that count calls) for the linears fp8 converts; first/last bf16 layers and tp=2+SP communication kept."""
+    bf16 = run_fp8_script(tmp_path, [])[0]
+    fp8 = run_fp8_script(tmp_path, ["precision=fp8"])[0]
+    assert bf16["calls"] == 0 and bf16["swaps"]["use_turbo_parallel_linear"] == 16
+    assert fp8["swaps"]["use_turbo_parallel_linear_fp8"] == 16
+    assert fp8["calls"] == 16 * 3 * 2  # every linear, every micro batch (3 steps x 2)
+    assert fp8["losses"] == pytest.approx(bf16["losses"], abs=1e-5)
+    kept = run_fp8_script(tmp_path, ["precision=fp8", "precision.first_last_layers_bf16=true",
+                                     "precision.num_layers_at_start_in_bf16=1",
+                                     "precision.num_layers_at_end_in_bf16=2"])[0]
+    assert kept["swaps"]["use_turbo_parallel_linear_fp8"] == 4
+    r0, r1 = run_fp8_script(tmp_path, ["precision=fp8", "launcher.nproc_per_node=2",
+                                       "parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"],
+                            nproc=2)
+    assert r0["losses"] == pytest.approx(fp8["losses"], abs=2e-3)
