@@ -18,12 +18,20 @@ from typing import Any, Dict, List
 log = logging.getLogger("primus.megatron")
 
 
+def _eager(fn):
+    """Under training.compile (perf.py) the fp8 GEMM call stays eager: dynamo must not trace the Triton casts."""
+    import torch
+
+    return torch.compiler.disable(fn, recursive=True)
+
+
 def _column_impl(fp8_linear, recipe: str, fmt: str):
     from megatron.core.tensor_parallel.mappings import (
         copy_to_tensor_model_parallel_region,
         gather_from_sequence_parallel_region,
     )
 
+    @_eager
     def forward_impl(input, weight, bias, gradient_accumulation_fusion=False, allreduce_dgrad=False,
                      sequence_parallel=False, tp_group=None, **_unused):
         if sequence_parallel:
@@ -36,6 +44,7 @@ def _column_impl(fp8_linear, recipe: str, fmt: str):
 
 
 def _row_impl(fp8_linear, recipe: str, fmt: str):
+    @_eager
     def forward_impl(input, weight, bias, **_unused):
         return fp8_linear(input, weight, bias, recipe, fmt)
 
