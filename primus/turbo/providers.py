@@ -81,6 +81,16 @@ class DeviceInfo:
         return self.has_triton and (self.gpu or self.triton_interpret)
 
 
+def device_info_for(device: str) -> DeviceInfo:
+    """The DeviceInfo validation uses: probed on a GPU; on CPU built without importing torch (dry runs stay fast)."""
+    if device != "cpu":
+        return probe(device)
+    return DeviceInfo(kind="cpu", has_triton=_importable("triton"),
+                      triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
+                      has_primus_turbo=_importable(PRIMUS_TURBO), has_deep_ep=_importable("deep_ep"),
+                      has_te=_importable("transformer_engine"))
+
+
 def probe(device: str) -> DeviceInfo:
     """Inspect this machine for `device` ("cpu" or "cuda"; ROCm reports "cuda" in torch)."""
     import torch

@@ -577,17 +577,6 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
     return out
 
 
-def _local_device_info(ctx: RunContext):
-    """primus.turbo.providers.DeviceInfo for this run: probed on a GPU; on CPU built without importing torch."""
-    from primus.turbo import providers
-
-    if ctx.device != "cpu":
-        return providers.probe(ctx.device)
-    return providers.DeviceInfo(kind="cpu", has_triton=providers._importable("triton"),
-                                triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
-                                has_primus_turbo=providers._importable(providers.PRIMUS_TURBO),
-                                has_deep_ep=providers._importable("deep_ep"),
-                                has_te=providers._importable("transformer_engine"))
 
 
 def turbo_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
@@ -615,7 +604,7 @@ def turbo_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
         return out
     from primus.turbo import providers
 
-    for i in providers.capability_issues(cfg, ctx.device, info=_local_device_info(ctx)):
+    for i in providers.capability_issues(cfg, ctx.device, info=providers.device_info_for(ctx.device)):
         if i.keys and i.keys[0].startswith("precision.fp8"):
             continue  # the precision rules above judge fp8 (TE or the portable linear)
         out.append(i)

@@ -138,7 +138,7 @@ def resolve(cfg, ctx) -> Dict[str, str]:
     from primus.config.errors import ConfigError
     from primus.turbo import providers
 
-    mapping, issues = providers._resolve(cfg.turbo, cfg.precision, margs._local_device_info(ctx), "megatron", cfg.moe)
+    mapping, issues = providers._resolve(cfg.turbo, cfg.precision, providers.device_info_for(ctx.device), "megatron", cfg.moe)
     issues = [i for i in issues if not (i.keys and i.keys[0].startswith("precision.fp8"))]
     if issues:
         raise ConfigError(issues)

@@ -181,16 +181,6 @@ def _turbo(cfg: PrimusConfig, issues: List[ConfigIssue]):
     return converters, settings, async_tp
 
 
-def _local_device_info(ctx: RunContext):
-    """primus.turbo.providers.DeviceInfo for this run: probed on a GPU; on CPU built without importing torch."""
-    from primus.turbo import providers
-
-    if ctx.device != "cpu":
-        return providers.probe(ctx.device)
-    return providers.DeviceInfo(kind="cpu", has_triton=providers._importable("triton"),
-                                triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
-                                has_primus_turbo=providers._importable(providers.PRIMUS_TURBO),
-                                has_deep_ep=providers._importable("deep_ep"))
 
 
 def turbo_provider_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
@@ -200,7 +190,7 @@ def turbo_provider_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssu
         return []
     from primus.turbo import providers
 
-    return providers.capability_issues(cfg, ctx.device, info=_local_device_info(ctx))
+    return providers.capability_issues(cfg, ctx.device, info=providers.device_info_for(ctx.device))
 
 
 def _mixed_precision_dropped(cfg: PrimusConfig, ctx: RunContext, issues: List[ConfigIssue]) -> None:
