@@ -4,14 +4,11 @@ The fp8 GEMM itself is primus.turbo's (tested there, on GPUs). Here it is replac
 calls, so a CPU run checks the wiring: which linears are converted (first/last layers kept in bf16), and that the
 tensor-parallel communication around the converted GEMMs is right (tp=2 with sequence parallel matches 1 process).
 """
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from rank_script import run_ranks
+
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     __import__("importlib").util.find_spec("triton") is None, reason="primus.turbo.fp8_linear needs triton")]
 
@@ -47,18 +44,7 @@ BASE = ["device=cpu", "training.micro_batch_size=2", "training.global_batch_size
 
 
 def run(tmp_path, overrides, nproc=1):
-    script = tmp_path / "fp8_wiring.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": ROOT}
-    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                  f"--nproc_per_node={nproc}"]
-    p = subprocess.run([*launch, str(script), str(tmp_path), *BASE, *overrides], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    out = [json.loads(l.split("RESULT ", 1)[1]) for l in p.stdout.splitlines() if "RESULT " in l]
-    return sorted(out, key=lambda r: r["rank"])
+    return run_ranks(tmp_path, "fp8_wiring.py", SCRIPT, [*BASE, *overrides], nproc)
 
 
 def test_portable_fp8_converts_decoder_linears_and_keeps_the_math(tmp_path):

@@ -1,14 +1,11 @@
 """recompute_layer_ids: exactly the listed global layers are recomputed, also when pipeline stages split them.
 
 Black-box: a recomputed layer runs its forward twice per micro batch (once forward, once again in backward)."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from rank_script import run_ranks
+
 pytestmark = pytest.mark.slow
 
 SCRIPT = r'''
@@ -39,19 +36,7 @@ BASE = ["device=cpu", "training.micro_batch_size=2", "training.global_batch_size
 
 
 def run(tmp_path, overrides, nproc=1):
-    script = tmp_path / "count_forwards.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": ROOT}
-    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                  f"--nproc_per_node={nproc}"]
-    p = subprocess.run([*launch, str(script), str(tmp_path), *BASE, *overrides], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    out = [json.loads(l.split("RESULT ", 1)[1]) for l in p.stdout.splitlines() if "RESULT " in l]
-    assert len(out) == nproc
-    return sorted(out, key=lambda r: r["rank"])
+    return run_ranks(tmp_path, "count_forwards.py", SCRIPT, [*BASE, *overrides], nproc)
 
 
 def test_listed_layers_are_recomputed_and_losses_unchanged(tmp_path):
