@@ -1,4 +1,4 @@
-"""Run a small trainer-driving script on 1..N local ranks and collect the JSON each rank prints after `RESULT `."""
+"""Helpers for tests that run the trainers in subprocesses: train.py runs, and small rank scripts on 1..N ranks."""
 import json
 import os
 import subprocess
@@ -23,3 +23,17 @@ def run_ranks(tmp_path, name, script, argv, nproc=1, timeout=240):
     out = [dec.raw_decode(chunk)[0] for chunk in p.stdout.split("RESULT ")[1:]]
     assert len(out) == nproc, p.stdout[-2000:]
     return sorted(out, key=lambda r: r["rank"])
+
+
+def run_train(run_dir, argv, extra_env=None, timeout=240):
+    """`python train.py hydra.run.dir=<run_dir> <argv>` on CPU, one thread; returns (result.json as dict, stdout)."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(extra_env or {}))
+    p = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *argv], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    result_file = os.path.join(str(run_dir), "result.json")
+    assert p.returncode == 0 and os.path.exists(result_file), p.stdout[-3000:] + p.stderr[-3000:]
+    with open(result_file) as f:
+        res = json.load(f)
+    assert res["status"] == "ok", res.get("error")
+    return res, p.stdout

@@ -3,10 +3,8 @@ import os
 
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from omegaconf.errors import ConfigKeyError, ValidationError
-
 from conftest import CONF, compose_cfg, compose_dict
-from primus.config.schema import GROUPS, SCHEMA_NAME, PrimusConfig
+from primus.config.schema import GROUPS, PrimusConfig
 
 OPTIONS = sorted(
     (group, name[:-5])

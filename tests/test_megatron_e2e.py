@@ -1,14 +1,11 @@
 """The real megatron-core trainer on CPU (gloo), end to end through train.py: 1 process, and 2 processes with tp=2,
 pp=2 and dp=2 whose losses must match the 1-process run (same weights by construction: layout-independent init;
 same samples per step: Megatron-LM's sample order)."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from rank_script import run_train
+
 pytestmark = pytest.mark.slow
 
 # debug model (4 layers, dim 128), seq 128, global batch 8 = 2 micro batches of 4 on one rank
@@ -17,16 +14,8 @@ BASE = ["model=debug", "training.seq_length=128", "training.micro_batch_size=4",
 
 
 def train(tmp_path, name, overrides, steps):
-    run_dir = tmp_path / name
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", f"training.train_iters={steps}", *BASE, *overrides]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    result_file = run_dir / "result.json"
-    assert p.returncode == 0 and result_file.exists(), p.stdout[-3000:] + p.stderr[-3000:]
-    res = json.loads(result_file.read_text())
-    assert res["status"] == "ok", res.get("error")
-    return res, p.stdout
+    res, out = run_train(tmp_path / name, [f"training.train_iters={steps}", *BASE, *overrides])
+    return res, out
 
 
 @pytest.fixture(scope="module")

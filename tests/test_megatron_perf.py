@@ -1,10 +1,9 @@
 """perf.py: training.compile=true (torch.compile per TransformerLayer) and the fused torch AdamW, on CPU."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from rank_script import run_train
 import torch
 
 from primus.backends.megatron import args as margs
@@ -12,23 +11,13 @@ from primus.backends.megatron import perf
 from primus.backends.megatron.testing import compose
 from primus.context import RunContext
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = ["model=debug", "training.seq_length=128", "training.micro_batch_size=4", "training.global_batch_size=8",
         "training.lr=3e-3", "training.lr_warmup_iters=1", "training.timing_warmup_steps=0", "device=cpu",
         "logging.tensorboard=false"]
 
 
 def train(tmp_path, name, overrides, steps):
-    run_dir = tmp_path / name
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", f"training.train_iters={steps}", *BASE, *overrides]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    result_file = run_dir / "result.json"
-    assert p.returncode == 0 and result_file.exists(), p.stdout[-3000:] + p.stderr[-3000:]
-    res = json.loads(result_file.read_text())
-    assert res["status"] == "ok", res.get("error")
+    res, out = run_train(tmp_path / name, [f"training.train_iters={steps}", *BASE, *overrides])
     return res
 
 

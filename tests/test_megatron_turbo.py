@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from rank_script import run_train
+
 from primus.backends.megatron import args as margs
 from primus.backends.megatron.testing import compose
 from primus.context import RunContext
@@ -78,17 +80,8 @@ MOE = ["model=debug_moe", "model.num_layers=2", "model.moe_ffn_hidden_size=64", 
 
 
 def train(tmp_path, name, overrides, steps):
-    run_dir = tmp_path / name
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TRITON_INTERPRET": "1"}
-    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", f"training.train_iters={steps}", *BASE, *overrides]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    result_file = run_dir / "result.json"
-    assert p.returncode == 0 and result_file.exists(), p.stdout[-3000:] + p.stderr[-3000:]
-    res = json.loads(result_file.read_text())
-    assert res["status"] == "ok", res.get("error")
-    return res, p.stdout
+    res, out = run_train(tmp_path / name, [f"training.train_iters={steps}", *BASE, *overrides])
+    return res, out
 
 
 @pytest.mark.slow

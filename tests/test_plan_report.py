@@ -1,7 +1,6 @@
 """The planner's verdicts, advice, refusal path and CLI (pure Python: no GPU, no torch)."""
 import os
 import subprocess
-import sys
 import time
 
 import pytest

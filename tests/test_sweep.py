@@ -1,9 +1,7 @@
 """A 4-point CPU sweep with one invalid point: the sweep runs every point, records the invalid one as a row, writes
 results.csv / results.md / throughput.png in the sweep dir and exits 1 because a point failed."""
 import csv
-import os
 import subprocess
-import sys
 import time
 
 import pytest

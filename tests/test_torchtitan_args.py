@@ -1,7 +1,6 @@
 """Mapping of our config to TorchTitan's job config, the key check against the installed TorchTitan, and the
 errors for settings TorchTitan 0.2.2 cannot honour. No training here (fast)."""
 import json
-import os
 import subprocess
 import sys
 

@@ -4,7 +4,6 @@ bench/torchtitan_turbo_smoke.py; the fp8 custom ops run here through Triton's in
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 

@@ -226,7 +226,7 @@ def parallel_layout(cfg, ctx):
                                 "parallel.context_parallel_size", "parallel.data_parallel_size", "launcher.nproc_per_node"],
                                {"tp": tp, "pp": pp, "cp": cp, "dp": p.data_parallel_size, "world_size": world},
                                "tp x pp x cp x dp must equal the world size",
-                               f"launch tp*pp*cp*dp ranks (launcher.nproc_per_node x launcher.nnodes), or change the sizes"))
+                               "launch tp*pp*cp*dp ranks (launcher.nproc_per_node x launcher.nnodes), or change the sizes"))
         dp = max(dp, 1)
     vp = p.virtual_pipeline_model_parallel_size
     stages = pp * (vp or 1)

@@ -134,7 +134,6 @@ def _gmm(a, b, batch_sizes, trans_b=False):
 def resolve(cfg, ctx) -> Dict[str, str]:
     """{config key: provider} for this run's turbo flags (logged by the trainer); ConfigError naming what to install
     when one is missing (fp8 itself is judged by args.capability_issues / the portable fp8 path)."""
-    from primus.backends.megatron import args as margs
     from primus.config.errors import ConfigError
     from primus.turbo import providers
 
