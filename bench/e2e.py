@@ -114,6 +114,8 @@ def main():
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--ref", default="reference/compile_fused")
     ap.add_argument("--append", help="markdown file to append the section to")
+    ap.add_argument("--log-dir", help="per-point logs (default: $OUT, else outputs/bench)")
+    ap.add_argument("--tag", help="name of the bench_<tag>.md/json written to $OUT (default: the suite)")
     args = ap.parse_args()
     points = [p for p in SUITES[args.suite] if not args.only or p[0] in args.only]
     for e in args.extra:
@@ -123,7 +125,7 @@ def main():
         base = QUIET if any(a.startswith("experiment=") for a in argv) else BENCH
         points.append((name, ["train.py", *base, *argv]))
     out = os.environ.get("OUT")
-    log_dir = out or os.path.join(ROOT, "outputs", "bench")
+    log_dir = args.log_dir or out or os.path.join(ROOT, "outputs", "bench")
     os.makedirs(log_dir, exist_ok=True)
     rows = []
     for i, (name, argv) in enumerate(points):
@@ -138,9 +140,9 @@ def main():
     text = "\n".join(md) + "\n"
     print(text)
     if out:
-        with open(os.path.join(out, f"bench_{args.suite}.md"), "w") as f:
+        with open(os.path.join(out, f"bench_{args.tag or args.suite}.md"), "w") as f:
             f.write(text)
-        with open(os.path.join(out, f"bench_{args.suite}.json"), "w") as f:
+        with open(os.path.join(out, f"bench_{args.tag or args.suite}.json"), "w") as f:
             json.dump({"env": env, "rows": rows}, f, indent=2, default=str)
     if args.append:
         with open(args.append, "a") as f:

@@ -35,8 +35,29 @@ def test_compiled_layers_train_like_eager(tmp_path):
     eager = train(tmp_path, "eager", [], steps=4)
     compiled = train(tmp_path, "compiled", ["training.compile=true"], steps=4)
     assert compiled["backend_info"]["compiled_layers"] == 4
+    assert compiled["backend_info"]["compiled_loss"] is True  # tp=1: the LM loss goes through inductor too
     assert compiled["losses"] == pytest.approx(eager["losses"], abs=2e-3)
     assert eager["backend_info"]["optimizer_impl"] == "torch fused AdamW"
+
+
+@pytest.mark.parametrize("shape", [(7, 3, 50), (16, 2, 1000)])
+def test_compiled_cross_entropy_matches_float64(shape):
+    """perf._cross_entropy under torch.compile (megatron's [s, b, V] logits, [b, s] labels) against float64
+    log-sum-exp minus the label's logit, loss and logits gradient; bf16 logits as the model produces them."""
+    torch.manual_seed(0)
+    s, b, v = shape
+    logits = (torch.randn(s, b, v) * 3).to(torch.bfloat16).requires_grad_()
+    labels = torch.randint(0, v, (b, s))
+    g = torch.randn(b, s)
+    fn = torch.compile(perf._cross_entropy, dynamic=False)
+    out = fn(labels, logits)
+    (out * g).sum().backward()
+    x = logits.detach().double().requires_grad_()
+    ref = torch.logsumexp(x, -1) - x.gather(-1, labels.t().unsqueeze(-1)).squeeze(-1)  # [s, b]
+    (ref.t() * g.double()).sum().backward()
+    assert out.shape == (b, s) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref.t().detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits.grad.double(), x.grad, rtol=2e-2, atol=2e-3)  # bf16 gradient
 
 
 def test_fused_adamw_switch_matches_foreach():

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from conftest import PY, ROOT
-from primus.metrics.profiler import categorize, trace_steps
+from primus.metrics.profiler import categorize, kernel_breakdown, trace_steps
 from primus.metrics.sinks import TAGS
 
 
@@ -58,3 +58,20 @@ def test_bad_profile_window_is_error_before_launch(tmp_path):
 ])
 def test_kernel_categories(name, cat):
     assert categorize(name) == cat
+
+
+def test_gpu_annotations_are_not_counted_twice():
+    """kineto mirrors record_function ranges on the GPU timeline (inductor's "## Call CompiledFxGraph ##"); their
+    device time is their kernels' time, already counted in the kernels' own rows."""
+    import types
+
+    def ev(key, t, annotation=False):
+        return types.SimpleNamespace(key=key, self_device_time_total=t, count=1, device_type="DeviceType.CUDA",
+                                     is_user_annotation=annotation)
+
+    events = [ev("## Call CompiledFxGraph fabc ##", 300.0, annotation=True),
+              ev("## Call CompiledFxGraph fdef ##", 50.0),  # older torch without the flag: recognised by name
+              ev("triton_poi_fused_mul_silu_0", 100.0), ev("nvjet_sm90_tst_128x256", 200.0)]
+    per_cat, rows = kernel_breakdown(events, on_gpu=True)
+    assert per_cat == {"elementwise/other": 100.0, "gemm": 200.0}
+    assert [r[0] for r in rows] == ["nvjet_sm90_tst_128x256", "triton_poi_fused_mul_silu_0"]

@@ -26,7 +26,7 @@ def test_rmsnorm_fwd_bwd(shape, dtype):
 
 
 def test_module_dropin():
-    m = TurboRMSNorm(40, eps=1e-6)
-    x = torch.randn(6, 40)
+    m = TurboRMSNorm(40, eps=1e-6).to(DEV)
+    x = torch.randn(6, 40, device=DEV)
     ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     assert relerr(m(x), ref) < 1e-5

@@ -1,9 +1,10 @@
 """Helpers for the turbo kernel tests: Triton's interpreter on CPU, poisoned outputs, relative error vs float64."""
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first `import triton`
+import torch
 
-import torch  # noqa: E402
+if not torch.cuda.is_available():  # the real kernels on a GPU; Triton's interpreter on CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first `import triton`
 
 from primus.turbo import _common  # noqa: E402
 

@@ -93,6 +93,16 @@ class StepProfiler:
             self.prof = None
 
 
+def is_annotation(e) -> bool:
+    """A record_function range mirrored on the GPU timeline (kineto's gpu_user_annotation: inductor's
+    "## Call CompiledFxGraph ... ##", "Optimizer.step#AdamW.step", ...). Its device time is the time of the kernels
+    it encloses, which are rows of their own: counting it would count them twice (measured on the H200: the
+    category table read 50% "elementwise" for compiled models until these were dropped)."""
+    if getattr(e, "is_user_annotation", False):
+        return True
+    return e.key.startswith("## ") and e.key.endswith(" ##")
+
+
 def kernel_breakdown(events, on_gpu: bool) -> Tuple[Dict[str, float], List[Tuple[str, float, int]]]:
     """(time per category in us, [(kernel, us, calls)]) from profiler key averages (device time on GPU)."""
     per_cat: Dict[str, float] = defaultdict(float)
@@ -102,7 +112,7 @@ def kernel_breakdown(events, on_gpu: bool) -> Tuple[Dict[str, float], List[Tuple
             t = getattr(e, "self_device_time_total", None)
             if t is None:
                 t = getattr(e, "self_cuda_time_total", 0.0)
-            if not t or e.key.startswith("ProfilerStep"):
+            if not t or e.key.startswith("ProfilerStep") or is_annotation(e):
                 continue
             # device-side kernels only: CPU ops carry device time of their children too
             if getattr(e, "device_type", None) is not None and "CUDA" not in str(e.device_type) and "PrivateUse" not in str(e.device_type):
