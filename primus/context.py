@@ -64,7 +64,7 @@ def data_parallel_size(cfg: PrimusConfig, world_size: int) -> int:
 def resolve(cfg: PrimusConfig, run_dir: str = ".") -> RunContext:
     device = resolve_device(cfg)
     gpu_name, rocm = None, False
-    if device == "cuda":
+    if device == "cuda" and gpu_present():  # device=cuda without a GPU: run.py plans it or refuses it
         import torch
 
         gpu_name = torch.cuda.get_device_name(0)

@@ -12,10 +12,10 @@ from typing import Any, Dict
 
 from omegaconf import DictConfig, OmegaConf
 
-from primus.config.errors import ConfigError
+from primus.config.errors import ConfigError, ConfigIssue
 from primus.config.schema import Device, Mode, PrimusConfig
 from primus.config.validate import validate
-from primus.context import RunContext, resolve
+from primus.context import RunContext, gpu_present, resolve
 
 
 def hydra_meta() -> Dict[str, Any]:
@@ -66,10 +66,14 @@ def _run(dcfg: DictConfig):
     cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
     meta = hydra_meta()
     ctx = resolve(cfg, meta["run_dir"])
-    if (cfg.dry_run or cfg.mode == Mode.plan) and cfg.device == Device.auto and ctx.device == "cpu":
+    describe_only = cfg.dry_run or cfg.mode == Mode.plan
+    if describe_only and cfg.device != Device.cpu and not gpu_present():
         # a dry run describes the GPU run the config is meant for (nothing touches a GPU): judge it as one;
         # device=cpu asks for the CPU run explicitly
         ctx.device, ctx.dist_backend, ctx.planned = "cuda", "nccl", True
+    elif cfg.device == Device.cuda and not gpu_present():
+        raise ConfigError(ConfigIssue(["device"], "cuda", "no CUDA / ROCm GPU is visible on this machine",
+                                      "use device=auto (CPU here) or device=cpu, or run where a GPU is"))
     validate(cfg, ctx)  # raises ConfigError naming key, value, rule and fix
     # validate() may normalise values (e.g. recompute_layer_ids sorted): workers get the normalised config
     cfg_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))

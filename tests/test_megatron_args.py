@@ -280,3 +280,32 @@ def test_mcore_refusal_becomes_config_error():
 def test_dry_run_json_roundtrips():
     a = build("model=mixtral_small", "moe=optimized", ctx=GPU8)
     assert json.loads(json.dumps(a)) == a
+
+
+def test_rope_fusion_resolution(monkeypatch):
+    """model.apply_rope_fusion: unset = primus' fused split+RoPE on a GPU, megatron's unfused RoPE on CPU; off when
+    the model has q/k norms or MLA; false = off; the hook is megatron's own fused_single_qkv_rope flag."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    gpu = RunContext(device="cuda", world_size=1)
+    a = build("model=llama3_2_1b", ctx=gpu)
+    assert a["rope_fusion"] == "triton"
+    assert a["transformer_config"]["fused_single_qkv_rope"] is True
+    assert a["transformer_config"]["apply_rope_fusion"] is False  # that one is TE's kernel
+    assert build("model=llama3_2_1b")["rope_fusion"] is None  # CPU
+    assert build("model=llama3_2_1b", "model.apply_rope_fusion=false", ctx=gpu)["rope_fusion"] is None
+    for model in ("qwen3_30b_a3b", "deepseek_v2_lite"):  # q/k layernorm; MLA
+        t = build(f"model={model}", ctx=gpu)
+        assert t["rope_fusion"] is None and t["transformer_config"]["fused_single_qkv_rope"] is False
+
+
+def test_rope_fusion_required_but_impossible_is_an_issue(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    issues = margs.capability_issues(compose(["model.apply_rope_fusion=true"]), CPU)
+    assert [i.keys for i in issues] == [["model.apply_rope_fusion"]]
+    assert "GPU kernel" in issues[0].rule
+    gpu = RunContext(device="cuda", world_size=1)
+    issues = margs.capability_issues(compose(["model=qwen3_30b_a3b", "model.apply_rope_fusion=true"]), gpu)
+    assert any(i.keys == ["model.apply_rope_fusion"] and "q/k layernorm" in i.rule for i in issues)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernel tests' CPU mode: allowed when asked for
+    assert margs.capability_issues(compose(["model.apply_rope_fusion=true"]), CPU) == []
+    assert build("model.apply_rope_fusion=true")["rope_fusion"] == "triton"

@@ -95,3 +95,17 @@ def test_compile_with_turbo_kernels_trains(tmp_path):
     assert both["backend_info"]["compiled_layers"] == 4
     assert both["backend_info"]["turbo_swaps"]["use_turbo_parallel_linear"] == 16
     assert both["losses"] == pytest.approx(eager["losses"], abs=2e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="the fused RoPE is a Triton kernel")
+def test_fused_qkv_rope_trains_like_megatrons_rope(tmp_path):
+    """model.apply_rope_fusion=true: megatron's fused_single_qkv_rope path served by primus.turbo.rope (Triton's
+    interpreter on CPU) gives the losses of megatron's own split + RoPE."""
+    os.environ["TRITON_INTERPRET"] = "1"  # restored by conftest's autouse fixture
+    short = ["training.seq_length=32"]  # the interpreter runs one program per token: keep the run small
+    plain = train(tmp_path, "plain", ["model.apply_rope_fusion=false", *short], steps=3)
+    fused = train(tmp_path, "fused", ["model.apply_rope_fusion=true", *short], steps=3)
+    assert fused["backend_info"]["rope_fusion"] == "primus.turbo.rope (Triton)"
+    assert "rope_fusion" not in plain["backend_info"]
+    assert fused["losses"] == pytest.approx(plain["losses"], abs=2e-3)

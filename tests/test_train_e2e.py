@@ -50,6 +50,17 @@ def test_invalid_config_exits_nonzero_before_any_work(tmp_path):
     assert not os.path.exists(tmp_path / "result.json") and "step " not in p.stdout
 
 
+@pytest.mark.skipif(__import__("primus.context", fromlist=["x"]).gpu_present(), reason="this machine has a GPU")
+def test_device_cuda_without_a_gpu(tmp_path):
+    """device=cuda: a dry run describes the GPU run; a real run is refused before any work."""
+    p = train(["device=cuda", "dry_run=true", f"hydra.run.dir={tmp_path}/dry"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout)["resolved"]["device"] == "cuda"
+    p = train(["device=cuda", f"hydra.run.dir={tmp_path}/run"])
+    assert p.returncode == 2 and "device = 'cuda': no CUDA / ROCm GPU is visible" in p.stderr
+    assert not os.path.exists(tmp_path / "run" / "result.json")
+
+
 def test_unknown_key_is_hydra_error(tmp_path):
     p = train(["training.steps=5", f"hydra.run.dir={tmp_path}"])
     assert p.returncode != 0 and "steps" in p.stderr

@@ -169,6 +169,8 @@ class ModelConfig:
     # Loss fusion (guide: language_model.yaml)
     cross_entropy_loss_fusion: bool = False  # fused cross entropy
     cross_entropy_fusion_impl: CrossEntropyImpl = CrossEntropyImpl.native  # "te" needs Transformer Engine
+    # fused q/k/v split + RoPE: null = where available (TE's, or primus' Triton kernel on a GPU), true = required
+    apply_rope_fusion: Optional[bool] = None
 
 
 @dataclass

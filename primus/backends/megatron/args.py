@@ -139,6 +139,35 @@ def turbo_permute_fusion(cfg: PrimusConfig) -> bool:
     return bool(cfg.moe.moe_permute_fusion and cfg.model.num_experts and resolved_layer_spec(cfg) == "local")
 
 
+def rope_fusion_blockers(cfg: PrimusConfig, ctx: RunContext) -> List[str]:
+    """Why primus' fused q/k/v split + RoPE (rope_fusion.py) cannot serve this run ([] = it can)."""
+    m = cfg.model
+    out = []
+    if m.multi_latent_attention:
+        out.append("multi-latent attention applies RoPE inside its own projections")
+    if m.qk_layernorm:
+        out.append("q/k layernorm sits between the split and RoPE (megatron fuses only without it)")
+    if not _importable("triton"):
+        out.append("Triton is not installed")
+    if ctx.device == "cpu" and not ctx.planned and os.environ.get("TRITON_INTERPRET") != "1":
+        out.append("the kernel is a GPU kernel (on CPU only under TRITON_INTERPRET=1)")
+    return out
+
+
+def rope_fusion(cfg: PrimusConfig, ctx: RunContext) -> Optional[str]:
+    """model.apply_rope_fusion -> "te" (TE's fused RoPE), "triton" (primus.turbo.rope through megatron's
+    fused_single_qkv_rope hook) or None (megatron's unfused RoPE). Unset = the fused one where it applies, and on
+    CPU never (Triton's interpreter would be slow); an explicit true that cannot be honoured is a capability issue."""
+    want = cfg.model.apply_rope_fusion
+    if want is False:
+        return None
+    if resolved_layer_spec(cfg) == "te":
+        return "te"
+    if want is None and ctx.device == "cpu" and not ctx.planned:
+        return None
+    return None if rope_fusion_blockers(cfg, ctx) else "triton"
+
+
 def turbo_args(cfg: PrimusConfig) -> Dict[str, Any]:
     """args["turbo"]: what primus/backends/megatron/turbo.py swaps in ({} when nothing)."""
     t, moe = cfg.turbo, cfg.moe
@@ -186,7 +215,9 @@ def transformer_config_kwargs(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, A
         "bias_activation_fusion": on_gpu,
         "bias_dropout_fusion": False,
         "masked_softmax_fusion": False,
-        "apply_rope_fusion": False,
+        # rope_fusion(): TE's fused RoPE with the TE spec, else megatron's fused_single_qkv_rope hook (rope_fusion.py)
+        "apply_rope_fusion": rope_fusion(cfg, ctx) == "te",
+        "fused_single_qkv_rope": rope_fusion(cfg, ctx) == "triton",
         "persist_layer_norm": False,
         "gradient_accumulation_fusion": False,
         # precision
@@ -399,6 +430,7 @@ def build_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
         },
         "recompute_layer_ids": list(cfg.recompute.recompute_layer_ids or []),
         "turbo": turbo_args(cfg),
+        "rope_fusion": rope_fusion(cfg, ctx),
         # perf.py: torch.compile per TransformerLayer; torch AdamW switched to its fused kernel (no TE/apex)
         "compile": bool(t.compile),
         "fused_adamw": t.optimizer.value != "sgd" and not mem.use_precision_aware_optimizer,
@@ -455,6 +487,12 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
     if spec == "te" and cpu:
         out.append(_issue(["backend.layer_spec", "device"], "te", "Transformer Engine layers need a GPU",
                           "use backend.layer_spec=local on CPU"))
+
+    if m.apply_rope_fusion and spec != "te":
+        why = rope_fusion_blockers(cfg, ctx)
+        if why:
+            out.append(_issue(["model.apply_rope_fusion"], True, "the fused q/k/v split + RoPE cannot run here: "
+                              + "; ".join(why), "set model.apply_rope_fusion=null (use it where it applies) or false"))
 
     # ---- CPU: what megatron-core cannot do without CUDA (see cpu_compat.py)
     if cpu:

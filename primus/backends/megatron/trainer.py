@@ -106,6 +106,10 @@ class MegatronTrainer(Trainer):
         from primus.backends.megatron.init import layout_independent_init
 
         upstream_fixes.apply()
+        if a["rope_fusion"] == "triton":
+            from primus.backends.megatron import rope_fusion
+
+            rope_fusion.install()
         cpu = ctx.device == "cpu"
         if cpu:
             from primus.backends.megatron import cpu_compat
@@ -205,6 +209,8 @@ class MegatronTrainer(Trainer):
         }
         if not use_te:
             info["sdpa_backends"] = list(spec.sdpa_backends())
+        if a["rope_fusion"]:
+            info["rope_fusion"] = {"te": "Transformer Engine", "triton": "primus.turbo.rope (Triton)"}[a["rope_fusion"]]
         if a["fp8_backend"]:
             info["fp8_backend"] = a["fp8_backend"]
         if self.fp8_hook is not None:
