@@ -1,6 +1,6 @@
 """GPU validation and benchmark of the three-stage GEMM tuning workflow (one H200, a few minutes).
 
-    PYTHONPATH=. python bench/gemm_tuning.py          # logs/JSON go to $OUT (or ./bench_out)
+    PYTHONPATH=. python bench/gemm_tuning.py [--max-candidates 64]   # logs/JSON go to $OUT (or ./bench_out)
 
 1. correctness: tuned linear (forward, dgrad, wgrad) vs torch's default, several shapes; also under
    torch.compile and inside a captured CUDA graph. Tuning here keeps the best cuBLASLt algorithm even when it is
@@ -222,6 +222,8 @@ def train_step(model, opt, ids, labels):
 
 
 LLAMA_RESULTS = WORK / "llama" / "gemm_tune" / "tune_hipblas_gemm_results.txt"
+# candidates timed per problem in section 2: the tuner's own default (tuning/cuda_tuner.py); --max-candidates N
+MAX_CANDIDATES = int(sys.argv[sys.argv.index("--max-candidates") + 1]) if "--max-candidates" in sys.argv else 64
 
 
 @section("2 llama GEMM tuning")
@@ -239,8 +241,8 @@ def llama_tuning():
     problems = rec.results()
     print(f"recorded {len(problems)} distinct GEMM problems, {sum(p.count for p in problems):g} calls per step")
     t0 = time.time()
-    rep = tune(shape_dir, LLAMA_RESULTS, devices=[0], max_candidates=24, warmup=3, iters=10, rotating_mb=256,
-               progress=True)
+    rep = tune(shape_dir, LLAMA_RESULTS, devices=[0], max_candidates=MAX_CANDIDATES, warmup=3, iters=10,
+               rotating_mb=256, progress=True)
     secs = time.time() - t0
     sp = rep.step_speedup or 0.0
     TABLE.append(("2 llama GEMMs", "distinct problems / calls per step", f"{len(problems)} / "
@@ -249,6 +251,7 @@ def llama_tuning():
                   f"{rep.step_default_us / 1e3:.3f} ms -> {rep.step_tuned_us / 1e3:.3f} ms"))
     TABLE.append(("2 llama GEMMs", "speedup (target >= 1.05x)", f"{sp:.3f}x {'PASS' if sp >= 1.05 else 'below'}"))
     TABLE.append(("2 llama GEMMs", "tuning time / status", f"{secs:.0f} s / {rep.counts()}"))
+    TABLE.append(("2 llama GEMMs", "candidates per problem (max)", str(MAX_CANDIDATES)))
     SUMMARY["llama_gemms"] = rep.to_json() | {"tuning_seconds": secs}
 
 

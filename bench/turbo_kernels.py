@@ -198,6 +198,50 @@ def b_swiglu():
         try_ms(fb(c), grad_to_none=[h, p]) if c else None, gbytes=(nb + T * 5 * F * 2) / 1e9)
 
 
+@guarded("swiglu")
+def b_swiglu_dense():
+    """The dense MLP's SwiGLU at the megatron bench shape (Llama-3.2-1B: 8 x 4096 tokens, FFN 8192)."""
+    from primus.turbo.swiglu import swiglu, swiglu_reference
+    T, F = sz((32768, 8192), (17, 48))
+    h = torch.randn(T, 2 * F, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(T, F, device=DEV, dtype=torch.bfloat16)
+    err = relerr(swiglu(h), swiglu_reference(h.double()))
+    comp = compiled(swiglu_reference)
+    f, e = (lambda: swiglu(h)), (lambda: swiglu_reference(h))
+    c = (lambda: comp(h)) if comp else None
+    nb = T * 3 * F * 2
+    row("swiglu", f"fwd T={T} F={F} bf16", ms(f), try_ms(e), try_ms(c), gbytes=nb / 1e9, note=f"relerr {err:.1e}")
+    fb = lambda fn: (lambda: fn().backward(dy))
+    row("swiglu", "fwd+bwd", ms(fb(f), [h]), try_ms(fb(e), grad_to_none=[h]),
+        try_ms(fb(c), grad_to_none=[h]) if c else None, gbytes=(nb + T * 5 * F * 2) / 1e9)
+
+
+@guarded("qkv_rope")
+def b_qkv_rope():
+    """megatron's q/k/v split + RoPE at the bench shape (seq 4096, micro batch 8, 8 groups x (4 q + k + v), d 64)."""
+    from primus.turbo.rope import qkv_rope, qkv_rope_reference
+    s, b, ng, r, d = sz((4096, 8, 8, 4, 64), (7, 2, 2, 2, 16))
+    mixed = torch.randn(s, b, ng, (r + 2) * d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device=DEV, dtype=torch.float32) / d)
+    fr = torch.outer(torch.arange(s, device=DEV, dtype=torch.float32), inv)
+    fr = torch.cat((fr, fr), -1)
+    got = qkv_rope(mixed, fr, fr, r)
+    want = qkv_rope_reference(mixed.double(), fr, fr, r)
+    err = max(relerr(a, b_) for a, b_ in zip(got, want))
+    comp = compiled(qkv_rope_reference)
+    f, e = (lambda: qkv_rope(mixed, fr, fr, r)), (lambda: qkv_rope_reference(mixed, fr, fr, r))
+    c = (lambda: comp(mixed, fr, fr, r)) if comp else None
+    nb = 2 * mixed.numel() * 2
+    row("qkv_rope", f"fwd s={s} b={b} {ng}x({r}+2)x{d} bf16", ms(f), try_ms(e), try_ms(c), gbytes=nb / 1e9,
+        note=f"relerr {err:.1e}")
+    gs = [torch.randn_like(t) for t in got]
+
+    def fb(fn):
+        return lambda: torch.autograd.backward(list(fn()), gs)
+    row("qkv_rope", "fwd+bwd", ms(fb(f), [mixed]), try_ms(fb(e), grad_to_none=[mixed]),
+        try_ms(fb(c), grad_to_none=[mixed]) if c else None, gbytes=2 * nb / 1e9)
+
+
 @guarded("fp8_casts")
 def b_casts():
     from primus.turbo import fp8_linear as F8
@@ -405,7 +449,7 @@ def main():
     _common.POISON = False  # timing: no poison fills
     env_and_copy()
     run_tests()
-    benches = [b_rmsnorm, b_swiglu, b_casts, b_fp8_linear, b_attention, b_grouped_gemm, b_router, b_permute]
+    benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_qkv_rope, b_casts, b_fp8_linear, b_attention, b_grouped_gemm, b_router, b_permute]
     only = [s for s in ARGS.only.split(",") if s]
     for b in benches:
         if not only or b.__name__ in only:

@@ -309,3 +309,17 @@ def test_rope_fusion_required_but_impossible_is_an_issue(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernel tests' CPU mode: allowed when asked for
     assert margs.capability_issues(compose(["model.apply_rope_fusion=true"]), CPU) == []
     assert build("model.apply_rope_fusion=true")["rope_fusion"] == "triton"
+
+
+def test_activation_fusion_resolution(monkeypatch):
+    """model.bias_activation_fusion: unset = primus' Triton SwiGLU on a GPU, eager on CPU; true on CPU = megatron's
+    torch.compile'd one; false = eager everywhere."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    gpu = RunContext(device="cuda", world_size=1)
+    a = build("model=llama3_2_1b", ctx=gpu)
+    assert a["activation_fusion"] == "triton" and a["transformer_config"]["bias_activation_fusion"] is True
+    assert build("model=llama3_2_1b")["activation_fusion"] is None
+    assert build("model=llama3_2_1b")["transformer_config"]["bias_activation_fusion"] is False
+    assert build("model.bias_activation_fusion=true")["activation_fusion"] == "jit"
+    off = build("model.bias_activation_fusion=false", ctx=gpu)
+    assert off["activation_fusion"] is None and off["transformer_config"]["bias_activation_fusion"] is False

@@ -98,14 +98,36 @@ def test_compile_with_turbo_kernels_trains(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="the fused RoPE is a Triton kernel")
-def test_fused_qkv_rope_trains_like_megatrons_rope(tmp_path):
-    """model.apply_rope_fusion=true: megatron's fused_single_qkv_rope path served by primus.turbo.rope (Triton's
-    interpreter on CPU) gives the losses of megatron's own split + RoPE."""
+@pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="the fusions are Triton kernels")
+def test_triton_rope_and_swiglu_fusions_train_like_megatrons_own(tmp_path):
+    """model.apply_rope_fusion / bias_activation_fusion = true: megatron's fused_single_qkv_rope and bias_swiglu
+    entry points served by primus.turbo.rope / swiglu (Triton's interpreter on CPU) give the losses of megatron's
+    unfused split + RoPE and eager SwiGLU."""
     os.environ["TRITON_INTERPRET"] = "1"  # restored by conftest's autouse fixture
     short = ["training.seq_length=32"]  # the interpreter runs one program per token: keep the run small
-    plain = train(tmp_path, "plain", ["model.apply_rope_fusion=false", *short], steps=3)
-    fused = train(tmp_path, "fused", ["model.apply_rope_fusion=true", *short], steps=3)
+    plain = train(tmp_path, "plain", ["model.apply_rope_fusion=false", "model.bias_activation_fusion=false", *short],
+                  steps=3)
+    fused = train(tmp_path, "fused", ["model.apply_rope_fusion=true", "model.bias_activation_fusion=true", *short],
+                  steps=3)
     assert fused["backend_info"]["rope_fusion"] == "primus.turbo.rope (Triton)"
-    assert "rope_fusion" not in plain["backend_info"]
+    assert fused["backend_info"]["activation_fusion"] == "primus.turbo.swiglu (Triton)"
+    assert "rope_fusion" not in plain["backend_info"] and "activation_fusion" not in plain["backend_info"]
     assert fused["losses"] == pytest.approx(plain["losses"], abs=2e-3)
+
+
+def test_fusions_route_and_restore_megatrons_entry_points():
+    """configure() swaps megatron's module-level entry points and puts megatron's own back (several trainers may be
+    built in one process)."""
+    from megatron.core.transformer import attention, mlp
+
+    from primus.backends.megatron import fusions
+
+    before = (attention.HAVE_FUSED_QKV_ROPE, mlp.bias_swiglu_impl)
+    fusions.configure(rope=True, swiglu=True)
+    assert fusions.installed() == {"rope": True, "swiglu": True} and attention.HAVE_FUSED_QKV_ROPE is True
+    x = torch.randn(3, 2, 8)
+    torch.testing.assert_close(mlp.bias_swiglu_impl(x, None, False, False),
+                               torch.nn.functional.silu(x[..., :4]) * x[..., 4:])
+    fusions.configure(rope=False, swiglu=False)
+    assert fusions.installed() == {"rope": False, "swiglu": False}
+    assert (attention.HAVE_FUSED_QKV_ROPE, mlp.bias_swiglu_impl) == before

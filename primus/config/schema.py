@@ -171,6 +171,9 @@ class ModelConfig:
     cross_entropy_fusion_impl: CrossEntropyImpl = CrossEntropyImpl.native  # "te" needs Transformer Engine
     # fused q/k/v split + RoPE: null = where available (TE's, or primus' Triton kernel on a GPU), true = required
     apply_rope_fusion: Optional[bool] = None
+    # fused SwiGLU (megatron bias_activation_fusion): null = on a GPU (primus' Triton kernel, else megatron's
+    # torch.compile'd one), true = also on CPU, false = eager silu(gate) * up
+    bias_activation_fusion: Optional[bool] = None
 
 
 @dataclass

@@ -8,7 +8,9 @@ path took ~20 ms of a 528 ms Llama-3.2-1B step on the H200 (three kernels at ~1/
 
 Here one program per token reads its whole row once and writes q, k (rotated) and v into [b, s, heads, d] tensors
 (the layout SDPA's fused kernels read natively as [b, h, s, d] views); the backward reads dq, dk, dv (any strides)
-and writes the fused gradient row, applying the transposed rotation. Bytes: one read and one write of the row each
+and writes the fused gradient row, applying the transposed rotation. Measured on the H200 (bench/turbo_kernels.py,
+Llama-3.2-1B bench shape): fwd+bwd 0.66 ms, 2.45x inductor's compiled reference (a variant taking 4 tokens per
+program and loading the rotary halves separately measured 4.7x slower: keep this layout). Bytes: one read and one write of the row each
 way, the floor for a layout change. cos/sin are computed from megatron's fp32 `freqs` in fp32 (no bf16 rounding of
 cos/sin as eager megatron does).
 

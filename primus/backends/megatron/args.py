@@ -154,6 +154,20 @@ def rope_fusion_blockers(cfg: PrimusConfig, ctx: RunContext) -> List[str]:
     return out
 
 
+def activation_fusion(cfg: PrimusConfig, ctx: RunContext) -> Optional[str]:
+    """model.bias_activation_fusion -> "triton" (primus.turbo.swiglu through megatron's bias_swiglu_impl, see
+    fusions.py), "jit" (megatron's torch.compile'd SwiGLU) or None (eager). Unset = fused on a GPU only (on CPU
+    megatron's jit would compile per shape for no gain); true on CPU = megatron's jit, or the Triton kernel
+    under TRITON_INTERPRET=1 (kernel tests)."""
+    want = cfg.model.bias_activation_fusion
+    gpu = ctx.device == "cuda" or ctx.planned
+    if want is False or (want is None and not gpu):
+        return None
+    if resolved_layer_spec(cfg) == "te" or not _importable("triton"):
+        return "jit"
+    return "triton" if gpu or os.environ.get("TRITON_INTERPRET") == "1" else "jit"
+
+
 def rope_fusion(cfg: PrimusConfig, ctx: RunContext) -> Optional[str]:
     """model.apply_rope_fusion -> "te" (TE's fused RoPE), "triton" (primus.turbo.rope through megatron's
     fused_single_qkv_rope hook) or None (megatron's unfused RoPE). Unset = the fused one where it applies, and on
@@ -210,9 +224,8 @@ def transformer_config_kwargs(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, A
         "hidden_dropout": 0.0,
         "attention_dropout": 0.0,
         "init_method_std": cfg.training.init_method_std,
-        # fusions: the jit-compiled SwiGLU only on the GPU (on CPU torch.compile would need a compile per shape
-        # for no gain); the rest need TE/apex extensions that are not there without TE.
-        "bias_activation_fusion": on_gpu,
+        # fusions: activation_fusion() / rope_fusion() say whose kernels; the rest need TE/apex extensions
+        "bias_activation_fusion": activation_fusion(cfg, ctx) is not None,
         "bias_dropout_fusion": False,
         "masked_softmax_fusion": False,
         # rope_fusion(): TE's fused RoPE with the TE spec, else megatron's fused_single_qkv_rope hook (rope_fusion.py)
@@ -431,6 +444,7 @@ def build_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
         "recompute_layer_ids": list(cfg.recompute.recompute_layer_ids or []),
         "turbo": turbo_args(cfg),
         "rope_fusion": rope_fusion(cfg, ctx),
+        "activation_fusion": activation_fusion(cfg, ctx),
         # perf.py: torch.compile per TransformerLayer; torch AdamW switched to its fused kernel (no TE/apex)
         "compile": bool(t.compile),
         "fused_adamw": t.optimizer.value != "sgd" and not mem.use_precision_aware_optimizer,

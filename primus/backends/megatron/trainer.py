@@ -106,10 +106,9 @@ class MegatronTrainer(Trainer):
         from primus.backends.megatron.init import layout_independent_init
 
         upstream_fixes.apply()
-        if a["rope_fusion"] == "triton":
-            from primus.backends.megatron import rope_fusion
+        from primus.backends.megatron import fusions
 
-            rope_fusion.install()
+        fusions.configure(rope=a["rope_fusion"] == "triton", swiglu=a["activation_fusion"] == "triton")
         cpu = ctx.device == "cpu"
         if cpu:
             from primus.backends.megatron import cpu_compat
@@ -211,6 +210,9 @@ class MegatronTrainer(Trainer):
             info["sdpa_backends"] = list(spec.sdpa_backends())
         if a["rope_fusion"]:
             info["rope_fusion"] = {"te": "Transformer Engine", "triton": "primus.turbo.rope (Triton)"}[a["rope_fusion"]]
+        if a["activation_fusion"]:
+            info["activation_fusion"] = {"jit": "megatron jit (torch.compile)",
+                                         "triton": "primus.turbo.swiglu (Triton)"}[a["activation_fusion"]]
         if a["fp8_backend"]:
             info["fp8_backend"] = a["fp8_backend"]
         if self.fp8_hook is not None:
