@@ -330,7 +330,7 @@ def apply(model, config, fp8_settings: Optional[Dict[str, Any]] = None) -> Dict[
         n = 0
         for mod in model.modules():
             if isinstance(mod, GroupedMLP):
-                mod.activation_func_with_probs = _eager(swiglu_with_probs)
+                mod.activation_func_with_probs = swiglu_with_probs  # a custom op: compiled graphs keep it
                 n += 1
         done["use_turbo_fused_act_with_probs"] = n
     for k, v in done.items():
