@@ -154,6 +154,13 @@ def rope_fusion_blockers(cfg: PrimusConfig, ctx: RunContext) -> List[str]:
     return out
 
 
+def compiled_loss(cfg: PrimusConfig) -> bool:
+    """perf.compile_loss applies: training.compile, the vocabulary not split over TP ranks, and megatron's own fused
+    cross entropy not asked for (model.cross_entropy_loss_fusion)."""
+    return bool(cfg.training.compile and cfg.parallel.tensor_model_parallel_size == 1
+                and not cfg.model.cross_entropy_loss_fusion)
+
+
 def activation_fusion(cfg: PrimusConfig, ctx: RunContext) -> Optional[str]:
     """model.bias_activation_fusion -> "triton" (primus.turbo.swiglu through megatron's bias_swiglu_impl, see
     fusions.py), "jit" (megatron's torch.compile'd SwiGLU) or None (eager). Unset = fused on a GPU only (on CPU
@@ -447,6 +454,7 @@ def build_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
         "activation_fusion": activation_fusion(cfg, ctx),
         # perf.py: torch.compile per TransformerLayer; torch AdamW switched to its fused kernel (no TE/apex)
         "compile": bool(t.compile),
+        "compile_loss": compiled_loss(cfg),
         "fused_adamw": t.optimizer.value != "sgd" and not mem.use_precision_aware_optimizer,
         "empty_unused_memory_level": cfg.memory.empty_unused_memory_level,
         "env": env_vars(cfg, ctx),

@@ -98,13 +98,10 @@ def _cross_entropy(labels, logits):
     return loss.view(s, b).transpose(0, 1).contiguous()
 
 
-def compile_loss(model, config) -> bool:
-    """Route one GPTModel chunk's LM loss through a compiled cross entropy (see the module doc); True if done."""
-    from megatron.core import parallel_state as ps
-
-    if not getattr(model, "post_process", False) or config.cross_entropy_loss_fusion:
-        return False
-    if ps.get_tensor_model_parallel_world_size() != 1:
+def compile_loss(model) -> bool:
+    """Route one GPTModel chunk's LM loss through a compiled cross entropy (see the module doc); True if done.
+    Called when args["compile_loss"] (args.compiled_loss: compile on, tp = 1, no megatron fused cross entropy)."""
+    if not getattr(model, "post_process", False):
         return False
     model.compute_language_model_loss = torch.compile(_cross_entropy, dynamic=False)
     return True

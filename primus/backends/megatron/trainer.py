@@ -158,7 +158,8 @@ class MegatronTrainer(Trainer):
                 recompute_ids.apply(model, a["recompute_layer_ids"])
             if a["compile"]:
                 self.compiled_layers = getattr(self, "compiled_layers", 0) + perf.compile_layers(model)
-                self.compiled_loss = perf.compile_loss(model, tconfig) or getattr(self, "compiled_loss", False)
+                if a["compile_loss"]:
+                    self.compiled_loss = perf.compile_loss(model) or getattr(self, "compiled_loss", False)
             if not cpu:
                 model.cuda(torch.cuda.current_device())
             chunks.append(model)
@@ -222,7 +223,7 @@ class MegatronTrainer(Trainer):
         info.update(self._turbo_built(turbo_info))
         if a["compile"]:
             info["compiled_layers"] = self.compiled_layers
-            info["compiled_loss"] = self.compiled_loss
+            info["compiled_loss"] = getattr(self, "compiled_loss", False)
         if self.fused_optimizer:
             info["optimizer_impl"] = "torch fused " + "/".join(sorted(set(self.fused_optimizer)))
         return info
