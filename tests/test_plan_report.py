@@ -127,3 +127,19 @@ def test_train_py_mode_plan_is_fast_and_exits_zero():
     assert r.returncode == 0, r.stderr
     assert "[primus plan]" in r.stdout and "[fits]" in r.stdout
     assert dt < 10, dt
+
+
+def test_compiled_loss_logits_are_counted_at_4_bytes():
+    """megatron's unfused cross entropy keeps an fp32 copy of the logits (6 B per entry with the bf16 logits); the
+    compiled loss (training.compile, tp=1) keeps the bf16 logits and writes their bf16 gradient (4 B)."""
+    from conftest import compose_cfg
+    from primus.plan.memory import layout_of, logits_bytes
+
+    base = ["backend=megatron", "model=llama3_2_1b", "training=bench"]
+    eager = compose_cfg(base)
+    compiled = compose_cfg(base + ["training.compile=true"])
+    fused_ce = compose_cfg(base + ["training.compile=true", "model.cross_entropy_loss_fusion=true"])
+    T, V = 8 * 4096, 128256
+    assert logits_bytes(eager, layout_of(eager, 1)) == 6 * T * V
+    assert logits_bytes(compiled, layout_of(compiled, 1)) == 4 * T * V
+    assert logits_bytes(fused_ce, layout_of(fused_ce, 1)) == 6 * T * V  # megatron's own fused CE: not compiled
