@@ -93,6 +93,31 @@ def test_fp8_linear(recipe, fmt, M, K, N):
         assert relerr(y.reshape(-1, N), ye) < 0.02
 
 
+@pytest.mark.parametrize("M,K,N", [(1024, 256, 512), (50, 64, 48)])
+def test_fp8_linear_fp32_weights_as_torchtitan_runs_it(M, K, N):
+    """TorchTitan on one GPU keeps fp32 parameters and runs bf16 autocast: the fp8 linear gets a bf16 input and an
+    fp32 weight, and returns an fp32 weight gradient. Through the TorchTitan custom ops (the path that gave an
+    intermittent NaN gradient norm on the H200 in session 2), outputs poisoned, repeated so the caching allocator
+    hands back used blocks; finite and within the hybrid band every time."""
+    from primus.backends.torchtitan import turbo as TT
+
+    torch.manual_seed(0)
+    w = (torch.randn(N, K, device=DEV) / K ** 0.5).requires_grad_()
+    for _ in range(3):
+        x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+        w.grad = None
+        y = TT.fp8_linear_fwd(x, w, "tensorwise", "hybrid")[0]
+        y.backward(dy)
+        assert w.grad.dtype == torch.float32
+        for t in (y, x.grad, w.grad):
+            assert torch.isfinite(t).all()
+        xd, wd = x.detach().double(), w.detach().double()
+        assert relerr(y, xd @ wd.t()) < 0.08
+        assert relerr(x.grad, dy.double() @ wd) < 0.15
+        assert relerr(w.grad, dy.double().t() @ xd) < 0.15
+
+
 def test_fp8_module_swap():
     torch.manual_seed(0)
     m = torch.nn.Module()
