@@ -66,15 +66,29 @@ def test_install_routes_forward_dgrad_wgrad(linear_and_results):
         torch.testing.assert_close(got, want)
     assert lin.weight.grad.is_contiguous()
 
-    # an untuned shape runs torch's default
+    # a linear none of whose GEMMs was tuned stays torch's own F.linear (no custom-op dispatch)
     lin2 = torch.nn.Linear(8, 5)
     lin2(x)
-    assert handle.stats() == {"tuned": 3, "default": 1}
+    assert handle.stats() == {"tuned": 3, "untuned_linear": 1}
 
     handle.uninstall()
     assert torch.nn.functional.linear is original and not apply.is_installed()
     lin(x)
     assert len(ex.seen) == 3
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_one_tuned_gemm_routes_the_whole_linear(linear_and_results, tmp_path, which):
+    """Only the forward, only the dgrad or only the wgrad problem tuned: the linear goes through the op, that GEMM
+    runs tuned and the other two run torch's default inside it."""
+    lin, x, problems, _ = linear_and_results
+    path = tmp_path / f"only{which}.txt"
+    append_row(path, _cuda_row(problems[which]), "cublasLt-130100")
+    ex = FakeExecutor()
+    handle = apply.install_tuned_linear(path, executor=ex)
+    lin(x).pow(2).sum().backward()
+    assert ex.seen == [problems[which].tune_key()]
+    assert handle.stats() == {"tuned": 1, "default": 2}
 
 
 def test_torch_compile_goes_through_the_op(linear_and_results):
