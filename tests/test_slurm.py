@@ -54,6 +54,11 @@ def cluster():
 
 
 def test_two_task_job_trains_as_one_world(cluster, tmp_path):
+    # a node of fewer than 2 CPUs would leave the 2-task job pending forever (reason PartitionConfig): say so now
+    # instead of after run_train's timeout
+    q = subprocess.run(["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True, timeout=30,
+                       env={**os.environ, **cluster})
+    assert q.stdout.split() and int(q.stdout.split()[0]) >= 2, f"the node has CPUs={q.stdout.strip()}: {q.stderr}"
     sweep = tmp_path / "sweep"
     t0 = time.time()
     p = run_train(["-m", "hydra/launcher=slurm", "+cluster=local", "hydra.launcher.timeout_min=5",
