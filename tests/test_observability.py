@@ -38,6 +38,34 @@ def test_tensorboard_events_and_profiler_trace(tmp_path):
 
 
 @pytest.mark.slow
+def test_wandb_offline_run_has_the_same_metrics(tmp_path):
+    """logging.wandb=true: a W&B offline run in the run dir whose history holds the same tags and values as the
+    TensorBoard events (both sinks get every step line)."""
+    pytest.importorskip("wandb")
+    from wandb_offline import history
+
+    run(["training.train_iters=3", "logging.wandb=true"], tmp_path)
+    rows = history(str(tmp_path))
+    res = json.load(open(tmp_path / "result.json"))
+    assert [int(r["_step"]) for r in rows] == [1, 2, 3]
+    assert [round(r["train/loss"], 4) for r in rows] == [round(x, 4) for x in res["losses"]]
+    expected = {t for t in TAGS if t != "perf/mfu"}  # MFU is null on CPU
+    assert all(expected <= set(r) for r in rows), [expected - set(r) for r in rows]
+
+
+def test_wandb_missing_is_a_config_error(monkeypatch):
+    import importlib.util
+    import types
+
+    from primus.config.validate import wandb_installed
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    issues = wandb_installed(types.SimpleNamespace(logging=types.SimpleNamespace(wandb=True)), None)
+    assert [i.keys for i in issues] == [["logging.wandb"]] and "pip install wandb" in issues[0].fix
+
+
+@pytest.mark.slow
 def test_tensorboard_off(tmp_path):
     run(["training.train_iters=2", "training.lr_warmup_iters=1", "logging.tensorboard=false"], tmp_path)
     assert not os.path.exists(tmp_path / "tensorboard")

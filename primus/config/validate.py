@@ -444,6 +444,18 @@ def profile_window(cfg, ctx):
     return out
 
 
+@rule
+def wandb_installed(cfg, ctx):
+    if not cfg.logging.wandb:
+        return []
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        return [ConfigIssue(["logging.wandb"], True, "the Weights & Biases sink needs the wandb package",
+                            "pip install wandb==0.31.0 (pinned in requirements.lock), or set logging.wandb=false")]
+    return []
+
+
 def validate(cfg: PrimusConfig, ctx: RunContext, rules: Optional[List[Rule]] = None) -> PrimusConfig:
     """Run every rule (generic, then the backend's capability rules) and raise one ConfigError listing all issues."""
     issues: List[ConfigIssue] = []

@@ -44,11 +44,8 @@ class TensorBoardSink:
 
 class WandbSink:
     def __init__(self, cfg: PrimusConfig, run_dir: str):
-        try:
-            import wandb
-        except ImportError as e:
-            raise RuntimeError("logging.wandb=true needs the wandb package: pip install wandb "
-                               "(or set logging.wandb=false)") from e
+        import wandb  # validate.wandb_installed checked it before the run
+
         os.environ.setdefault("WANDB_MODE", "offline")
         self.run = wandb.init(project=cfg.logging.wandb_project, dir=run_dir, mode="offline",
                               name=os.path.basename(run_dir))
