@@ -222,3 +222,40 @@ def test_turbo_parallel_linear_runs_the_fp8_gemms_under_precision_fp8(tmp_path):
                                        "parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"],
                             nproc=2)
     assert r0["losses"] == pytest.approx(fp8["losses"], abs=2e-3)
+
+
+def test_fp8_experts_through_the_turbo_grouped_gemm(monkeypatch):
+    """precision=fp8 on the portable path + use_turbo_grouped_gemm: the experts' GEMMs run fp8 (tensorwise);
+    other recipes and first/last bf16 layers are issues naming both keys, not a silent bf16 fallback."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gpu = RunContext(device="cuda", world_size=1)
+    base = ["turbo=megatron_moe", "model=debug_moe", "precision=fp8"]
+    a = margs.build_args(compose(base), gpu)
+    assert a["fp8_backend"] == "portable" and a["turbo"]["grouped_gemm_fp8"] == "hybrid"
+    assert "grouped_gemm_fp8" not in margs.build_args(compose(["turbo=megatron_moe", "model=debug_moe"]), gpu)["turbo"]
+    found = issues(*base, "precision.fp8_recipe=rowwise", ctx=gpu)
+    assert any(i.keys == ["turbo.use_turbo_grouped_gemm", "precision.fp8_recipe"] for i in found), found
+    found = issues(*base, "precision.first_last_layers_bf16=true", ctx=gpu)
+    assert any(i.keys == ["turbo.use_turbo_grouped_gemm", "precision.first_last_layers_bf16"] for i in found), found
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")
+def test_gmm_entry_point_routes_fp8(monkeypatch):
+    """megatron's gg.ops.gmm replacement: with grouped_gemm_fp8 in the run's flags it calls fp8_grouped_gemm."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import torch
+
+    from primus.backends.megatron import turbo as mturbo
+    from primus.turbo.grouped_gemm import fp8_grouped_gemm, grouped_gemm
+
+    torch.manual_seed(0)
+    x, w, sizes = torch.randn(12, 32).bfloat16(), torch.randn(2, 32, 16).bfloat16(), torch.tensor([5, 7])
+    try:
+        mturbo.reset({"use_turbo_grouped_gemm": True, "grouped_gemm_fp8": "hybrid"})
+        torch.testing.assert_close(mturbo._gmm(x, w, sizes), fp8_grouped_gemm(x, w, sizes, fmt="hybrid"))
+        assert mturbo.SWAPS == {"gmm_calls_fp8": 1}
+        mturbo.reset({"use_turbo_grouped_gemm": True})
+        torch.testing.assert_close(mturbo._gmm(x, w, sizes), grouped_gemm(x, w, sizes))
+        assert mturbo.SWAPS == {"gmm_calls": 1}
+    finally:
+        mturbo.reset({})

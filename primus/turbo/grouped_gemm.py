@@ -2,12 +2,15 @@
 
     y = grouped_gemm(x, w, group_sizes)          # x (M, K) rows sorted by expert, w (G, K, N), sizes (G,) ints
     y = grouped_gemm(x, w, group_sizes, trans_b=True)   # w (G, N, K)
+    y = fp8_grouped_gemm(x, w, group_sizes, trans_b, fmt="hybrid")   # fp8 operands, tensorwise scales
 
 `group_sizes` may be a device tensor: nothing here reads it on the host (sync-free; the Triton kernels walk the
 groups on the device). Providers, first that serves the device/dtype:
   "torch"   torch._grouped_mm (CUTLASS; CUDA sm90/sm100, bf16), autograd built in
   "triton"  this file's persistent Triton grouped GEMM (any GPU Triton runs on, ROCm included; the interpreter)
   "loop"    a per-expert torch.mm loop (reference / tests only; syncs on group sizes)
+fp8: the Triton kernels with fp8 operands (e4m3; e5m2 gradients under "hybrid"), one scale for the tokens, one per
+expert weight and one for the output gradient, applied to the fp32 accumulator; forward, dgrad and wgrad in fp8.
 """
 from __future__ import annotations
 
@@ -21,9 +24,10 @@ from primus.turbo import _common
 
 
 @triton.jit
-def _gg_fwd(X, W, Y, ENDS, G, N, K, s_xm, s_xk, s_wg, s_wk, s_wn, s_ym, s_yn, NUM_PROGS,
-            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """Persistent: program p takes tiles p, p+P, ... of the concatenated (group, m-tile, n-tile) space."""
+def _gg_fwd(X, W, Y, ENDS, G, N, K, s_xm, s_xk, s_wg, s_wk, s_wn, s_ym, s_yn, NUM_PROGS, SX, SW,
+            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SCALED: tl.constexpr = False):
+    """Persistent: program p takes tiles p, p+P, ... of the concatenated (group, m-tile, n-tile) space.
+    SCALED (fp8 operands): the fp32 accumulator is multiplied by SX[0] (X's scale_inv) * SW[g] (group g's)."""
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BN)
     base = 0
@@ -50,6 +54,8 @@ def _gg_fwd(X, W, Y, ENDS, G, N, K, s_xm, s_xk, s_wg, s_wk, s_wn, s_ym, s_yn, NU
                 b = tl.load(wg + k[:, None].to(tl.int64) * s_wk + rn[None, :] * s_wn,
                             mask=(k[:, None] < K) & (rn[None, :] < N), other=0.0)
                 acc += tl.dot(a, b)
+            if SCALED:
+                acc = acc * (tl.load(SX) * tl.load(SW + g))
             tl.store(Y + rm[:, None].to(tl.int64) * s_ym + rn[None, :] * s_yn, acc.to(Y.dtype.element_ty),
                      mask=mmask[:, None] & (rn[None, :] < N))
         base += tiles
@@ -57,9 +63,10 @@ def _gg_fwd(X, W, Y, ENDS, G, N, K, s_xm, s_xk, s_wg, s_wk, s_wn, s_ym, s_yn, NU
 
 
 @triton.jit
-def _gg_wgrad(X, DY, DW, ENDS, K, N, s_xm, s_xk, s_dm, s_dn, s_wg, s_wk, s_wn,
-              BK: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
-    """DW[g] (K, N) = X[g rows]^T @ DY[g rows]; grid (G, K tiles, N tiles). Empty groups write zeros."""
+def _gg_wgrad(X, DY, DW, ENDS, K, N, s_xm, s_xk, s_dm, s_dn, s_wg, s_wk, s_wn, SX, SD,
+              BK: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, SCALED: tl.constexpr = False):
+    """DW[g] (K, N) = X[g rows]^T @ DY[g rows]; grid (G, K tiles, N tiles). Empty groups write zeros.
+    SCALED (fp8 operands): times SX[0] * SD[0] (the two operands' scale_inv)."""
     g = tl.program_id(0)
     rk = tl.program_id(1) * BK + tl.arange(0, BK)
     rn = tl.program_id(2) * BN + tl.arange(0, BN)
@@ -74,6 +81,8 @@ def _gg_wgrad(X, DY, DW, ENDS, K, N, s_xm, s_xk, s_dm, s_dn, s_wg, s_wk, s_wn,
         d = tl.load(DY + rm[:, None].to(tl.int64) * s_dm + rn[None, :] * s_dn,
                     mask=mmask[:, None] & (rn[None, :] < N), other=0.0)
         acc += tl.dot(xt, d)
+    if SCALED:
+        acc = acc * (tl.load(SX) * tl.load(SD))
     tl.store(DW + g.to(tl.int64) * s_wg + rk[:, None] * s_wk + rn[None, :] * s_wn, acc.to(DW.dtype.element_ty),
              mask=(rk[:, None] < K) & (rn[None, :] < N))
 
@@ -84,28 +93,31 @@ def _cfg():
     return 128, 128, 64, 8
 
 
-def _triton_fwd(x, w_kn, ends, N, K):
-    """w_kn: a (G, K, N) view (any strides)."""
+def _triton_fwd(x, w_kn, ends, N, K, out_dtype=None, sx=None, sw=None):
+    """w_kn: a (G, K, N) view (any strides). sx / sw: fp8 operands' scale_inv (scalar / per group)."""
     M = x.shape[0]
-    y = _common.empty((M, N), x.dtype, x.device)
+    y = _common.empty((M, N), out_dtype or x.dtype, x.device)
     BM, BN, BK, warps = _cfg()
     progs = _common.num_sms(x.device) * (1 if _common.interpreting() else 2)
     G = w_kn.shape[0]
+    scaled = sx is not None
     _gg_fwd[(progs,)](x, w_kn, y, ends, G, N, K, x.stride(0), x.stride(1), w_kn.stride(0), w_kn.stride(1),
-                      w_kn.stride(2), y.stride(0), y.stride(1), progs, BM=BM, BN=BN, BK=BK, num_warps=warps,
-                      num_stages=3)
+                      w_kn.stride(2), y.stride(0), y.stride(1), progs, sx if scaled else y, sw if scaled else y,
+                      BM=BM, BN=BN, BK=BK, SCALED=scaled, num_warps=warps, num_stages=3)
     return y
 
 
-def _triton_wgrad(x, dy, ends, G, out_dtype, trans_b: bool):
+def _triton_wgrad(x, dy, ends, G, out_dtype, trans_b: bool, sx=None, sd=None):
     K, N = x.shape[1], dy.shape[1]
     dw = _common.empty((G, N, K) if trans_b else (G, K, N), out_dtype, x.device)
     v = dw.transpose(1, 2) if trans_b else dw  # write through a (G, K, N) view
     BMr, BNr, BKr, warps = _cfg()
     BKw, BNw, BMw = (32, 32, 16) if _common.interpreting() else (128, 128, 64)
+    scaled = sx is not None
     _gg_wgrad[(G, triton.cdiv(K, BKw), triton.cdiv(N, BNw))](
         x, dy, v, ends, K, N, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), v.stride(0), v.stride(1),
-        v.stride(2), BK=BKw, BN=BNw, BM=BMw, num_warps=warps, num_stages=3)
+        v.stride(2), sx if scaled else dw, sd if scaled else dw, BK=BKw, BN=BNw, BM=BMw, SCALED=scaled,
+        num_warps=warps, num_stages=3)
     return dw
 
 
@@ -130,6 +142,60 @@ class _TritonGroupedGemm(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dw = _triton_wgrad(x, dy, ends, w.shape[0], w.dtype, ctx.trans_b)
         return dx, dw, None, None
+
+
+def _quantize_experts(w: torch.Tensor, dtype):
+    """Per-expert tensorwise fp8: (w_fp8 same shape, scale_inv (G,) fp32)."""
+    from primus.turbo.fp8_linear import _fmax
+
+    fmax = _fmax(dtype)
+    scale = fmax / w.detach().abs().amax(dim=(1, 2)).float().clamp_min(1e-12)
+    wq = (w.detach().float() * scale[:, None, None]).clamp(-fmax, fmax).to(dtype)
+    return wq, (1.0 / scale).contiguous()
+
+
+class _Fp8GroupedGemm(torch.autograd.Function):
+    """Tensorwise fp8 (one scale for the tokens, one per expert weight, one for the output gradient); fp32
+    accumulation, bf16 outputs, weight gradient in the weight's dtype. fmt "hybrid": e5m2 gradients."""
+
+    @staticmethod
+    def forward(ctx, x, w, ends, trans_b, fmt):
+        from primus.turbo.fp8_linear import cast_tensorwise, fp8_dtypes
+
+        f_dt, e5 = fp8_dtypes(x.device)
+        xq, _, sx = cast_tensorwise(x, f_dt, want_y=True, want_t=False, pad_t=False)
+        wq, sw = _quantize_experts(w, f_dt)
+        w_kn = wq.transpose(1, 2) if trans_b else wq
+        K, N = w_kn.shape[1], w_kn.shape[2]
+        ctx.save_for_backward(xq, sx, wq, sw, ends)
+        ctx.trans_b, ctx.g_dt, ctx.x_dtype, ctx.w_dtype = trans_b, (e5 if fmt == "hybrid" else f_dt), x.dtype, w.dtype
+        return _triton_fwd(xq, w_kn, ends, N, K, out_dtype=x.dtype, sx=sx, sw=sw)
+
+    @staticmethod
+    def backward(ctx, dy):
+        from primus.turbo.fp8_linear import cast_tensorwise
+
+        xq, sx, wq, sw, ends = ctx.saved_tensors
+        dyq, _, sdy = cast_tensorwise(dy.contiguous(), ctx.g_dt, want_y=True, want_t=False, pad_t=False)
+        w_kn = wq.transpose(1, 2) if ctx.trans_b else wq
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            w_nk = w_kn.transpose(1, 2)  # (G, N, K)
+            dx = _triton_fwd(dyq, w_nk, ends, w_nk.shape[2], w_nk.shape[1], out_dtype=ctx.x_dtype, sx=sdy, sw=sw)
+        if ctx.needs_input_grad[1]:
+            dw = _triton_wgrad(xq, dyq, ends, wq.shape[0], ctx.w_dtype, ctx.trans_b, sx=sx, sd=sdy)
+        return dx, dw, None, None, None
+
+
+def fp8_grouped_gemm(x: torch.Tensor, w: torch.Tensor, group_sizes: Union[torch.Tensor, Sequence[int]],
+                     trans_b: bool = False, fmt: str = "hybrid") -> torch.Tensor:
+    """`grouped_gemm` with fp8 operands, tensorwise scaling (the recipe the megatron backend's fp8 experts use):
+    forward, dgrad and wgrad in fp8 on the Triton kernels, scales computed on the device (sync-free)."""
+    if fmt not in ("e4m3", "hybrid"):
+        raise ValueError(f"fp8_grouped_gemm: fmt must be e4m3 or hybrid, not {fmt!r}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    return _Fp8GroupedGemm.apply(x, w, _ends(group_sizes, x.device), trans_b, fmt)
 
 
 def _ends(group_sizes, device) -> torch.Tensor:
