@@ -377,6 +377,17 @@ def b_grouped_gemm():
         except Exception as ex:
             traceback.print_exc()
             ROWS.append({"kernel": "grouped_gemm", "variant": prov, "note": f"FAILED {str(ex)[:80]}"})
+    from primus.turbo.fp8_linear import fp8_linear_available
+    from primus.turbo.grouped_gemm import fp8_grouped_gemm
+    if fp8_linear_available(DEV):  # fp8 experts (tensorwise, hybrid) vs the bf16 grouped GEMM (eager_ms column)
+        t_b = try_ms(lambda: grouped_gemm(x, w, gs))
+        t_bb = try_ms(lambda: grouped_gemm(x, w, gs).backward(dy), grad_to_none=[x, w])
+        y = fp8_grouped_gemm(x, w, gs)
+        err = relerr(y, grouped_gemm_reference(x.double(), w.double(), sl))
+        row("grouped_gemm", f"fwd fp8 triton G{G} T{T} {K}->{N}", ms(lambda: fp8_grouped_gemm(x, w, gs)), t_b, None,
+            flops=fl, note=f"relerr {err:.1e}; eager = bf16 grouped_gemm (auto provider)")
+        row("grouped_gemm", "fwd+bwd fp8 triton", ms(lambda: fp8_grouped_gemm(x, w, gs).backward(dy), [x, w]), t_bb,
+            None, flops=3 * fl)
 
 
 @guarded("router")
