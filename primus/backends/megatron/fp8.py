@@ -25,30 +25,32 @@ def _eager(fn):
     return torch.compiler.disable(fn, recursive=True)
 
 
-def _column_impl(fp8_linear, recipe: str, fmt: str):
+def column_impl(gemm, eager: bool = True):
+    """ColumnParallelLinear._forward_impl replacement: megatron's input communication (all-gather over the sequence
+    under sequence parallel, else the identity whose backward all-reduces the input gradient), then
+    `gemm(input, weight, bias)`. eager: keep dynamo out of the GEMM call (a graph break under training.compile)."""
     from megatron.core.tensor_parallel.mappings import (
         copy_to_tensor_model_parallel_region,
         gather_from_sequence_parallel_region,
     )
 
-    @_eager
     def forward_impl(input, weight, bias, gradient_accumulation_fusion=False, allreduce_dgrad=False,
                      sequence_parallel=False, tp_group=None, **_unused):
         if sequence_parallel:
             input = gather_from_sequence_parallel_region(input, group=tp_group)
         elif allreduce_dgrad:
             input = copy_to_tensor_model_parallel_region(input, group=tp_group)
-        return fp8_linear(input, weight, bias, recipe, fmt)
+        return gemm(input, weight, bias)
 
-    return forward_impl
+    return _eager(forward_impl) if eager else forward_impl
 
 
-def _row_impl(fp8_linear, recipe: str, fmt: str):
-    @_eager
+def row_impl(gemm, eager: bool = True):
+    """RowParallelLinear._forward_impl replacement: the GEMM alone (megatron reduces the output outside it)."""
     def forward_impl(input, weight, bias, **_unused):
-        return fp8_linear(input, weight, bias, recipe, fmt)
+        return gemm(input, weight, bias)
 
-    return forward_impl
+    return _eager(forward_impl) if eager else forward_impl
 
 
 def apply(model, settings: Dict[str, Any], config) -> List[str]:
@@ -63,7 +65,10 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
         keep_first = settings.get("num_layers_at_start_in_bf16", 1)
         keep_last = settings.get("num_layers_at_end_in_bf16", 1)
     bf16_layers = set(range(keep_first)) | set(range(config.num_layers - keep_last, config.num_layers))
-    column, row = _column_impl(fp8_linear, recipe, fmt), _row_impl(fp8_linear, recipe, fmt)
+    def gemm(input, weight, bias):
+        return fp8_linear(input, weight, bias, recipe, fmt)
+
+    column, row = column_impl(gemm), row_impl(gemm)
     converted, kept = [], []
     decoder = getattr(model, "decoder", None)
     if decoder is None:
@@ -79,6 +84,7 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
                 kept.append(full)
                 continue
             mod._forward_impl = column if isinstance(mod, ColumnParallelLinear) else row
+            mod.primus_gemm = "fp8"
             converted.append(full)
     log.info("portable fp8 (%s, %s): %d linears converted, %d kept in bf16", recipe, fmt, len(converted), len(kept))
     return converted

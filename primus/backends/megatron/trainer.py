@@ -138,6 +138,9 @@ class MegatronTrainer(Trainer):
         if ctx.is_rank0:
             log.info("megatron layer spec: %s", self.spec_name)
 
+        from tuning.apply import is_installed as tuned_stage3_installed
+
+        tuned_stage3 = tuned_stage3_installed()
         vp = a["parallel_state"]["virtual_pipeline_model_parallel_size"]
         chunks = []
         self.kept_init = []
@@ -154,6 +157,10 @@ class MegatronTrainer(Trainer):
                 self._turbo_apply(model)
             if self.fp8_hook is not None and not a["turbo"].get("use_turbo_parallel_linear"):
                 self.fp8_converted += len(self.fp8_hook(model, self.fp8_settings, tconfig))
+            if tuned_stage3:  # tuning stage 3 on CUDA: train_loop installed the tuned executor (tuned_gemm.py)
+                from primus.backends.megatron import tuned_gemm
+
+                self.tuned_linears = getattr(self, "tuned_linears", 0) + tuned_gemm.apply(model)
             if a["recompute_layer_ids"]:
                 recompute_ids.apply(model, a["recompute_layer_ids"])
             if a["compile"]:
@@ -228,6 +235,8 @@ class MegatronTrainer(Trainer):
         if self.kept_init:
             info["megatron_init_params"] = len(self.kept_init)
         info.update(self._turbo_built(turbo_info))
+        if tuned_stage3:
+            info["tuned_gemm_linears"] = getattr(self, "tuned_linears", 0)
         if a["compile"]:
             info["compiled_layers"] = self.compiled_layers
             info["compiled_loss"] = getattr(self, "compiled_loss", False)
