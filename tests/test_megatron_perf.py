@@ -131,3 +131,17 @@ def test_fusions_route_and_restore_megatrons_entry_points():
     fusions.configure(rope=False, swiglu=False)
     assert fusions.installed() == {"rope": False, "swiglu": False}
     assert (attention.HAVE_FUSED_QKV_ROPE, mlp.bias_swiglu_impl) == before
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="the fusions are Triton kernels")
+def test_triton_fusions_with_tensor_parallel(tmp_path):
+    """tp=2 (2 gloo ranks): each rank's fused projection holds its share of the query groups; the fused RoPE / SwiGLU
+    give the losses of megatron's own path."""
+    os.environ["TRITON_INTERPRET"] = "1"  # restored by conftest's autouse fixture
+    tp2 = ["training.seq_length=32", "training.global_batch_size=4", "launcher.nproc_per_node=2",
+           "parallel.tensor_model_parallel_size=2"]
+    plain = train(tmp_path, "plain", ["model.apply_rope_fusion=false", "model.bias_activation_fusion=false", *tp2], 3)
+    fused = train(tmp_path, "fused", ["model.apply_rope_fusion=true", "model.bias_activation_fusion=true", *tp2], 3)
+    assert fused["backend_info"]["rope_fusion"] == "primus.turbo.rope (Triton)"
+    assert fused["losses"] == pytest.approx(plain["losses"], abs=2e-3)
