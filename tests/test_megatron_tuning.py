@@ -11,26 +11,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(__import__("importlib").util.
 
 SCRIPT = r'''
 import json, os, sys
-import torch
-from primus.backends.megatron.testing import compose, run_steps
+sys.path.insert(0, os.path.join(os.environ["PYTHONPATH"], "tests"))
+from primus.backends.megatron.testing import run_steps
 from tuning import apply
-from tuning.results_file import CUBLASLT_ALGO_COLUMNS, append_row, row_from_problem
+from tuning.results_file import append_row
 from tuning.shapes import record_gemms
+from tuning_fakes import FakeExecutor, cuda_row
 
 tmp, mode = sys.argv[1], sys.argv[2]
 overrides = ["model=debug", "training.seq_length=32", "training.micro_batch_size=2", "training.global_batch_size=2",
              "training.train_iters=2", "training.lr_warmup_iters=1", "device=cpu", "logging.tensorboard=false"]
-
-class FakeExecutor:
-    def __init__(self):
-        self.table, self.seen = {}, set()
-    def run(self, a, b, bias):
-        from tuning.gemm_problem import problem_from_matmul
-        key = problem_from_matmul(a, b, bias=bias).tune_key()
-        if key not in self.table:
-            return None
-        self.seen.add(key)
-        return torch.addmm(bias, a, b) if bias is not None else torch.mm(a, b)
 
 out = {"rank": 0}
 if mode == "record":
@@ -39,16 +29,13 @@ if mode == "record":
     problems = rec.results()
     path = os.path.join(tmp, "results.txt")
     for p in problems:
-        row = row_from_problem(p, us=1.0, arch="NVIDIA H200", cus=132)
-        row.update({"library": "cublasLt", "library_version": 130100, **{c: 1 for c in CUBLASLT_ALGO_COLUMNS},
-                    "default_us": "2", "heuristic_us": "2"})
-        append_row(path, row, "cublasLt-130100")
+        append_row(path, cuda_row(p), "cublasLt-130100")
     out["keys"] = sorted(str(p.tune_key()) for p in problems)
 else:
     ex = FakeExecutor()
     handle = apply.install_tuned_linear(os.path.join(tmp, "results.txt"), executor=ex)
     out["losses"] = run_steps(overrides, os.path.join(tmp, "tuned"), steps=2)
-    out["seen"] = sorted(str(k) for k in ex.seen)
+    out["seen"] = sorted({str(k) for k in ex.seen})
     out["stats"] = handle.stats()
     handle.uninstall()
     out["plain"] = run_steps(overrides, os.path.join(tmp, "plain"), steps=2)

@@ -3,30 +3,10 @@ import pytest
 import torch
 
 from tuning import apply
-from tuning.results_file import CUBLASLT_ALGO_COLUMNS, ResultsFile, append_row, read_results, row_from_problem
+from tuning.results_file import ResultsFile, append_row, read_results
 from tuning.shapes import record_gemms
-
-
-class FakeExecutor:
-    """Stands in for cuBLASLt: answers tuned problems with torch's result and remembers which ran."""
-
-    def __init__(self):
-        self.table, self.seen = {}, []
-
-    def run(self, a, b, bias):
-        from tuning.gemm_problem import problem_from_matmul
-        key = problem_from_matmul(a, b, bias=bias).tune_key()
-        if key not in self.table:
-            return None
-        self.seen.append(key)
-        return torch.addmm(bias, a, b) if bias is not None else torch.mm(a, b)
-
-
-def _cuda_row(p, version=130100, gpu="NVIDIA H200"):
-    row = row_from_problem(p, us=10.0, arch=gpu, cus=132)
-    row.update({"library": "cublasLt", "library_version": version, **{c: 1 for c in CUBLASLT_ALGO_COLUMNS},
-                "default_us": "11", "heuristic_us": "11"})
-    return row
+from tuning_fakes import FakeExecutor
+from tuning_fakes import cuda_row as _cuda_row
 
 
 @pytest.fixture
