@@ -61,6 +61,15 @@ def test_device_cuda_without_a_gpu(tmp_path):
     assert not os.path.exists(tmp_path / "run" / "result.json")
 
 
+def test_dry_run_plans_a_multi_gpu_launch_on_a_machine_without_gpus(tmp_path):
+    """A dry run describes the GPU run it is meant for: 2 processes per node are not checked against this
+    machine's GPU count (0 here)."""
+    p = train(["launcher.nproc_per_node=2", "parallel=tp2", "dry_run=true", f"hydra.run.dir={tmp_path}"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    assert out["backend_args"]["parallel_state"]["tensor_model_parallel_size"] == 2
+
+
 def test_unknown_key_is_hydra_error(tmp_path):
     p = train(["training.steps=5", f"hydra.run.dir={tmp_path}"])
     assert p.returncode != 0 and "steps" in p.stderr

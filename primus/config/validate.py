@@ -408,7 +408,7 @@ def launcher_values(cfg, ctx):
         out.append(ConfigIssue(["launcher.nnodes"], lc.nnodes,
                                "the local launcher starts processes on this node only; several nodes run through Slurm",
                                "submit with -m hydra/launcher=slurm (see docs/launching.md), or set launcher.nnodes=1"))
-    if ctx.device == "cuda" and lc.nproc_per_node > 1:
+    if ctx.device == "cuda" and not ctx.planned and lc.nproc_per_node > 1:  # a dry run plans for its GPUs
         import torch
 
         n = torch.cuda.device_count()

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 13 on a 2-GPU machine (device kind nvidia-h200-x2), one call: both backends with tp=2, dp=2 (megatron with
+# the distributed optimizer), pp=2, and ep=2 on the MoE model; loss parity against the same config on 1 GPU; overlap
+# settings on vs off with the speedup. Llama-3.2-1B shape at seq 2048, 12 steps; MoE: experiment=mixtral_small_moe.
+# TorchTitan TP is left to 4+ GPUs: with tied embeddings (Llama-3.2-1B) or without FSDP next to TP, TorchTitan 0.2.2
+# cannot keep its bf16 mixed precision, and validation says so.
+#   bash bench/multi_gpu.sh      # $OUT/bench_multigpu.md/json + $OUT/parity.md
+set -u
+OUT=${OUT:-outputs/bench}
+LOGS=${LOGS:-/tmp/bench_logs}
+mkdir -p "$OUT" "$LOGS"
+S="model=llama3_2_1b training=bench training.seq_length=2048 training.micro_batch_size=4 training.global_batch_size=8 training.train_iters=12 training.compile=true training.deterministic=false"
+M="backend=megatron $S"
+T="backend=torchtitan $S"
+N2="launcher.nproc_per_node=2"
+python bench/e2e.py --suite none --tag multigpu --timeout 280 --log-dir "$LOGS" --ref "megatron 1gpu" \
+  --extra "megatron 1gpu=$M" \
+  --extra "megatron dp2=$M $N2" \
+  --extra "megatron dp2 distopt overlap=$M $N2 memory=distributed_optimizer overlap=all" \
+  --extra "megatron tp2=$M $N2 parallel=tp2" \
+  --extra "megatron tp2 overlap=$M $N2 parallel=tp2 overlap=all memory=distributed_optimizer" \
+  --extra "megatron pp2=$M $N2 parallel=pp2" \
+  --extra "torchtitan 1gpu=$T" \
+  --extra "torchtitan fsdp2=$T $N2" \
+  --extra "megatron moe 1gpu=experiment=mixtral_small_moe training.train_iters=12" \
+  --extra "megatron moe ep2=experiment=mixtral_small_moe training.train_iters=12 $N2 parallel=ep2"
+# parity: the same global batch and seed on 1 and 2 GPUs -> the same losses (within bf16 / reduction-order noise)
+python - "$OUT" <<'PY'
+import json, os, sys
+root = "outputs/bench"
+def losses(name):
+    p = os.path.join(root, name.replace(" ", "_"), "result.json")
+    return json.load(open(p)).get("losses") if os.path.exists(p) else None
+pairs = [("megatron 1gpu", n) for n in ("megatron dp2", "megatron dp2 distopt overlap", "megatron tp2",
+                                          "megatron tp2 overlap", "megatron pp2")]
+pairs += [("torchtitan 1gpu", "torchtitan fsdp2"), ("megatron moe 1gpu", "megatron moe ep2")]
+lines = ["| run | vs | max abs loss difference | losses (first, last) |", "|---|---|---:|---|"]
+for ref, run in pairs:
+    a, b = losses(ref), losses(run)
+    if not a or not b:
+        lines.append(f"| {run} | {ref} | missing | - |")
+        continue
+    d = max(abs(x - y) for x, y in zip(a, b))
+    lines.append(f"| {run} | {ref} | {d:.4f} | {b[0]:.4f}, {b[-1]:.4f} |")
+text = "\n".join(lines)
+print(text)
+open(os.path.join(sys.argv[1], "parity.md"), "w").write(text + "\n")
+PY
