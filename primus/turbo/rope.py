@@ -35,22 +35,25 @@ def _partner(cols, HALF: tl.constexpr):
 
 
 @triton.jit
+def _token_tile(B, NG, R: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    """This program's token (s-major, as the projection's rows are) and its [heads x channels] tile: each row is
+    head j of query group g, j < R a query head, j == R the key, j == R + 1 the value."""
+    tok = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_H)
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    mask = (rows < NG * (R + 2))[:, None] & cmask[None, :]
+    return tok, tok // B, tok % B, rows, cols, cmask, mask, rows // (R + 2), rows % (R + 2), _partner(cols, HALF)
+
+
+@triton.jit
 def _qkv_rope_fwd(MIXED, QF, KF, Q, K, V, S, B, NG, stride_ms, stride_mb, stride_qf, stride_kf,
                   R: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
                   BLOCK_D: tl.constexpr):
-    tok = tl.program_id(0)  # s-major, as the projection's rows are
-    si = tok // B
-    bi = tok % B
-    rows = tl.arange(0, BLOCK_H)
-    cols = tl.arange(0, BLOCK_D)
-    rmask = rows < NG * (R + 2)
-    cmask = cols < D
-    mask = rmask[:, None] & cmask[None, :]
-    g = rows // (R + 2)
-    j = rows % (R + 2)
+    tok, si, bi, rows, cols, cmask, mask, g, j, pc = _token_tile(B, NG, R, D, HALF, BLOCK_H, BLOCK_D)
     is_q = j < R
     is_v = j == R + 1
-    pc = _partner(cols, HALF)
     base = MIXED + si.to(tl.int64) * stride_ms + bi.to(tl.int64) * stride_mb
     x = tl.load(base + rows[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     xp = tl.load(base + rows[:, None] * D + pc[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -71,20 +74,10 @@ def _qkv_rope_fwd(MIXED, QF, KF, Q, K, V, S, B, NG, stride_ms, stride_mb, stride
 def _qkv_rope_bwd(DQ, DK, DV, QF, KF, DMIXED, B, NG, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                   stride_qf, stride_kf, R: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                   BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    tok = tl.program_id(0)
-    si = tok // B
-    bi = tok % B
-    rows = tl.arange(0, BLOCK_H)
-    cols = tl.arange(0, BLOCK_D)
-    rmask = rows < NG * (R + 2)
-    cmask = cols < D
-    mask = rmask[:, None] & cmask[None, :]
-    g = rows // (R + 2)
-    j = rows % (R + 2)
+    tok, si, bi, rows, cols, cmask, mask, g, j, pc = _token_tile(B, NG, R, D, HALF, BLOCK_H, BLOCK_D)
     is_q = j < R
     is_k = j == R
     is_v = j == R + 1
-    pc = _partner(cols, HALF)
     b64 = bi.to(tl.int64)
     s64 = si.to(tl.int64)
     oq = (b64 * sq_b + s64 * sq_s + (g * R + j) * sq_h)[:, None]

@@ -11,7 +11,7 @@ cat, ran at about half the copy bandwidth on the H200).
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -102,81 +102,51 @@ def _bwd(dy: torch.Tensor, h: torch.Tensor, p):
     return dh.view(h.shape), dp
 
 
-# ---------------------------------------------------------------------------------------------- swiglu(h)
+# ------------------------------------------------------------------ one torch op pair: probs optional (None = 1)
 
 @torch.library.custom_op("primus::swiglu", mutates_args=())
-def _swiglu_op(h: torch.Tensor) -> torch.Tensor:
-    return _fwd(h, None)
-
-
-@_swiglu_op.register_fake
-def _(h):
-    return h.new_empty((*h.shape[:-1], h.shape[-1] // 2))
-
-
-@torch.library.custom_op("primus::swiglu_bwd", mutates_args=())
-def _swiglu_bwd_op(dy: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    return _bwd(dy, h, None)[0]
-
-
-@_swiglu_bwd_op.register_fake
-def _(dy, h):
-    return torch.empty_like(h)
-
-
-def _swiglu_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
-
-
-def _swiglu_backward(ctx, dy):
-    (h,) = ctx.saved_tensors
-    return _swiglu_bwd_op(dy, h)
-
-
-_swiglu_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
-
-
-# ---------------------------------------------------------------------------------- swiglu_with_probs(h, p)
-
-@torch.library.custom_op("primus::swiglu_probs", mutates_args=())
-def _swiglu_probs_op(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+def _swiglu_op(h: torch.Tensor, probs: Optional[torch.Tensor]) -> torch.Tensor:
     return _fwd(h, probs)
 
 
-@_swiglu_probs_op.register_fake
+@_swiglu_op.register_fake
 def _(h, probs):
     return h.new_empty((*h.shape[:-1], h.shape[-1] // 2))
 
 
-@torch.library.custom_op("primus::swiglu_probs_bwd", mutates_args=())
-def _swiglu_probs_bwd_op(dy: torch.Tensor, h: torch.Tensor, probs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+@torch.library.custom_op("primus::swiglu_bwd", mutates_args=())
+def _swiglu_bwd_op(dy: torch.Tensor, h: torch.Tensor,
+                   probs: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     dh, dp = _bwd(dy, h, probs)
-    return dh, dp
+    return dh, (dp if dp is not None else h.new_empty(0, dtype=torch.float32))  # no probs: an empty dp
 
 
-@_swiglu_probs_bwd_op.register_fake
+@_swiglu_bwd_op.register_fake
 def _(dy, h, probs):
-    return torch.empty_like(h), probs.new_empty(probs.shape, dtype=torch.float32)
+    return torch.empty_like(h), h.new_empty(probs.shape if probs is not None else (0,), dtype=torch.float32)
 
 
-def _probs_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
-    ctx.p_meta = (inputs[1].shape, inputs[1].dtype)
+def _setup(ctx, inputs, output):
+    h, probs = inputs
+    ctx.save_for_backward(h, probs)
+    ctx.p_meta = None if probs is None else (probs.shape, probs.dtype)
 
 
-def _probs_backward(ctx, dy):
+def _backward(ctx, dy):
     h, p = ctx.saved_tensors
-    dh, dp = _swiglu_probs_bwd_op(dy, h, p)
+    dh, dp = _swiglu_bwd_op(dy, h, p)
+    if ctx.p_meta is None:
+        return dh, None
     shape, dtype = ctx.p_meta
     return dh, dp.to(dtype).view(shape)
 
 
-_swiglu_probs_op.register_autograd(_probs_backward, setup_context=_probs_setup)
+_swiglu_op.register_autograd(_backward, setup_context=_setup)
 
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:
     """silu(h[..., :F]) * h[..., F:] (fused fwd + bwd; a single node under torch.compile)."""
-    return _swiglu_op(h)
+    return _swiglu_op(h, None)
 
 
 def swiglu_with_probs(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -184,7 +154,7 @@ def swiglu_with_probs(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     T = h.numel() // h.shape[-1] if h.shape[-1] else 0
     if probs.numel() != T:
         raise ValueError(f"probs must have one value per row of h ({T}), got {tuple(probs.shape)}")
-    return _swiglu_probs_op(h, probs.reshape(-1).contiguous())
+    return _swiglu_op(h, probs.reshape(-1).contiguous())
 
 
 def swiglu_reference(h):

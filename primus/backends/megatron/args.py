@@ -140,7 +140,7 @@ def turbo_permute_fusion(cfg: PrimusConfig) -> bool:
 
 
 def rope_fusion_blockers(cfg: PrimusConfig, ctx: RunContext) -> List[str]:
-    """Why primus' fused q/k/v split + RoPE (rope_fusion.py) cannot serve this run ([] = it can)."""
+    """Why primus' fused q/k/v split + RoPE (fusions.py) cannot serve this run ([] = it can)."""
     m = cfg.model
     out = []
     if m.multi_latent_attention:
@@ -214,7 +214,7 @@ def turbo_args(cfg: PrimusConfig) -> Dict[str, Any]:
 def transformer_config_kwargs(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
     m, p, par, moe, ov = cfg.model, cfg.precision, cfg.parallel, cfg.moe, cfg.overlap
     dtype = _dtype(cfg)
-    on_gpu = ctx.device == "cuda"
+    rope = rope_fusion(cfg, ctx)
     k: Dict[str, Any] = {
         # architecture: Llama-style decoder (pre-norm RMSNorm, SwiGLU, RoPE, no biases, no dropout)
         "num_layers": m.num_layers,
@@ -237,9 +237,9 @@ def transformer_config_kwargs(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, A
         "bias_activation_fusion": activation_fusion(cfg, ctx) is not None,
         "bias_dropout_fusion": False,
         "masked_softmax_fusion": False,
-        # rope_fusion(): TE's fused RoPE with the TE spec, else megatron's fused_single_qkv_rope hook (rope_fusion.py)
-        "apply_rope_fusion": rope_fusion(cfg, ctx) == "te",
-        "fused_single_qkv_rope": rope_fusion(cfg, ctx) == "triton",
+        # rope_fusion(): TE's fused RoPE with the TE spec, else megatron's fused_single_qkv_rope hook (fusions.py)
+        "apply_rope_fusion": rope == "te",
+        "fused_single_qkv_rope": rope == "triton",
         "persist_layer_norm": False,
         "gradient_accumulation_fusion": False,
         # precision

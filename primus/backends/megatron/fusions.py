@@ -4,8 +4,8 @@ RoPE (model.apply_rope_fusion -> args "rope_fusion" == "triton")
     megatron-core 0.16.1's SelfAttention hands the unsplit projection [s, b, ng, (r+2)*d] to
     `apply_fused_qkv_rotary_pos_emb(mixed_qkv, q_pos_emb, k_pos_emb, split_arg_list)` when
     `config.fused_single_qkv_rope` is set and its module flag HAVE_FUSED_QKV_ROPE says TE's function imported.
-    Without TE both are missing; `configure(rope=True, ...)` puts primus.turbo.rope in their place (module globals, looked up
-    at call time). The contract is TE's: q [s, b, np, hn], k / v [s, b, ng, hn] (ours are [b, s, h, d] tensors
+    Without TE both are missing; `configure(rope=True, ...)` puts primus.turbo.rope in their place (module globals,
+    looked up at call time). The contract is TE's: q [s, b, np, hn], k / v [s, b, ng, hn] (ours are [b, s, h, d] tensors
     seen through transposes, the layout SDPA's fused kernels read directly). args.py sets the flag only where the
     path applies (RoPE on q/k without q/k norms, rotary over the whole head), so megatron's assertion never sees it
     requested elsewhere.
