@@ -25,16 +25,10 @@ def plain_linear(x, weight, bias=None, recipe="tensorwise", fmt="e4m3"):
 f8.fp8_linear = plain_linear
 margs.portable_fp8_available = lambda recipe=None: True  # a CPU has no fp8: pretend, the GEMM is plain anyway
 
-from primus.backends.megatron.testing import compose
-from primus.backends.megatron.trainer import MegatronTrainer
-from primus.context import resolve
+from primus.backends.megatron.testing import train_steps
 
-cfg = compose(sys.argv[2:])
-ctx = resolve(cfg, sys.argv[1])
-trainer = MegatronTrainer(cfg, ctx)  # not validate(): fp8 on CPU is (rightly) refused there
-info = trainer.setup()
-losses = [trainer.train_step(s).loss for s in (1, 2, 3)]
-trainer.close()
+# check=False: not validate(), fp8 on CPU is (rightly) refused there
+ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=3, check=False)
 print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "calls": calls["n"],
                               "converted": info.get("fp8_linears_on_this_rank", 0)}), flush=True)
 '''

@@ -11,9 +11,7 @@ pytestmark = pytest.mark.slow
 SCRIPT = r'''
 import collections, json, sys
 from megatron.core.transformer.transformer_layer import TransformerLayer
-from primus.backends.megatron.testing import compose
-from primus.backends.megatron.trainer import MegatronTrainer
-from primus.context import resolve
+from primus.backends.megatron.testing import train_steps
 
 counts = collections.Counter()
 forward = TransformerLayer.forward
@@ -22,12 +20,7 @@ def counting_forward(self, *a, **k):
     return forward(self, *a, **k)
 TransformerLayer.forward = counting_forward
 
-cfg = compose(sys.argv[2:])
-ctx = resolve(cfg, sys.argv[1])
-trainer = MegatronTrainer(cfg, ctx)
-trainer.setup()
-losses = [trainer.train_step(s).loss for s in (1, 2)]
-trainer.close()
+ctx, _, losses = train_steps(sys.argv[2:], sys.argv[1], steps=2, check=False)
 print("RESULT " + json.dumps({"rank": ctx.rank, "counts": counts, "losses": losses}), flush=True)
 '''
 

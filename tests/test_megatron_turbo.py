@@ -1,20 +1,14 @@
 """turbo.* flags with backend=megatron (primus/backends/megatron/turbo.py): validation names the missing provider,
 the swaps are counted in result.json, and training matches the non-turbo run. On CPU the Triton kernels run in
 Triton's interpreter (conftest.py sets TRITON_INTERPRET=1 without a GPU), so the e2e runs are kept tiny."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from rank_script import run_train
+from rank_script import run_ranks, run_train
 
 from primus.backends.megatron import args as margs
 from primus.backends.megatron.testing import compose
 from primus.context import RunContext
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU = RunContext(device="cpu", world_size=1)
 HAS_TRITON = __import__("importlib").util.find_spec("triton") is not None
 
@@ -169,38 +163,20 @@ F8.fp8_forward, F8.fp8_backward = fp8_forward, fp8_backward
 margs.portable_fp8_available = lambda recipe=None, planned=False: True  # a CPU has no fp8: pretend
 mturbo.resolve = lambda cfg, ctx: {"turbo.use_turbo_parallel_linear": "test"}
 
-from primus.backends.megatron.testing import compose
-from primus.backends.megatron.trainer import MegatronTrainer
-from primus.context import resolve
+from primus.backends.megatron.testing import train_steps
 
-cfg = compose(sys.argv[2:])
-ctx = resolve(cfg, sys.argv[1])
-trainer = MegatronTrainer(cfg, ctx)  # not validate(): fp8 on CPU is (rightly) refused there
-info = trainer.setup()
-losses = [trainer.train_step(s).loss for s in (1, 2, 3)]
-trainer.close()
-with open(f"{sys.argv[1]}/result_rank{ctx.rank}.json", "w") as f:
-    json.dump({"rank": ctx.rank, "losses": losses, "calls": calls["n"], "swaps": info.get("turbo_swaps", {})}, f)
+# check=False: not validate(), fp8 on CPU is (rightly) refused there
+ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=3, check=False)
+print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "calls": calls["n"],
+                              "swaps": info.get("turbo_swaps", {})}), flush=True)
 """
 
 
 def run_fp8_script(tmp_path, overrides, nproc=1):
-    script = tmp_path / "turbo_fp8_wiring.py"
-    script.write_text(FP8_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": ROOT}
-    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                  f"--nproc_per_node={nproc}"]
     base = ["device=cpu", "training.micro_batch_size=2", "training.global_batch_size=4", "training.seq_length=64",
             "training.lr_warmup_iters=0", "turbo=megatron", "turbo.use_turbo_attention=false",
             "turbo.use_turbo_rms_norm=false"]
-    for old in tmp_path.glob("result_rank*.json"):
-        old.unlink()
-    p = subprocess.run([*launch, str(script), str(tmp_path), *base, *overrides], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    return [json.loads((tmp_path / f"result_rank{r}.json").read_text()) for r in range(nproc)]
+    return run_ranks(tmp_path, "turbo_fp8_wiring.py", FP8_SCRIPT, [*base, *overrides], nproc)
 
 
 @pytest.mark.slow

@@ -21,21 +21,28 @@ def compose(overrides: Sequence[str] = ()):
     return OmegaConf.to_object(c)
 
 
-def run_steps(overrides: Sequence[str], run_dir: str, steps: Optional[int] = None) -> List[float]:
-    """Validate, build MegatronTrainer, train; returns the per-step losses (every rank gets the same list)."""
+def train_steps(overrides: Sequence[str], run_dir: str, steps: Optional[int] = None, check: bool = True):
+    """Build MegatronTrainer for `train.py <overrides>` and train N steps; returns (ctx, setup info, per-step losses;
+    every rank gets the same list). check=False skips validate() (test scripts that fake a GPU-only path on CPU)."""
     from primus.backends.megatron.trainer import MegatronTrainer
     from primus.config.validate import validate
     from primus.context import resolve
 
     cfg = compose(overrides)
     ctx = resolve(cfg, run_dir)
-    validate(cfg, ctx)
+    if check:
+        validate(cfg, ctx)
     trainer = MegatronTrainer(cfg, ctx)
     losses = []
     try:
-        trainer.setup()
+        info = trainer.setup()
         for step in range(1, (steps or cfg.training.train_iters) + 1):
             losses.append(trainer.train_step(step).loss)
     finally:
         trainer.close()
-    return losses
+    return ctx, info, losses
+
+
+def run_steps(overrides: Sequence[str], run_dir: str, steps: Optional[int] = None) -> List[float]:
+    """Validate, build MegatronTrainer, train; returns the per-step losses (every rank gets the same list)."""
+    return train_steps(overrides, run_dir, steps)[2]
