@@ -223,7 +223,7 @@ def train_step(model, opt, ids, labels):
 
 LLAMA_RESULTS = WORK / "llama" / "gemm_tune" / "tune_hipblas_gemm_results.txt"
 # candidates timed per problem in section 2: the tuner's own default (tuning/cuda_tuner.py); --max-candidates N
-MAX_CANDIDATES = int(sys.argv[sys.argv.index("--max-candidates") + 1]) if "--max-candidates" in sys.argv else 64
+MAX_CANDIDATES = 64
 
 
 @section("2 llama GEMM tuning")
@@ -296,6 +296,15 @@ def end_to_end():
 
 
 def main():
+    global MAX_CANDIDATES
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-candidates", type=int, default=MAX_CANDIDATES,
+                    help="cuBLASLt candidates timed per GEMM problem in section 2 (>= 1)")
+    MAX_CANDIDATES = ap.parse_args().max_candidates
+    if MAX_CANDIDATES < 1:
+        ap.error(f"--max-candidates must be >= 1, got {MAX_CANDIDATES}")
     t0 = time.time()
     if not torch.cuda.is_available():
         print("no CUDA GPU: nothing to benchmark", file=sys.stderr)
