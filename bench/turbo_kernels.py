@@ -240,6 +240,15 @@ def b_qkv_rope():
         return lambda: torch.autograd.backward(list(fn()), gs)
     row("qkv_rope", "fwd+bwd", ms(fb(f), [mixed]), try_ms(fb(e), grad_to_none=[mixed]),
         try_ms(fb(c), grad_to_none=[mixed]) if c else None, gbytes=2 * nb / 1e9)
+    from primus.turbo import rope as R
+    default = R.ROWS
+    try:  # the head-rows-per-program alternatives, ours only
+        for rows in (32, 128, 256):
+            R.ROWS = rows
+            row("qkv_rope", f"fwd+bwd ROWS={rows} (default {default})", ms(fb(f), [mixed]), None, None,
+                gbytes=2 * nb / 1e9)
+    finally:
+        R.ROWS = default
 
 
 @guarded("fp8_casts")

@@ -6,13 +6,18 @@ to q and k (`x * cos + rotate_half(x) * sin`, rotate_half(x) = cat(-x2, x1)), an
 [b, h, s, d] permutes; the backward slices the three gradients back into one tensor. Compiled with inductor that
 path took ~20 ms of a 528 ms Llama-3.2-1B step on the H200 (three kernels at ~1/4 of the copy bandwidth).
 
-Here one program per token reads its whole row once and writes q, k (rotated) and v into [b, s, heads, d] tensors
-(the layout SDPA's fused kernels read natively as [b, h, s, d] views); the backward reads dq, dk, dv (any strides)
-and writes the fused gradient row, applying the transposed rotation. Measured on the H200 (bench/turbo_kernels.py,
-Llama-3.2-1B bench shape): fwd+bwd 0.66 ms, 2.45x inductor's compiled reference (a variant taking 4 tokens per
-program and loading the rotary halves separately measured 4.7x slower: keep this layout). Bytes: one read and one write of the row each
-way, the floor for a layout change. cos/sin are computed from megatron's fp32 `freqs` in fp32 (no bf16 rounding of
-cos/sin as eager megatron does).
+Here each program takes ROWS consecutive head-rows of the projection (a head-row = one head's d channels of one
+token; rows are flattened s-major as the projection stores them) and loads each row as its two rotary halves, so
+every load and store is a contiguous, vectorised run; q, k (rotated) and v go to [b, s, heads, d] tensors (the
+layout SDPA's fused kernels read natively as [b, h, s, d] views). The backward reads dq, dk, dv (any strides) and
+writes the fused gradient row with the transposed rotation. cos/sin come from megatron's fp32 `freqs` through a
+small per-call table ([s, 4, d] fp32, L2-resident; no bf16 rounding of cos/sin as eager megatron does): per
+element, libdevice's sin/cos would cost more than the memory traffic. Bytes: one read and one write of the row each
+way, the floor for a layout change.
+
+History (bench/turbo_kernels.py, H200, Llama-3.2-1B bench shape): one program per token over a [heads x d] tile
+with the rotary partner gathered by a permuted load: fwd+bwd 0.66 ms (2.45x inductor, but 29% of copy bandwidth);
+a 4-tokens-per-program variant of it 3.09 ms.
 
     qkv_rope(mixed [s, b, ng, (r+2)*d], q_freqs [s, d], k_freqs [s, d], r) -> q [b, s, ng*r, d], k, v [b, s, ng, d]
     qkv_rope_reference(...)                                                  plain PyTorch, same contract
@@ -29,83 +34,110 @@ from primus.turbo import _common
 
 
 @triton.jit
-def _partner(cols, HALF: tl.constexpr):
-    # rotate_half pairs channel c with c + d/2 (first half) or c - d/2 (second half)
-    return tl.where(cols < HALF, cols + HALF, cols - HALF)
-
-
-@triton.jit
-def _token_tile(B, NG, R: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-                BLOCK_D: tl.constexpr):
-    """This program's token (s-major, as the projection's rows are) and its [heads x channels] tile: each row is
-    head j of query group g, j < R a query head, j == R the key, j == R + 1 the value."""
-    tok = tl.program_id(0)
-    rows = tl.arange(0, BLOCK_H)
+def _cos_sin_table(QF, KF, CS, stride_qf, stride_kf, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """CS[s] = [cos(q_freqs[s]), sin(q_freqs[s]), cos(k_freqs[s]), sin(k_freqs[s])] (fp32, 4 x D per position).
+    Computed once per call: libdevice sin/cos per element of the big kernels would cost more than their memory
+    traffic (~30 instructions each)."""
+    si = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = (rows < NG * (R + 2))[:, None] & cmask[None, :]
-    return tok, tok // B, tok % B, rows, cols, cmask, mask, rows // (R + 2), rows % (R + 2), _partner(cols, HALF)
+    m = cols < D
+    fq = tl.load(QF + si * stride_qf + cols, mask=m, other=0.0)
+    fk = tl.load(KF + si * stride_kf + cols, mask=m, other=0.0)
+    base = CS + si.to(tl.int64) * (4 * D) + cols
+    tl.store(base, tl.cos(fq), mask=m)
+    tl.store(base + D, tl.sin(fq), mask=m)
+    tl.store(base + 2 * D, tl.cos(fk), mask=m)
+    tl.store(base + 3 * D, tl.sin(fk), mask=m)
 
 
 @triton.jit
-def _qkv_rope_fwd(MIXED, QF, KF, Q, K, V, S, B, NG, stride_ms, stride_mb, stride_qf, stride_kf,
-                  R: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
-    tok, si, bi, rows, cols, cmask, mask, g, j, pc = _token_tile(B, NG, R, D, HALF, BLOCK_H, BLOCK_D)
-    is_q = j < R
-    is_v = j == R + 1
-    base = MIXED + si.to(tl.int64) * stride_ms + bi.to(tl.int64) * stride_mb
-    x = tl.load(base + rows[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    xp = tl.load(base + rows[:, None] * D + pc[None, :], mask=mask, other=0.0).to(tl.float32)
-    fq = tl.load(QF + si * stride_qf + cols, mask=cmask, other=0.0)
-    fk = tl.load(KF + si * stride_kf + cols, mask=cmask, other=0.0)
-    cos = tl.where(is_q[:, None], tl.cos(fq)[None, :], tl.cos(fk)[None, :])
-    sin = tl.where(is_q[:, None], tl.sin(fq)[None, :], tl.sin(fk)[None, :])
-    sign = tl.where(cols < HALF, -1.0, 1.0)
-    y = tl.where(is_v[:, None], x, x * cos + sign[None, :] * xp * sin).to(Q.dtype.element_ty)
-    tokq = (bi.to(tl.int64) * S + si) * (NG * R)
-    tokkv = (bi.to(tl.int64) * S + si) * NG
-    tl.store(Q + (tokq + g * R + j)[:, None] * D + cols[None, :], y, mask=mask & is_q[:, None])
-    tl.store(K + (tokkv + g)[:, None] * D + cols[None, :], y, mask=mask & (j == R)[:, None])
-    tl.store(V + (tokkv + g)[:, None] * D + cols[None, :], y, mask=mask & is_v[:, None])
+def _row_tile(NROWS, B, H6, R: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """This program's ROWS head-rows of the fused projection, flattened s-major ([s, b, ng, r+2] order, the
+    projection's own): token position (s, b), query group g and slot j (j < R query head, j == R key,
+    j == R + 1 value), plus the half-row columns and the mask."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # int32: rows < NROWS < 2^31
+    c = tl.arange(0, BLOCK_HALF)
+    m = (rows < NROWS)[:, None] & (c < HALF)[None, :]
+    tok = rows // H6
+    w = rows % H6
+    return rows, c, m, tok // B, tok % B, w, w // (R + 2), w % (R + 2)
 
 
 @triton.jit
-def _qkv_rope_bwd(DQ, DK, DV, QF, KF, DMIXED, B, NG, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
-                  stride_qf, stride_kf, R: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    tok, si, bi, rows, cols, cmask, mask, g, j, pc = _token_tile(B, NG, R, D, HALF, BLOCK_H, BLOCK_D)
-    is_q = j < R
-    is_k = j == R
-    is_v = j == R + 1
-    b64 = bi.to(tl.int64)
+def _qkv_rope_fwd(MIXED, CS, Q, K, V, NROWS, S, B, NG, H6, stride_ms, stride_mb,
+                  R: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr,
+                  BLOCK_HALF: tl.constexpr):
+    rows, c, m, si, bi, w, g, j = _row_tile(NROWS, B, H6, R, HALF, ROWS, BLOCK_HALF)
+    is_q = (j < R)[:, None]
+    is_k = (j == R)[:, None]
+    is_v = (j == R + 1)[:, None]
     s64 = si.to(tl.int64)
-    oq = (b64 * sq_b + s64 * sq_s + (g * R + j) * sq_h)[:, None]
-    ok = (b64 * sk_b + s64 * sk_s + g * sk_h)[:, None]
-    ov = (b64 * sv_b + s64 * sv_s + g * sv_h)[:, None]
-    mq, mk, mv = mask & is_q[:, None], mask & is_k[:, None], mask & is_v[:, None]
-    dy = (tl.load(DQ + oq + cols[None, :], mask=mq, other=0.0).to(tl.float32)
-          + tl.load(DK + ok + cols[None, :], mask=mk, other=0.0).to(tl.float32)
-          + tl.load(DV + ov + cols[None, :], mask=mv, other=0.0).to(tl.float32))
-    dyp = (tl.load(DQ + oq + pc[None, :], mask=mq, other=0.0).to(tl.float32)
-           + tl.load(DK + ok + pc[None, :], mask=mk, other=0.0).to(tl.float32))
-    fq = tl.load(QF + si * stride_qf + cols, mask=cmask, other=0.0)
-    fk = tl.load(KF + si * stride_kf + cols, mask=cmask, other=0.0)
-    fqp = tl.load(QF + si * stride_qf + pc, mask=cmask, other=0.0)
-    fkp = tl.load(KF + si * stride_kf + pc, mask=cmask, other=0.0)
-    cos = tl.where(is_q[:, None], tl.cos(fq)[None, :], tl.cos(fk)[None, :])
-    sinp = tl.where(is_q[:, None], tl.sin(fqp)[None, :], tl.sin(fkp)[None, :])
-    # y = x*cos + sign*x[p]*sin  =>  dx[c] = dy[c]*cos[c] + sign[p(c)]*dy[p(c)]*sin[p(c)], sign[p(c)] = -sign[c]
-    sign_p = tl.where(cols < HALF, 1.0, -1.0)
-    dx = tl.where(is_v[:, None], dy, dy * cos + sign_p[None, :] * dyp * sinp)
-    tl.store(DMIXED + tok.to(tl.int64) * (NG * (R + 2) * D) + rows[:, None] * D + cols[None, :],
-             dx.to(DMIXED.dtype.element_ty), mask=mask)
+    b64 = bi.to(tl.int64)
+    src = (s64 * stride_ms + b64 * stride_mb + w * D)[:, None] + c[None, :]
+    x1 = tl.load(MIXED + src, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(MIXED + src + HALF, mask=m, other=0.0).to(tl.float32)
+    # rotary halves: y1 = x1 cos1 - x2 sin1, y2 = x2 cos2 + x1 sin2 (rotate_half(x) = cat(-x2, x1))
+    t = (s64 * (4 * D) + tl.where(j < R, 0, 2 * D))[:, None] + c[None, :]
+    mr = m & ~is_v
+    cos1 = tl.load(CS + t, mask=mr, other=1.0)
+    cos2 = tl.load(CS + t + HALF, mask=mr, other=1.0)
+    sin1 = tl.load(CS + t + D, mask=mr, other=0.0)
+    sin2 = tl.load(CS + t + D + HALF, mask=mr, other=0.0)
+    y1 = tl.where(is_v, x1, x1 * cos1 - x2 * sin1).to(Q.dtype.element_ty)
+    y2 = tl.where(is_v, x2, x2 * cos2 + x1 * sin2).to(Q.dtype.element_ty)
+    pos = b64 * S + s64
+    dq = ((pos * NG + g) * R + j)[:, None] * D + c[None, :]
+    dkv = (pos * NG + g)[:, None] * D + c[None, :]
+    tl.store(Q + dq, y1, mask=m & is_q)
+    tl.store(Q + dq + HALF, y2, mask=m & is_q)
+    tl.store(K + dkv, y1, mask=m & is_k)
+    tl.store(K + dkv + HALF, y2, mask=m & is_k)
+    tl.store(V + dkv, y1, mask=m & is_v)
+    tl.store(V + dkv + HALF, y2, mask=m & is_v)
 
 
-def _blocks(ng: int, r: int, d: int):
-    BLOCK_H, BLOCK_D = triton.next_power_of_2(ng * (r + 2)), triton.next_power_of_2(d)
-    warps = 4 if BLOCK_H * BLOCK_D <= 4096 else 8
-    return BLOCK_H, BLOCK_D, warps
+@triton.jit
+def _qkv_rope_bwd(DQ, DK, DV, CS, DMIXED, NROWS, B, H6, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
+                  R: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr,
+                  BLOCK_HALF: tl.constexpr):
+    rows, c, m, si, bi, w, g, j = _row_tile(NROWS, B, H6, R, HALF, ROWS, BLOCK_HALF)
+    is_q = (j < R)[:, None]
+    is_k = (j == R)[:, None]
+    is_v = (j == R + 1)[:, None]
+    s64 = si.to(tl.int64)
+    b64 = bi.to(tl.int64)
+    oq = (b64 * sq_b + s64 * sq_s + (g * R + j) * sq_h)[:, None] + c[None, :]
+    ok = (b64 * sk_b + s64 * sk_s + g * sk_h)[:, None] + c[None, :]
+    ov = (b64 * sv_b + s64 * sv_s + g * sv_h)[:, None] + c[None, :]
+    mq, mk, mv = m & is_q, m & is_k, m & is_v
+    dy1 = (tl.load(DQ + oq, mask=mq, other=0.0).to(tl.float32) + tl.load(DK + ok, mask=mk, other=0.0).to(tl.float32)
+           + tl.load(DV + ov, mask=mv, other=0.0).to(tl.float32))
+    dy2 = (tl.load(DQ + oq + HALF, mask=mq, other=0.0).to(tl.float32)
+           + tl.load(DK + ok + HALF, mask=mk, other=0.0).to(tl.float32)
+           + tl.load(DV + ov + HALF, mask=mv, other=0.0).to(tl.float32))
+    t = (s64 * (4 * D) + tl.where(j < R, 0, 2 * D))[:, None] + c[None, :]
+    mr = m & ~is_v
+    cos1 = tl.load(CS + t, mask=mr, other=1.0)
+    cos2 = tl.load(CS + t + HALF, mask=mr, other=1.0)
+    sin1 = tl.load(CS + t + D, mask=mr, other=0.0)
+    sin2 = tl.load(CS + t + D + HALF, mask=mr, other=0.0)
+    # the transposed rotation: dx1 = dy1 cos1 + dy2 sin2, dx2 = dy2 cos2 - dy1 sin1
+    dst = DMIXED + rows.to(tl.int64)[:, None] * D + c[None, :]
+    tl.store(dst, tl.where(is_v, dy1, dy1 * cos1 + dy2 * sin2).to(DMIXED.dtype.element_ty), mask=m)
+    tl.store(dst + HALF, tl.where(is_v, dy2, dy2 * cos2 - dy1 * sin1).to(DMIXED.dtype.element_ty), mask=m)
+
+
+ROWS = 64  # head-rows per program (bench/turbo_kernels.py measures the alternatives)
+
+
+def _table(q_freqs: torch.Tensor, k_freqs: torch.Tensor) -> torch.Tensor:
+    s, d = q_freqs.shape
+    q_freqs, k_freqs = (f if f.stride(1) == 1 else f.contiguous() for f in (q_freqs, k_freqs))
+    cs = _common.empty((s, 4, d), torch.float32, q_freqs.device)
+    if s:
+        _cos_sin_table[(s,)](q_freqs, k_freqs, cs, q_freqs.stride(0), k_freqs.stride(0), D=d,
+                             BLOCK_D=triton.next_power_of_2(d), num_warps=1)
+    return cs
 
 
 def _check(mixed: torch.Tensor, q_freqs: torch.Tensor, k_freqs: torch.Tensor, r: int) -> Tuple[int, ...]:
@@ -132,11 +164,11 @@ def _qkv_rope_op(mixed: torch.Tensor, q_freqs: torch.Tensor, k_freqs: torch.Tens
     q = _common.empty((b, s, ng * r, d), mixed.dtype, mixed.device)
     k = _common.empty((b, s, ng, d), mixed.dtype, mixed.device)
     v = _common.empty((b, s, ng, d), mixed.dtype, mixed.device)
-    if s * b:
-        BLOCK_H, BLOCK_D, warps = _blocks(ng, r, d)
-        _qkv_rope_fwd[(s * b,)](mixed, q_freqs, k_freqs, q, k, v, s, b, ng, mixed.stride(0), mixed.stride(1),
-                                q_freqs.stride(0), k_freqs.stride(0), R=r, D=d, HALF=d // 2,
-                                BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=warps)
+    n = s * b * ng * (r + 2)
+    if n:
+        _qkv_rope_fwd[(triton.cdiv(n, ROWS),)](
+            mixed, _table(q_freqs, k_freqs), q, k, v, n, s, b, ng, ng * (r + 2), mixed.stride(0), mixed.stride(1),
+            R=r, D=d, HALF=d // 2, ROWS=ROWS, BLOCK_HALF=triton.next_power_of_2(d // 2), num_warps=4)
     return q, k, v
 
 
@@ -153,12 +185,13 @@ def _qkv_rope_bwd_op(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, q_fre
     b, s, ng, d = dk.shape
     dq, dk, dv = (t if t.stride(3) == 1 else t.contiguous() for t in (dq, dk, dv))
     dmixed = _common.empty((s, b, ng, (r + 2) * d), dq.dtype, dq.device)
-    if s * b:
-        BLOCK_H, BLOCK_D, warps = _blocks(ng, r, d)
-        _qkv_rope_bwd[(s * b,)](dq, dk, dv, q_freqs, k_freqs, dmixed, b, ng,
-                                dq.stride(0), dq.stride(1), dq.stride(2), dk.stride(0), dk.stride(1), dk.stride(2),
-                                dv.stride(0), dv.stride(1), dv.stride(2), q_freqs.stride(0), k_freqs.stride(0),
-                                R=r, D=d, HALF=d // 2, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=warps)
+    n = s * b * ng * (r + 2)
+    if n:
+        _qkv_rope_bwd[(triton.cdiv(n, ROWS),)](
+            dq, dk, dv, _table(q_freqs, k_freqs), dmixed, n, b, ng * (r + 2),
+            dq.stride(0), dq.stride(1), dq.stride(2), dk.stride(0), dk.stride(1), dk.stride(2),
+            dv.stride(0), dv.stride(1), dv.stride(2),
+            R=r, D=d, HALF=d // 2, ROWS=ROWS, BLOCK_HALF=triton.next_power_of_2(d // 2), num_warps=4)
     return dmixed
 
 
