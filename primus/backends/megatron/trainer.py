@@ -102,10 +102,11 @@ class MegatronTrainer(Trainer):
         from megatron.core.transformer.module import Float16Module
 
         from primus.backends.megatron import data as mdata
-        from primus.backends.megatron import recompute_ids, spec, upstream_fixes
+        from primus.backends.megatron import multi_tensor, recompute_ids, spec, upstream_fixes
         from primus.backends.megatron.init import layout_independent_init
 
         upstream_fixes.apply()
+        self.multi_tensor_swaps = multi_tensor.install()
         from primus.backends.megatron import fusions
 
         fusions.configure(rope=a["rope_fusion"] == "triton", swiglu=a["activation_fusion"] == "triton")
@@ -240,6 +241,8 @@ class MegatronTrainer(Trainer):
         if a["compile"]:
             info["compiled_layers"] = self.compiled_layers
             info["compiled_loss"] = getattr(self, "compiled_loss", False)
+        if self.multi_tensor_swaps:  # multi_tensor.py: megatron's local per-tensor loops -> torch foreach kernels
+            info["optimizer_multi_tensor"] = "torch foreach: " + ", ".join(self.multi_tensor_swaps)
         if self.fused_optimizer:
             info["optimizer_impl"] = "torch fused " + "/".join(sorted(set(self.fused_optimizer)))
         return info
