@@ -216,6 +216,50 @@ def b_swiglu_dense():
         try_ms(fb(c), grad_to_none=[h]) if c else None, gbytes=(nb + T * 5 * F * 2) / 1e9)
 
 
+@guarded("cross_entropy")
+def b_cross_entropy():
+    """The LM loss at the megatron bench shape (Llama-3.2-1B: 8 x 4096 tokens, vocab 128256, bf16 logits) vs
+    eager / compiled F.cross_entropy(logits.float()) (what perf._cross_entropy does); peak memory of fwd+bwd."""
+    from primus.turbo.cross_entropy import cross_entropy
+    F_ = torch.nn.functional
+    N, V = sz((32768, 128256), (37, 1000))
+    x = (torch.randn(N, V, device=DEV, dtype=torch.bfloat16) * 2).requires_grad_()
+    labels = torch.randint(0, V, (N,), device=DEV)
+    dl = torch.randn(N, device=DEV)
+    k = min(N, 512)  # correctness on a slice (a float64 copy of the whole would be 34 GB)
+    err = relerr(cross_entropy(x[:k], labels[:k]), F_.cross_entropy(x[:k].double(), labels[:k], reduction="none"))
+
+    def ref(xx, ll):
+        return F_.cross_entropy(xx.float(), ll, reduction="none")
+    comp = compiled(ref)
+    f, e = (lambda: cross_entropy(x, labels)), (lambda: ref(x, labels))
+    c = (lambda: comp(x, labels)) if comp else None
+    nb = N * V * 2
+    row("cross_entropy", f"fwd N={N} V={V} bf16", ms(f), try_ms(e), try_ms(c), gbytes=nb / 1e9, note=f"relerr {err:.1e}")
+
+    def fb(fn):
+        return lambda: fn().backward(dl)
+
+    def peak(fn):
+        if SMOKE or fn is None:
+            return None
+        x.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        x.grad = None
+        return (torch.cuda.max_memory_allocated() - base) / 2**30
+    t = (ms(fb(f), [x]), try_ms(fb(e), grad_to_none=[x]), try_ms(fb(c), grad_to_none=[x]) if c else None)
+    fi = lambda: cross_entropy(x.view(N, V), labels, inplace_backward=True)  # a non-leaf view: x is overwritten
+    mem = {n: peak(fb(fn)) for n, fn in (("turbo", f), ("eager", e), ("compile", c), ("turbo inplace", fi))}
+    note = ", ".join(f"{n} {v:.1f}" for n, v in mem.items() if v is not None)
+    note = f"peak GiB beyond the logits: {note}" if note else ""
+    row("cross_entropy", "fwd+bwd", *t, gbytes=3 * nb / 1e9, note=note)
+    row("cross_entropy", "fwd+bwd inplace_backward", ms(fb(fi), [x]), None, None, gbytes=3 * nb / 1e9)
+
+
 @guarded("qkv_rope")
 def b_qkv_rope():
     """megatron's q/k/v split + RoPE at the bench shape (seq 4096, micro batch 8, 8 groups x (4 q + k + v), d 64)."""
@@ -469,7 +513,7 @@ def main():
     _common.POISON = False  # timing: no poison fills
     env_and_copy()
     run_tests()
-    benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_qkv_rope, b_casts, b_fp8_linear, b_attention, b_grouped_gemm, b_router, b_permute]
+    benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_cross_entropy, b_qkv_rope, b_casts, b_fp8_linear, b_attention, b_grouped_gemm, b_router, b_permute]
     only = [s for s in ARGS.only.split(",") if s]
     for b in benches:
         if not only or b.__name__ in only:
