@@ -42,6 +42,11 @@ CASES = [
     (["training.init_method_std=0.01"], "transformer_config", "init_method_std", 0.01),
     (["model.cross_entropy_loss_fusion=true"], "transformer_config", "cross_entropy_loss_fusion", True),
     (["model.cross_entropy_fusion_impl=te"], "transformer_config", "cross_entropy_fusion_impl", "te"),
+    # impl=turbo: megatron computes its plain loss, which perf.turbo_loss replaces (megatron knows native / te only)
+    (["model.cross_entropy_loss_fusion=true", "model.cross_entropy_fusion_impl=turbo"], "transformer_config",
+     "cross_entropy_loss_fusion", False),
+    (["model.cross_entropy_loss_fusion=true", "model.cross_entropy_fusion_impl=turbo"], "transformer_config",
+     "cross_entropy_fusion_impl", "native"),
     (["precision=bf16"], "transformer_config", "params_dtype", "bfloat16"),
     (["precision=fp16"], "transformer_config", "fp16", True),
     (["precision=fp16"], "transformer_config", "bf16", False),
@@ -309,6 +314,46 @@ def test_rope_fusion_required_but_impossible_is_an_issue(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernel tests' CPU mode: allowed when asked for
     assert margs.capability_issues(compose(["model.apply_rope_fusion=true"]), CPU) == []
     assert build("model.apply_rope_fusion=true")["rope_fusion"] == "triton"
+
+
+TURBO_CE = ["model.cross_entropy_loss_fusion=true", "model.cross_entropy_fusion_impl=turbo"]
+
+
+def test_turbo_cross_entropy_resolution():
+    """impl=turbo: args["turbo_loss"], the compiled torch loss off (also under training.compile), megatron's own
+    fusion off; impl=turbo without cross_entropy_loss_fusion=true asks for nothing."""
+    gpu = RunContext(device="cuda", world_size=1)
+    a = build("model=llama3_2_1b", "training.compile=true", *TURBO_CE, ctx=gpu)
+    assert a["turbo_loss"] is True and a["compile_loss"] is False
+    assert a["transformer_config"]["cross_entropy_loss_fusion"] is False
+    plain = build("model=llama3_2_1b", "training.compile=true", "model.cross_entropy_fusion_impl=turbo", ctx=gpu)
+    assert plain["turbo_loss"] is False and plain["compile_loss"] is True
+    assert margs.capability_issues(compose(["model=llama3_2_1b", *TURBO_CE]), gpu) == []
+
+
+def test_turbo_cross_entropy_with_tensor_parallel_is_an_issue():
+    gpu = RunContext(device="cuda", world_size=2)
+    issues = margs.capability_issues(compose([*TURBO_CE, "parallel.tensor_model_parallel_size=2"]), gpu)
+    assert [i.keys for i in issues] == [["model.cross_entropy_fusion_impl", "parallel.tensor_model_parallel_size"]]
+    i = issues[0]
+    assert i.value == {"impl": "turbo", "tp": 2}
+    assert "all-reduce" in i.rule and "tp = 1" in i.rule
+    assert "model.cross_entropy_fusion_impl=native" in i.fix and "tensor_model_parallel_size=1" in i.fix
+    native = margs.capability_issues(compose(["model.cross_entropy_loss_fusion=true",
+                                              "parallel.tensor_model_parallel_size=2"]), gpu)
+    assert native == []  # megatron's fused vocab-parallel one does the all-reduces
+
+
+def test_turbo_cross_entropy_on_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    issues = margs.capability_issues(compose(TURBO_CE), CPU)
+    assert [i.keys for i in issues] == [["model.cross_entropy_fusion_impl", "device"]]  # one rule, not two
+    assert "GPU kernel" in issues[0].rule and "TRITON_INTERPRET=1" in issues[0].rule
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernel tests' CPU mode
+    assert margs.capability_issues(compose(TURBO_CE), CPU) == []
+    planned = RunContext(device="cpu", world_size=1, planned=True)  # a dry run / plan for a GPU
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert margs.capability_issues(compose(TURBO_CE), planned) == []
 
 
 def test_activation_fusion_resolution(monkeypatch):

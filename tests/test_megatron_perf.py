@@ -115,6 +115,44 @@ def test_triton_rope_and_swiglu_fusions_train_like_megatrons_own(tmp_path):
     assert fused["losses"] == pytest.approx(plain["losses"], abs=2e-3)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="a Triton kernel")
+def test_turbo_cross_entropy_trains_like_megatrons_loss(tmp_path):
+    """model.cross_entropy_fusion_impl=turbo: each post-process chunk's compute_language_model_loss is
+    primus.turbo.cross_entropy (Triton's interpreter on CPU; gradient written into the logits) and megatron's own
+    fusion stays off; fp32 run: the losses of megatron's vocab_parallel_cross_entropy."""
+    os.environ["TRITON_INTERPRET"] = "1"  # restored by conftest's autouse fixture
+    common = ["training.seq_length=32", "precision.bf16=false"]
+    plain = train(tmp_path, "plain", common, steps=3)
+    turbo = train(tmp_path, "turbo", ["model.cross_entropy_loss_fusion=true", "model.cross_entropy_fusion_impl=turbo",
+                                      *common], steps=3)
+    assert turbo["backend_info"]["turbo_loss"] is True and "turbo_loss" not in plain["backend_info"]
+    assert turbo["losses"] == pytest.approx(plain["losses"], abs=1e-4)
+    assert turbo["losses"][-1] < turbo["losses"][0]
+
+
+def test_turbo_loss_matches_megatrons_contract():
+    """perf._turbo_cross_entropy: megatron's [s, b, V] logits and [b, s] labels -> [b, s] loss, the gradient written
+    into the logits' storage; same values as perf._cross_entropy (eager)."""
+    if __import__("importlib").util.find_spec("triton") is None:
+        pytest.skip("a Triton kernel")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: Triton's interpreter (conftest)
+    torch.manual_seed(0)
+    s, b, v = 6, 3, 300
+    w = torch.randn(16, v, device=dev, requires_grad=True)
+    h = torch.randn(s, b, 16, device=dev)
+    labels = torch.randint(0, v, (b, s), device=dev)
+    g = torch.randn(b, s, device=dev)
+    loss = perf._turbo_cross_entropy(labels, h @ w)
+    (loss * g).sum().backward()
+    w2 = w.detach().clone().requires_grad_()
+    ref = perf._cross_entropy(labels, h @ w2)
+    (ref * g).sum().backward()
+    assert loss.shape == (b, s)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad, w2.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_fusions_route_and_restore_megatrons_entry_points():
     """configure() swaps megatron's module-level entry points and puts megatron's own back (several trainers may be
     built in one process)."""

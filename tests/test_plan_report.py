@@ -143,3 +143,8 @@ def test_compiled_loss_logits_are_counted_at_4_bytes():
     assert logits_bytes(eager, layout_of(eager, 1)) == 6 * T * V
     assert logits_bytes(compiled, layout_of(compiled, 1)) == 4 * T * V
     assert logits_bytes(fused_ce, layout_of(fused_ce, 1)) == 6 * T * V  # megatron's own fused CE: not compiled
+    # primus' Triton cross entropy: only the bf16 logits, their gradient written into them (compile on or off)
+    for extra in ([], ["training.compile=true"]):
+        turbo = compose_cfg(base + extra + ["model.cross_entropy_loss_fusion=true",
+                                            "model.cross_entropy_fusion_impl=turbo"])
+        assert logits_bytes(turbo, layout_of(turbo, 1)) == 2 * T * V

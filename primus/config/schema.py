@@ -81,8 +81,9 @@ class ACMode(str, Enum):  # TorchTitan activation_checkpoint.mode
 
 
 class CrossEntropyImpl(str, Enum):
-    native = "native"
-    te = "te"
+    native = "native"  # megatron's fused vocab-parallel cross entropy
+    te = "te"  # Transformer Engine's
+    turbo = "turbo"  # primus.turbo.cross_entropy (Triton; megatron backend, tp = 1)
 
 
 class TokenDispatcher(str, Enum):
@@ -168,7 +169,7 @@ class ModelConfig:
     mtp_num_layers: int = 0  # multi-token-prediction depths (their recompute ids follow the decoder's)
     # Loss fusion (guide: language_model.yaml)
     cross_entropy_loss_fusion: bool = False  # fused cross entropy
-    cross_entropy_fusion_impl: CrossEntropyImpl = CrossEntropyImpl.native  # "te" needs Transformer Engine
+    cross_entropy_fusion_impl: CrossEntropyImpl = CrossEntropyImpl.native  # "te" needs TE; "turbo": Triton, tp=1
     # fused q/k/v split + RoPE: null = where available (TE's, or primus' Triton kernel on a GPU), true = required
     apply_rope_fusion: Optional[bool] = None
     # fused SwiGLU (megatron bias_activation_fusion): null = on a GPU (primus' Triton kernel, else megatron's

@@ -367,7 +367,9 @@ def logits_bytes(cfg: PrimusConfig, lay: Layout) -> float:
     megatron: bf16 logits (2 B) + the fp32 copy for vocab_parallel_cross_entropy, which exponentiates in place and
     keeps it for backward (4 B) -> 6 B per token per vocab entry at the peak. With the compiled loss
     (args.compiled_loss) the logits stay bf16 and the backward writes their bf16 gradient -> 4 B (measured on the
-    H200 at the bench shape: 8.3 GiB less peak than the 6 B path, i.e. 2.1 B per entry).
+    H200 at the bench shape: 8.3 GiB less peak than the 6 B path, i.e. 2.1 B per entry). With primus' Triton cross
+    entropy (args.turbo_loss) the backward writes the gradient into the logits' own storage -> 2 B (H200 bench shape,
+    bench/turbo_kernels.py: 0.0 GiB beyond the logits for the loss's fwd+bwd, vs 7.8 GiB compiled).
     torchtitan: bf16 logits (2) + `.float()` copy (4) + log_softmax output saved for backward (4) -> 10 B.
     """
     T = cfg.training.micro_batch_size * cfg.training.seq_length / lay.cp
@@ -376,9 +378,12 @@ def logits_bytes(cfg: PrimusConfig, lay: Layout) -> float:
     if cfg.backend.name == Backend.torchtitan:
         per = 12 if fp32 else 10
     else:
-        from primus.backends.megatron.args import compiled_loss
+        from primus.backends.megatron.args import compiled_loss, turbo_loss
 
-        per = (8 if fp32 else 4) if compiled_loss(cfg) else (8 if fp32 else 6)
+        if turbo_loss(cfg):
+            per = 4 if fp32 else 2
+        else:
+            per = (8 if fp32 else 4) if compiled_loss(cfg) else (8 if fp32 else 6)
     return T * v * per
 
 

@@ -154,11 +154,44 @@ def rope_fusion_blockers(cfg: PrimusConfig, ctx: RunContext) -> List[str]:
     return out
 
 
+def turbo_loss(cfg: PrimusConfig) -> bool:
+    """model.cross_entropy_loss_fusion=true + model.cross_entropy_fusion_impl=turbo: primus.turbo.cross_entropy (Triton)
+    serves each post-process chunk's LM loss (perf.turbo_loss); megatron itself is told cross_entropy_loss_fusion=false
+    (it knows native / te only). turbo_loss_issues says where it cannot run."""
+    m = cfg.model
+    return bool(m.cross_entropy_loss_fusion and m.cross_entropy_fusion_impl.value == "turbo")
+
+
+def turbo_loss_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
+    """Why primus' Triton cross entropy cannot serve this run ([] = it can, or it is not asked for)."""
+    if not turbo_loss(cfg):
+        return []
+    out = []
+    keys = ["model.cross_entropy_fusion_impl"]
+    tp = cfg.parallel.tensor_model_parallel_size
+    if tp > 1:
+        out.append(_issue(keys + ["parallel.tensor_model_parallel_size"], {"impl": "turbo", "tp": tp},
+                          f"the Triton cross entropy reads whole vocabulary rows; with tensor_model_parallel_size={tp} "
+                          "each rank holds a slice of the vocabulary and the row max / sum-exp / label logit need "
+                          "all-reduces over the TP ranks, which the kernel does not do (it runs with tp = 1 only)",
+                          "set model.cross_entropy_fusion_impl=native (megatron's fused vocab-parallel cross entropy), "
+                          "or parallel.tensor_model_parallel_size=1"))
+    if not _importable("triton"):
+        out.append(_issue(keys, "turbo", "the Triton cross entropy needs Triton, which is not installed",
+                          "pip install triton (CUDA) or pytorch-triton-rocm (ROCm), or set "
+                          "model.cross_entropy_fusion_impl=native"))
+    if ctx.device == "cpu" and not ctx.planned and os.environ.get("TRITON_INTERPRET") != "1":
+        out.append(_issue(keys + ["device"], "turbo",
+                          "the Triton cross entropy is a GPU kernel (on CPU only under TRITON_INTERPRET=1, for tests)",
+                          "set model.cross_entropy_loss_fusion=false on CPU"))
+    return out
+
+
 def compiled_loss(cfg: PrimusConfig) -> bool:
-    """perf.compile_loss applies: training.compile, the vocabulary not split over TP ranks, and megatron's own fused
-    cross entropy not asked for (model.cross_entropy_loss_fusion)."""
+    """perf.compile_loss applies: training.compile, the vocabulary not split over TP ranks, and no fused cross entropy
+    asked for (model.cross_entropy_loss_fusion: megatron's native / TE one, or primus' Triton one, turbo_loss)."""
     return bool(cfg.training.compile and cfg.parallel.tensor_model_parallel_size == 1
-                and not cfg.model.cross_entropy_loss_fusion)
+                and not cfg.model.cross_entropy_loss_fusion and not turbo_loss(cfg))
 
 
 def activation_fusion(cfg: PrimusConfig, ctx: RunContext) -> Optional[str]:
@@ -247,8 +280,9 @@ def transformer_config_kwargs(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, A
         "fp16": p.fp16,
         "params_dtype": dtype,
         "pipeline_dtype": dtype,
-        "cross_entropy_loss_fusion": m.cross_entropy_loss_fusion,
-        "cross_entropy_fusion_impl": m.cross_entropy_fusion_impl.value,
+        # impl=turbo: megatron computes the loss unfused and perf.turbo_loss replaces it (args["turbo_loss"])
+        "cross_entropy_loss_fusion": m.cross_entropy_loss_fusion and not turbo_loss(cfg),
+        "cross_entropy_fusion_impl": "native" if turbo_loss(cfg) else m.cross_entropy_fusion_impl.value,
         # parallel layout
         "tensor_model_parallel_size": par.tensor_model_parallel_size,
         "pipeline_model_parallel_size": par.pipeline_model_parallel_size,
@@ -457,6 +491,8 @@ def build_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
         # perf.py: torch.compile per TransformerLayer; torch AdamW switched to its fused kernel (no TE/apex)
         "compile": bool(t.compile),
         "compile_loss": compiled_loss(cfg),
+        # perf.turbo_loss: the LM loss through primus.turbo.cross_entropy (model.cross_entropy_fusion_impl=turbo)
+        "turbo_loss": turbo_loss(cfg),
         "fused_adamw": t.optimizer.value != "sgd" and not mem.use_precision_aware_optimizer,
         "empty_unused_memory_level": cfg.memory.empty_unused_memory_level,
         "env": env_vars(cfg, ctx),
@@ -567,10 +603,11 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
         if p.fp4 is not None:
             out.append(_issue(["precision.fp4"], p.fp4.value, f"megatron-core {ver} runs fp4 through TE only",
                               "install Transformer Engine or drop fp4"))
-    if m.cross_entropy_loss_fusion and cpu:
+    if m.cross_entropy_loss_fusion and cpu and not turbo_loss(cfg):  # turbo: turbo_loss_issues (the interpreter)
         out.append(_issue(["model.cross_entropy_loss_fusion", "device"], True,
                           "the fused cross entropy is a GPU kernel (torch.compile'd / TE)",
                           "set model.cross_entropy_loss_fusion=false on CPU"))
+    out += turbo_loss_issues(cfg, ctx)
     if moe.moe_token_dispatcher_type.value == "flex" and m.num_experts and not _importable("deep_ep"):
         out.append(_issue(["moe.moe_token_dispatcher_type"], "flex",
                           f"megatron-core {ver}'s flex dispatcher needs DeepEP (deep_ep), which does not import",

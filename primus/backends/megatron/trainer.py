@@ -115,9 +115,9 @@ class MegatronTrainer(Trainer):
             from primus.backends.megatron import cpu_compat
 
             cpu_compat.enable()
-        if a["compile"]:
-            from primus.backends.megatron import perf
+        from primus.backends.megatron import perf
 
+        if a["compile"]:
             perf.enable_dynamo()  # cpu_compat turns dynamo off on CPU
 
         ps.initialize_model_parallel(**a["parallel_state"])
@@ -164,6 +164,8 @@ class MegatronTrainer(Trainer):
                 self.tuned_linears = getattr(self, "tuned_linears", 0) + tuned_gemm.apply(model)
             if a["recompute_layer_ids"]:
                 recompute_ids.apply(model, a["recompute_layer_ids"])
+            if a["turbo_loss"]:
+                self.turbo_loss = perf.turbo_loss(model) or getattr(self, "turbo_loss", False)
             if a["compile"]:
                 self.compiled_layers = getattr(self, "compiled_layers", 0) + perf.compile_layers(model)
                 if a["compile_loss"]:
@@ -241,6 +243,8 @@ class MegatronTrainer(Trainer):
         if a["compile"]:
             info["compiled_layers"] = self.compiled_layers
             info["compiled_loss"] = getattr(self, "compiled_loss", False)
+        if a["turbo_loss"]:  # True on the ranks holding the last stage
+            info["turbo_loss"] = getattr(self, "turbo_loss", False)
         if self.multi_tensor_swaps:  # multi_tensor.py: megatron's local per-tensor loops -> torch foreach kernels
             info["optimizer_multi_tensor"] = "torch foreach: " + ", ".join(self.multi_tensor_swaps)
         if self.fused_optimizer:
