@@ -22,7 +22,7 @@ timeout 200 python bench/turbo_kernels.py --only grouped_gemm,qkv_rope,swiglu --
 grep -E "^\| |pytest on GPU" "$OUT/pending_kernels.log" | tail -20
 for mode in compile compile eager; do
   c=$([ $mode = compile ] && echo true || echo false)
-  timeout 90 python train.py experiment=llama3_2_1b_torchtitan_fp8 turbo=torchtitan_fp8 training.train_iters=3 \
+  timeout 90 python train.py experiment=llama3_2_1b_torchtitan_fp8 turbo=torchtitan_fp8 training.train_iters=6 training.lr_warmup_iters=0 \
     training.compile=$c logging.tensorboard=false plan.enforce=false hydra.run.dir=outputs/bench/tt_fp8_turbo \
     > /tmp/tt_fp8.log 2>&1
   echo "torchtitan turbo fp8 $mode: rc=$? $(grep -E '^step +[1-3]/' /tmp/tt_fp8.log | cut -c1-70 | tr '\n' ' ')"

@@ -141,14 +141,20 @@ def run_tests():
     if ARGS.no_tests:
         return
     files = sorted(f for f in os.listdir(os.path.join(ROOT, "tests")) if f.startswith("test_turbo_"))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x" if ARGS.quick else "-q", "-p", "no:cacheprovider"] + \
-          [os.path.join("tests", f) for f in files]
+    if ARGS.test_files:
+        files = [f for f in files if any(f == f"test_turbo_{k}.py" for k in ARGS.test_files.split(","))]
+    # no:logging: a failure's report is its assertion, not pages of captured torch debug logs
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x" if ARGS.quick else "-q", "-p", "no:cacheprovider",
+           "-p", "no:logging", "--tb=short", "-rf"] + [os.path.join("tests", f) for f in files]
     env = dict(os.environ, TRITON_INTERPRET="0")
     t = time.time()
     try:
         p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=ARGS.test_timeout)
         out = (p.stdout + p.stderr)[-6000:]
         RESULTS["checks"]["pytest_rc"] = p.returncode
+        if os.environ.get("OUT"):
+            with open(os.path.join(os.environ["OUT"], "pytest_gpu.log"), "w") as f:
+                f.write(p.stdout + p.stderr)
     except subprocess.TimeoutExpired as e:
         out = f"pytest timed out after {ARGS.test_timeout}s\n" + str(e.stdout)[-3000:]
         RESULTS["checks"]["pytest_rc"] = "timeout"
@@ -504,6 +510,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--budget", type=float, default=330.0, help="seconds for the whole script")
     ap.add_argument("--test-timeout", type=float, default=150.0)
+    ap.add_argument("--test-files", default="", help="comma list: run only tests/test_turbo_<name>.py")
     ap.add_argument("--only", default="", help="comma list of kernel names")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run (interpreter, tiny sizes)")
     ARGS = ap.parse_args()
