@@ -13,6 +13,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -42,12 +43,17 @@ SUITES = {
 }
 
 
+def _slug(name: str) -> str:
+    """A point's name as a path part Hydra accepts in hydra.run.dir (no parentheses, spaces, slashes...)."""
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", name).strip("_")
+
+
 def run_point(name, argv, timeout, log_dir):
     cmd = [PY] + argv
     t0 = time.time()
     run_dir = None
     if argv[0] == "train.py":
-        run_dir = os.path.join(ROOT, "outputs", "bench", name.replace(" ", "_").replace("/", "_"))
+        run_dir = os.path.join(ROOT, "outputs", "bench", _slug(name))
         cmd += [f"hydra.run.dir={run_dir}"]
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -55,7 +61,7 @@ def run_point(name, argv, timeout, log_dir):
     except subprocess.TimeoutExpired as e:
         out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
     if log_dir:
-        with open(os.path.join(log_dir, name.replace(" ", "_").replace("/", "_") + ".log"), "w") as f:
+        with open(os.path.join(log_dir, _slug(name) + ".log"), "w") as f:
             f.write(" ".join(shlex.quote(c) for c in cmd) + "\n" + out)
     row = {"name": name, "cmd": " ".join(shlex.quote(c) for c in [os.path.basename(PY)] + cmd[1:]), "rc": rc,
            "wall_s": time.time() - t0}
