@@ -201,18 +201,23 @@ def test_turbo_parallel_linear_runs_the_fp8_gemms_under_precision_fp8(tmp_path):
 
 
 def test_fp8_experts_through_the_turbo_grouped_gemm(monkeypatch):
-    """precision=fp8 on the portable path + use_turbo_grouped_gemm: the experts' GEMMs run fp8 (tensorwise);
-    other recipes and first/last bf16 layers are issues naming both keys, not a silent bf16 fallback."""
+    """turbo.grouped_gemm_fp8=true with precision=fp8 on the portable path + use_turbo_grouped_gemm: the experts'
+    GEMMs run fp8 (tensorwise); without it they stay bf16 (the faster path on the H200); other recipes, first/last
+    bf16 layers and a missing precondition are issues naming the keys, not a silent bf16 fallback."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     gpu = RunContext(device="cuda", world_size=1)
-    base = ["turbo=megatron_moe", "model=debug_moe", "precision=fp8"]
+    base = ["turbo=megatron_moe", "model=debug_moe", "precision=fp8", "turbo.grouped_gemm_fp8=true"]
     a = margs.build_args(compose(base), gpu)
     assert a["fp8_backend"] == "portable" and a["turbo"]["grouped_gemm_fp8"] == "hybrid"
+    assert not [i for i in issues(*base, ctx=gpu) if "turbo.grouped_gemm_fp8" in i.keys]  # (this CPU lacks fp8)
+    assert "grouped_gemm_fp8" not in margs.build_args(compose(base[:3]), gpu)["turbo"]  # opt-in
     assert "grouped_gemm_fp8" not in margs.build_args(compose(["turbo=megatron_moe", "model=debug_moe"]), gpu)["turbo"]
     found = issues(*base, "precision.fp8_recipe=rowwise", ctx=gpu)
-    assert any(i.keys == ["turbo.use_turbo_grouped_gemm", "precision.fp8_recipe"] for i in found), found
+    assert any(i.keys == ["turbo.grouped_gemm_fp8", "precision.fp8_recipe"] for i in found), found
     found = issues(*base, "precision.first_last_layers_bf16=true", ctx=gpu)
-    assert any(i.keys == ["turbo.use_turbo_grouped_gemm", "precision.first_last_layers_bf16"] for i in found), found
+    assert any(i.keys == ["turbo.grouped_gemm_fp8", "precision.first_last_layers_bf16"] for i in found), found
+    found = issues("turbo=megatron_moe", "model=debug_moe", "turbo.grouped_gemm_fp8=true", ctx=gpu)  # bf16 run
+    assert any(i.keys == ["turbo.grouped_gemm_fp8"] and "precision=fp8" in i.rule for i in found), found
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")

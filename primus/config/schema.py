@@ -232,6 +232,9 @@ class TurboConfig:
     use_turbo_attention: bool = False  # fused attention kernels
     use_turbo_parallel_linear: bool = False  # turbo GEMM in column/row-parallel linears
     use_turbo_grouped_gemm: bool = False  # grouped GEMM over MoE experts
+    # ... and under precision.fp8 (portable path) in fp8 too: primus' Triton fp8 grouped GEMM. Off by default: on the
+    # H200 it measured 0.2x torch's bf16 grouped GEMM (docs/benchmarks.md, session 3), so fp8 experts are opt-in
+    grouped_gemm_fp8: bool = False
     use_turbo_grouped_mlp: Optional[bool] = None  # REMOVED: use use_turbo_grouped_gemm (setting it is an error)
     use_turbo_rms_norm: bool = False  # fused RMSNorm
     moe_use_fused_router_with_aux_score: bool = False  # fused router + aux-loss score

@@ -235,7 +235,7 @@ def turbo_args(cfg: PrimusConfig) -> Dict[str, Any]:
             out["sync_free"] = True  # permute with num_out_tokens = tokens x topk (dropless): no host sync
         if t.use_turbo_parallel_linear:
             out["chunks"] = 2  # pieces of the overlapped TP collectives
-    if out.get("use_turbo_grouped_gemm") and fp8_backend(cfg) == "portable" and cfg.precision.fp8 is not None:
+    if out.get("use_turbo_grouped_gemm") and t.grouped_gemm_fp8:  # checked: portable fp8 (capability_issues)
         out["grouped_gemm_fp8"] = cfg.precision.fp8.value  # experts' GEMMs in fp8 too (tensorwise, fp8 format)
     if turbo_permute_fusion(cfg):
         out["moe_permute_fusion"] = True
@@ -548,18 +548,25 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
         out.append(_issue(["backend.layer_spec", "device"], "te", "Transformer Engine layers need a GPU",
                           "use backend.layer_spec=local on CPU"))
 
-    if cfg.turbo.enable_primus_turbo and cfg.turbo.use_turbo_grouped_gemm and m.num_experts \
-            and fp8_backend(cfg) == "portable" and p.fp8 is not None:
-        if p.fp8_recipe.value != "tensorwise":
-            out.append(_issue(["turbo.use_turbo_grouped_gemm", "precision.fp8_recipe"], p.fp8_recipe.value,
+    if cfg.turbo.grouped_gemm_fp8:
+        need = []
+        if not (cfg.turbo.enable_primus_turbo and cfg.turbo.use_turbo_grouped_gemm and m.num_experts):
+            need.append("turbo.enable_primus_turbo=true and turbo.use_turbo_grouped_gemm=true on an MoE model")
+        if p.fp8 is None or fp8_backend(cfg) != "portable":
+            need.append("precision=fp8 on the portable fp8 path (no Transformer Engine)")
+        if need:
+            out.append(_issue(["turbo.grouped_gemm_fp8"], True, "fp8 experts need " + " and ".join(need),
+                              "set those, or turbo.grouped_gemm_fp8=false"))
+        elif p.fp8_recipe.value != "tensorwise":
+            out.append(_issue(["turbo.grouped_gemm_fp8", "precision.fp8_recipe"], p.fp8_recipe.value,
                               "the fp8 grouped GEMM over experts (primus.turbo.grouped_gemm) scales tensorwise",
-                              "use precision.fp8_recipe=tensorwise, or turbo.use_turbo_grouped_gemm=false (experts "
+                              "use precision.fp8_recipe=tensorwise, or turbo.grouped_gemm_fp8=false (experts "
                               "then run a bf16 grouped GEMM)"))
-        if p.first_last_layers_bf16:
-            out.append(_issue(["turbo.use_turbo_grouped_gemm", "precision.first_last_layers_bf16"], True,
+        elif p.first_last_layers_bf16:
+            out.append(_issue(["turbo.grouped_gemm_fp8", "precision.first_last_layers_bf16"], True,
                               "the fp8 grouped GEMM applies to every MoE layer's experts; keeping the first/last "
                               "layers in bf16 is not wired for experts yet",
-                              "set precision.first_last_layers_bf16=false, or turbo.use_turbo_grouped_gemm=false"))
+                              "set precision.first_last_layers_bf16=false, or turbo.grouped_gemm_fp8=false"))
 
     if m.apply_rope_fusion and spec != "te":
         why = rope_fusion_blockers(cfg, ctx)

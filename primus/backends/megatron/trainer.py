@@ -231,10 +231,8 @@ class MegatronTrainer(Trainer):
             if tconfig.num_moe_experts and tconfig.moe_grouped_gemm:
                 fp8_gg = a["turbo"].get("grouped_gemm_fp8")
                 info["fp8_experts"] = (f"fp8 {fp8_gg} tensorwise (primus.turbo.grouped_gemm)" if fp8_gg else
-                                       "bf16 grouped GEMM (turbo.use_turbo_grouped_gemm=true runs them in fp8)")
-                if not fp8_gg and ctx.is_rank0:
-                    log.warning("precision.fp8: the experts' grouped GEMMs stay bf16 on the portable fp8 path; "
-                                "turbo.use_turbo_grouped_gemm=true runs them in fp8")
+                                       "bf16 grouped GEMM (turbo.grouped_gemm_fp8=true runs them in fp8: primus' "
+                                       "Triton kernel, slower than the bf16 one on the H200)")
         if self.kept_init:
             info["megatron_init_params"] = len(self.kept_init)
         info.update(self._turbo_built(turbo_info))

@@ -22,7 +22,7 @@ from primus.backends.torchtitan.jobconfig_keys import FLAVOR_KEY, TURBO_KEY, ins
 from primus.config.errors import ConfigIssue
 from primus.config.schema import (
     ACMode, DataKind, Dtype, FP8Format, FP8Recipe, LRDecay, Optimizer, PrimusConfig, RecomputeGranularity,
-    MemoryConfig, OverlapConfig, PrecisionConfig, RecomputeConfig, TrainingConfig,
+    MemoryConfig, OverlapConfig, PrecisionConfig, RecomputeConfig, TrainingConfig, TurboConfig,
 )
 from primus.context import RunContext, data_parallel_size
 
@@ -42,6 +42,7 @@ _MEGATRON_ONLY = {
     "precision": (PrecisionConfig, ["fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo",
                                     "fp4", "first_last_layers_bf16", "num_layers_at_start_in_bf16",
                                     "num_layers_at_end_in_bf16"]),
+    "turbo": (TurboConfig, ["grouped_gemm_fp8"]),  # TorchTitan's MoE experts have no fp8 grouped GEMM here
 }
 
 
