@@ -53,36 +53,37 @@ def _cos_sin_table(QF, KF, CS, stride_qf, stride_kf, D: tl.constexpr, BLOCK_D: t
 @triton.jit
 def _row_tile(NROWS, B, H6, R: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr):
     """This program's ROWS head-rows of the fused projection, flattened s-major ([s, b, ng, r+2] order, the
-    projection's own): token position (s, b), query group g and slot j (j < R query head, j == R key,
-    j == R + 1 value), plus the half-row columns and the mask."""
+    projection's own): token position (s, b) as int64, query group g and slot j (j < R query head, j == R key,
+    j == R + 1 value) with the three slot masks as [ROWS, 1] columns, plus the half-row columns and the mask."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # int32: rows < NROWS < 2^31
     c = tl.arange(0, BLOCK_HALF)
     m = (rows < NROWS)[:, None] & (c < HALF)[None, :]
     tok = rows // H6
     w = rows % H6
-    return rows, c, m, tok // B, tok % B, w, w // (R + 2), w % (R + 2)
+    j = w % (R + 2)
+    return (rows, c, m, (tok // B).to(tl.int64), (tok % B).to(tl.int64), w, w // (R + 2), j,
+            (j < R)[:, None], (j == R)[:, None], (j == R + 1)[:, None])
+
+
+@triton.jit
+def _rotation(CS, s64, j, c, mr, R: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
+    """cos / sin of both rotary halves for each row (the q or the k angles of its position), from the table;
+    masked-off rows (v, padding) read cos 1, sin 0."""
+    t = (s64 * (4 * D) + tl.where(j < R, 0, 2 * D))[:, None] + c[None, :]
+    return (tl.load(CS + t, mask=mr, other=1.0), tl.load(CS + t + HALF, mask=mr, other=1.0),
+            tl.load(CS + t + D, mask=mr, other=0.0), tl.load(CS + t + D + HALF, mask=mr, other=0.0))
 
 
 @triton.jit
 def _qkv_rope_fwd(MIXED, CS, Q, K, V, NROWS, S, B, NG, H6, stride_ms, stride_mb,
                   R: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr,
                   BLOCK_HALF: tl.constexpr):
-    rows, c, m, si, bi, w, g, j = _row_tile(NROWS, B, H6, R, HALF, ROWS, BLOCK_HALF)
-    is_q = (j < R)[:, None]
-    is_k = (j == R)[:, None]
-    is_v = (j == R + 1)[:, None]
-    s64 = si.to(tl.int64)
-    b64 = bi.to(tl.int64)
+    rows, c, m, s64, b64, w, g, j, is_q, is_k, is_v = _row_tile(NROWS, B, H6, R, HALF, ROWS, BLOCK_HALF)
     src = (s64 * stride_ms + b64 * stride_mb + w * D)[:, None] + c[None, :]
     x1 = tl.load(MIXED + src, mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(MIXED + src + HALF, mask=m, other=0.0).to(tl.float32)
     # rotary halves: y1 = x1 cos1 - x2 sin1, y2 = x2 cos2 + x1 sin2 (rotate_half(x) = cat(-x2, x1))
-    t = (s64 * (4 * D) + tl.where(j < R, 0, 2 * D))[:, None] + c[None, :]
-    mr = m & ~is_v
-    cos1 = tl.load(CS + t, mask=mr, other=1.0)
-    cos2 = tl.load(CS + t + HALF, mask=mr, other=1.0)
-    sin1 = tl.load(CS + t + D, mask=mr, other=0.0)
-    sin2 = tl.load(CS + t + D + HALF, mask=mr, other=0.0)
+    cos1, cos2, sin1, sin2 = _rotation(CS, s64, j, c, m & ~is_v, R, D, HALF)
     y1 = tl.where(is_v, x1, x1 * cos1 - x2 * sin1).to(Q.dtype.element_ty)
     y2 = tl.where(is_v, x2, x2 * cos2 + x1 * sin2).to(Q.dtype.element_ty)
     pos = b64 * S + s64
@@ -100,12 +101,7 @@ def _qkv_rope_fwd(MIXED, CS, Q, K, V, NROWS, S, B, NG, H6, stride_ms, stride_mb,
 def _qkv_rope_bwd(DQ, DK, DV, CS, DMIXED, NROWS, B, H6, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                   R: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr,
                   BLOCK_HALF: tl.constexpr):
-    rows, c, m, si, bi, w, g, j = _row_tile(NROWS, B, H6, R, HALF, ROWS, BLOCK_HALF)
-    is_q = (j < R)[:, None]
-    is_k = (j == R)[:, None]
-    is_v = (j == R + 1)[:, None]
-    s64 = si.to(tl.int64)
-    b64 = bi.to(tl.int64)
+    rows, c, m, s64, b64, w, g, j, is_q, is_k, is_v = _row_tile(NROWS, B, H6, R, HALF, ROWS, BLOCK_HALF)
     oq = (b64 * sq_b + s64 * sq_s + (g * R + j) * sq_h)[:, None] + c[None, :]
     ok = (b64 * sk_b + s64 * sk_s + g * sk_h)[:, None] + c[None, :]
     ov = (b64 * sv_b + s64 * sv_s + g * sv_h)[:, None] + c[None, :]
@@ -115,12 +111,7 @@ def _qkv_rope_bwd(DQ, DK, DV, CS, DMIXED, NROWS, B, H6, sq_b, sq_s, sq_h, sk_b, 
     dy2 = (tl.load(DQ + oq + HALF, mask=mq, other=0.0).to(tl.float32)
            + tl.load(DK + ok + HALF, mask=mk, other=0.0).to(tl.float32)
            + tl.load(DV + ov + HALF, mask=mv, other=0.0).to(tl.float32))
-    t = (s64 * (4 * D) + tl.where(j < R, 0, 2 * D))[:, None] + c[None, :]
-    mr = m & ~is_v
-    cos1 = tl.load(CS + t, mask=mr, other=1.0)
-    cos2 = tl.load(CS + t + HALF, mask=mr, other=1.0)
-    sin1 = tl.load(CS + t + D, mask=mr, other=0.0)
-    sin2 = tl.load(CS + t + D + HALF, mask=mr, other=0.0)
+    cos1, cos2, sin1, sin2 = _rotation(CS, s64, j, c, m & ~is_v, R, D, HALF)
     # the transposed rotation: dx1 = dy1 cos1 + dy2 sin2, dx2 = dy2 cos2 - dy1 sin1
     dst = DMIXED + rows.to(tl.int64)[:, None] * D + c[None, :]
     tl.store(dst, tl.where(is_v, dy1, dy1 * cos1 + dy2 * sin2).to(DMIXED.dtype.element_ty), mask=m)
