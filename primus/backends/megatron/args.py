@@ -139,6 +139,16 @@ def turbo_permute_fusion(cfg: PrimusConfig) -> bool:
     return bool(cfg.moe.moe_permute_fusion and cfg.model.num_experts and resolved_layer_spec(cfg) == "local")
 
 
+def triton_kernel_blockers(ctx: RunContext) -> List[str]:
+    """Why one of primus' Triton kernels cannot run in this run's process ([] = it can)."""
+    out = []
+    if not _importable("triton"):
+        out.append("Triton is not installed (pip install triton on CUDA, pytorch-triton-rocm on ROCm)")
+    if ctx.device == "cpu" and not ctx.planned and os.environ.get("TRITON_INTERPRET") != "1":
+        out.append("the kernel is a GPU kernel (on CPU only under TRITON_INTERPRET=1, for tests)")
+    return out
+
+
 def rope_fusion_blockers(cfg: PrimusConfig, ctx: RunContext) -> List[str]:
     """Why primus' fused q/k/v split + RoPE (fusions.py) cannot serve this run ([] = it can)."""
     m = cfg.model
@@ -147,11 +157,7 @@ def rope_fusion_blockers(cfg: PrimusConfig, ctx: RunContext) -> List[str]:
         out.append("multi-latent attention applies RoPE inside its own projections")
     if m.qk_layernorm:
         out.append("q/k layernorm sits between the split and RoPE (megatron fuses only without it)")
-    if not _importable("triton"):
-        out.append("Triton is not installed")
-    if ctx.device == "cpu" and not ctx.planned and os.environ.get("TRITON_INTERPRET") != "1":
-        out.append("the kernel is a GPU kernel (on CPU only under TRITON_INTERPRET=1)")
-    return out
+    return out + triton_kernel_blockers(ctx)
 
 
 def turbo_loss(cfg: PrimusConfig) -> bool:
@@ -176,14 +182,12 @@ def turbo_loss_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
                           "all-reduces over the TP ranks, which the kernel does not do (it runs with tp = 1 only)",
                           "set model.cross_entropy_fusion_impl=native (megatron's fused vocab-parallel cross entropy), "
                           "or parallel.tensor_model_parallel_size=1"))
-    if not _importable("triton"):
-        out.append(_issue(keys, "turbo", "the Triton cross entropy needs Triton, which is not installed",
-                          "pip install triton (CUDA) or pytorch-triton-rocm (ROCm), or set "
-                          "model.cross_entropy_fusion_impl=native"))
-    if ctx.device == "cpu" and not ctx.planned and os.environ.get("TRITON_INTERPRET") != "1":
-        out.append(_issue(keys + ["device"], "turbo",
-                          "the Triton cross entropy is a GPU kernel (on CPU only under TRITON_INTERPRET=1, for tests)",
-                          "set model.cross_entropy_loss_fusion=false on CPU"))
+    why = triton_kernel_blockers(ctx)
+    if why:
+        out.append(_issue(keys + (["device"] if ctx.device == "cpu" else []), "turbo",
+                          "the Triton cross entropy cannot run here: " + "; ".join(why),
+                          "set model.cross_entropy_fusion_impl=native, or model.cross_entropy_loss_fusion=false "
+                          "on CPU"))
     return out
 
 
