@@ -65,6 +65,7 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
         keep_first = settings.get("num_layers_at_start_in_bf16", 1)
         keep_last = settings.get("num_layers_at_end_in_bf16", 1)
     bf16_layers = set(range(keep_first)) | set(range(config.num_layers - keep_last, config.num_layers))
+
     def gemm(input, weight, bias):
         return fp8_linear(input, weight, bias, recipe, fmt)
 

@@ -12,7 +12,8 @@ providers (`primus.turbo.providers`), then uses this module at three points:
   megatron internals (`install`, before the model is built, idempotent, switches read per call):
       use_turbo_grouped_gemm               GroupedMLP's `gg.ops.gmm` -> primus.turbo.grouped_gemm (the config's
                                            moe_grouped_gemm is forced on by args.py so GroupedMLP is built);
-                                           under precision.fp8 without TE: fp8_grouped_gemm (tensorwise)
+                                           with turbo.grouped_gemm_fp8 (precision.fp8 without TE):
+                                           fp8_grouped_gemm (tensorwise)
       moe_use_fused_router_with_aux_score  TopKRouter's top-k + aux-loss scores -> moe_ops.fused_router (one pass
                                            computes probs, routing map and the aux scores; group-limited routing,
                                            padding masks and router replay keep megatron's code)
@@ -129,7 +130,7 @@ def _gmm(a, b, batch_sizes, trans_b=False):
     from primus.turbo.grouped_gemm import fp8_grouped_gemm, grouped_gemm
 
     fmt = _STATE["flags"].get("grouped_gemm_fp8")
-    if fmt:  # precision.fp8 on the portable path: the experts' GEMMs in fp8 too (tensorwise)
+    if fmt:  # turbo.grouped_gemm_fp8 (portable fp8 path): the experts' GEMMs in fp8 too (tensorwise)
         _count("gmm_calls_fp8")
         return fp8_grouped_gemm(a, b, batch_sizes, trans_b=trans_b, fmt=fmt)
     _count("gmm_calls")
