@@ -18,9 +18,14 @@ import torch
 import primus.turbo.fp8_linear as f8
 from primus.backends.megatron import args as margs
 
-calls = {"n": 0}
-def plain_linear(x, weight, bias=None, recipe="tensorwise", fmt="e4m3"):
+calls = {"n": 0, "states": set(), "recipes": set()}
+def plain_linear(x, weight, bias=None, recipe="tensorwise", fmt="e4m3", delayed=None):
     calls["n"] += 1
+    calls["recipes"].add(recipe)
+    if delayed is not None:
+        assert recipe == "delayed" and isinstance(delayed, f8.DelayedLinearState)
+        calls["states"].add((id(delayed), id(weight), delayed.settings.history_len, delayed.settings.margin,
+                             delayed.settings.algo))
     return torch.nn.functional.linear(x, weight, bias)
 f8.fp8_linear = plain_linear
 margs.portable_fp8_available = lambda recipe=None: True  # a CPU has no fp8: pretend, the GEMM is plain anyway
@@ -30,6 +35,7 @@ from primus.backends.megatron.testing import train_steps
 # check=False: not validate(), fp8 on CPU is (rightly) refused there
 ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=3, check=False)
 print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "calls": calls["n"],
+                              "recipes": sorted(calls["recipes"]), "states": sorted(calls["states"]),
                               "converted": info.get("fp8_linears_on_this_rank", 0)}), flush=True)
 '''
 
@@ -59,3 +65,14 @@ def test_portable_fp8_tensor_parallel_communication(tmp_path):
                             "parallel.sequence_parallel=true"], nproc=2)
     assert r0["converted"] == r1["converted"] == 16
     assert r0["losses"] == pytest.approx(one["losses"], abs=2e-3)
+
+
+def test_portable_fp8_delayed_gives_each_linear_its_own_amax_histories(tmp_path):
+    """precision=fp8_delayed without TE: the portable DelayedScaling, one state per converted linear (x, weight,
+    dy histories), built from precision.fp8_amax_history_len / fp8_margin / fp8_amax_compute_algo."""
+    r = run(tmp_path, ["precision=fp8_delayed", "precision.fp8_amax_history_len=16", "precision.fp8_margin=1",
+                       "precision.fp8_amax_compute_algo=most_recent"])[0]
+    assert r["converted"] == 16 and r["recipes"] == ["delayed"]
+    assert len({tuple(s[:2]) for s in r["states"]}) == 16  # 16 states, each always with its own weight
+    assert len({s[0] for s in r["states"]}) == 16
+    assert {tuple(s[2:]) for s in r["states"]} == {(16, 1, "most_recent")}

@@ -145,12 +145,15 @@ import primus.turbo.fp8_linear as F8
 from primus.backends.megatron import args as margs
 from primus.backends.megatron import turbo as mturbo
 
-calls = {"n": 0}
+calls = {"n": 0, "states": set()}
 class St:
     def __init__(self, tensors):
         self.tensors, self.has_bias = tensors, False
-def fp8_forward(x2, w, b, recipe="tensorwise", fmt="e4m3", need_wgrad=True):  # plain GEMMs that count calls
+def fp8_forward(x2, w, b, recipe="tensorwise", fmt="e4m3", need_wgrad=True, delayed=None):  # plain, counted
     calls["n"] += 1
+    assert (recipe == "delayed") == isinstance(delayed, F8.DelayedLinearState)
+    if delayed is not None:
+        calls["states"].add(id(delayed))
     y = x2 @ w.t()
     return (y + b if b is not None else y), St([x2, w])
 def fp8_backward(st, dy2, need_dx=True, need_dw=True, need_db=False, after_dgrad=None):
@@ -168,7 +171,7 @@ from primus.backends.megatron.testing import train_steps
 # check=False: not validate(), fp8 on CPU is (rightly) refused there
 ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=3, check=False)
 print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "calls": calls["n"],
-                              "swaps": info.get("turbo_swaps", {})}), flush=True)
+                              "states": len(calls["states"]), "swaps": info.get("turbo_swaps", {})}), flush=True)
 """
 
 
@@ -198,6 +201,9 @@ def test_turbo_parallel_linear_runs_the_fp8_gemms_under_precision_fp8(tmp_path):
                                        "parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"],
                             nproc=2)
     assert r0["losses"] == pytest.approx(fp8["losses"], abs=2e-3)
+    delayed = run_fp8_script(tmp_path, ["precision=fp8_delayed"])[0]
+    assert delayed["swaps"]["use_turbo_parallel_linear_fp8"] == 16 and delayed["states"] == 16  # one per linear
+    assert fp8["states"] == 0
 
 
 def test_fp8_experts_through_the_turbo_grouped_gemm(monkeypatch):
@@ -218,6 +224,17 @@ def test_fp8_experts_through_the_turbo_grouped_gemm(monkeypatch):
     assert any(i.keys == ["turbo.grouped_gemm_fp8", "precision.first_last_layers_bf16"] for i in found), found
     found = issues("turbo=megatron_moe", "model=debug_moe", "turbo.grouped_gemm_fp8=true", ctx=gpu)  # bf16 run
     assert any(i.keys == ["turbo.grouped_gemm_fp8"] and "precision=fp8" in i.rule for i in found), found
+
+
+def test_portable_delayed_recipe_settings_are_checked():
+    """precision=fp8_delayed on the portable path: fp8_interval other than 1 and an unknown amax algorithm are
+    issues naming the key (the portable DelayedScaling updates at every cast); the defaults pass."""
+    gpu = RunContext(device="cuda", world_size=1, planned=True)
+    assert not [i for i in issues("precision=fp8_delayed", ctx=gpu) if i.keys[0].startswith("precision.fp8_")]
+    found = issues("precision=fp8_delayed", "precision.fp8_interval=4", ctx=gpu)
+    assert any(i.keys == ["precision.fp8_interval"] and i.value == 4 for i in found), found
+    found = issues("precision=fp8_delayed", "precision.fp8_amax_compute_algo=mean", ctx=gpu)
+    assert any(i.keys == ["precision.fp8_amax_compute_algo"] for i in found), found
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")

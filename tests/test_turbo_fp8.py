@@ -163,6 +163,67 @@ def test_compiled_fp32_weight_fp8_mlp_as_torchtitan_trains_it():
             assert relerr(gc, ge) < 0.02, f"step {step}"
 
 
+def _scale_of(amax, margin=0):
+    return 448.0 / amax / 2 ** margin
+
+
+def test_delayed_cast_scale_follows_the_history():
+    """Delayed scaling, TE semantics: call n's scale = 448 / max(amax of the last `history_len` calls before n)
+    / 2^margin; the first call uses its own amax. Inputs with known amax (one planted element) show which amaxes
+    each call used; the fp8 values must be x * that scale (clamped), and scale_inv its inverse."""
+    st = F8.DelayedScaling(history_len=2, margin=1, algo="max").history()
+    amaxes = [2.0, 8.0, 1.0, 0.5, 0.25]
+    want_amax = [2.0, 2.0, 8.0, 8.0, 1.0]  # first: own; then max of the previous two calls' amaxes
+    for a, w in zip(amaxes, want_amax):
+        x = torch.rand(130, 200, device=DEV, dtype=torch.bfloat16) * (a / 2)  # 3 x 4 programs
+        x[129, 150] = -a
+        y, yt, sinv = F8.cast_tensorwise(x, E4, want_y=True, want_t=True, history=st)
+        scale = _scale_of(w, margin=1)
+        assert sinv.item() == pytest.approx(1 / scale, rel=1e-6), (a, w)
+        ref = (x.double() * scale).clamp(-448, 448).to(E4).double()
+        assert relerr(y[:130].double(), ref) < 0.02
+        assert torch.equal(yt[:, :130].float(), y[:130].t().float())
+    assert sorted(st.amax_history.tolist()) == [0.5, 1.0]  # the last two recorded (0.25 enters at the next call)
+
+
+def test_delayed_cast_most_recent_and_first_call():
+    st = F8.DelayedScaling(history_len=16, margin=0, algo="most_recent").history()
+    for a, w in zip([4.0, 1.0, 3.0], [4.0, 4.0, 1.0]):
+        x = torch.zeros(20, 32, device=DEV, dtype=torch.bfloat16)
+        x[3, 3] = a
+        _, _, sinv = F8.cast_tensorwise(x, E4, want_y=True, want_t=False, history=st)
+        assert sinv.item() == pytest.approx(w / 448.0, rel=1e-6)
+    with pytest.raises(ValueError, match="amax compute algo"):
+        F8.DelayedScaling(algo="mean")
+    with pytest.raises(ValueError, match="history_len"):
+        F8.DelayedScaling(history_len=0)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "hybrid"])
+def test_fp8_linear_delayed_trains_within_the_fp8_band(fmt):
+    """fp8_linear with the delayed recipe over several calls of similar data (the scales come from the earlier
+    calls): forward and both gradients within the fp8 band of float64 at every call; the dy history too."""
+    torch.manual_seed(0)
+    M, K, N = 50, 64, 48
+    w = (torch.randn(N, K, device=DEV) / K ** 0.5).to(torch.bfloat16).requires_grad_()
+    state = F8.DelayedScaling(history_len=4).linear_state()
+    with pytest.raises(ValueError, match="DelayedLinearState"):
+        F8.fp8_linear(torch.randn(4, K, device=DEV, dtype=torch.bfloat16), w, None, "delayed")
+    gband = 0.15 if fmt == "hybrid" else 0.08
+    for _ in range(3):
+        x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+        w.grad = None
+        y = F8.fp8_linear(x, w, None, "delayed", fmt, state)
+        y.backward(dy)
+        xd, wd = x.detach().double(), w.detach().double()
+        assert relerr(y, xd @ wd.t()) < 0.08
+        assert relerr(x.grad, dy.double() @ wd) < gband
+        assert relerr(w.grad, dy.double().t() @ xd) < gband
+    assert all(h.primed for h in (state.x, state.w, state.dy))
+    assert (state.dy.amax_history > 0).sum().item() == 2  # two earlier backward casts recorded
+
+
 def test_fp8_module_swap():
     torch.manual_seed(0)
     m = torch.nn.Module()
@@ -184,5 +245,5 @@ def test_available_signature():
     assert F8.fp8_linear_available("tensorwise") in (True, False)
     from primus.turbo import _common
     assert F8.fp8_linear_available("cpu") is _common.interpreting()  # CPU only through the interpreter
-    assert F8.fp8_linear_available("delayed") is False
+    assert F8.fp8_linear_available("mxfp8") is False
     assert F8.fp8_linear_available("mxfp8", "cpu") is False

@@ -67,8 +67,11 @@ def test_fp8_without_te_and_torchtitan_flags():
     m = resolve_providers(_turbo(use_turbo_float8_linear=True, use_turbo_async_tp=True, use_turbo_attention=True),
                           fp8, "cuda", "torchtitan", info=H200)
     assert set(m) == {"turbo.use_turbo_float8_linear", "turbo.use_turbo_async_tp", "turbo.use_turbo_attention"}
-    with pytest.raises(ConfigError, match="delayed"):
-        resolve_providers(TurboConfig(), PrecisionConfig(fp8=FP8Format.e4m3, fp8_recipe=FP8Recipe.delayed), "cuda",
+    m = resolve_providers(TurboConfig(), PrecisionConfig(fp8=FP8Format.e4m3, fp8_recipe=FP8Recipe.delayed), "cuda",
+                          "megatron", info=H200)
+    assert "delayed" in m["precision.fp8"]  # the portable DelayedScaling
+    with pytest.raises(ConfigError, match="mxfp8"):
+        resolve_providers(TurboConfig(), PrecisionConfig(fp8=FP8Format.e4m3, fp8_recipe=FP8Recipe.mxfp8), "cuda",
                           "megatron", info=H200)
 
 

@@ -42,7 +42,7 @@ class FP8Format(str, Enum):
 
 
 class FP8Recipe(str, Enum):
-    delayed = "delayed"  # per-tensor, scale from an amax history (Transformer Engine)
+    delayed = "delayed"  # per-tensor, scale from an amax history (TE, or the portable fp8 linear)
     tensorwise = "tensorwise"  # per-tensor, current scaling
     rowwise = "rowwise"  # per-row scales (TorchTitan / torchao)
     blockwise = "blockwise"  # 1x128 / 128x128 blocks (Megatron)

@@ -4,11 +4,19 @@
     FP8Linear(in, out, recipe=...)                          # drop-in nn.Linear (same parameters / state_dict)
     swap_linears_to_fp8(model, recipe, filter_fqns)         # in place, returns the swapped module names
 
-Recipes (all "current scaling": the scale comes from this tensor's own amax, no history):
+Recipes ("current scaling": the scale comes from this tensor's own amax, except delayed):
   tensorwise  one scale per tensor. Per tensor: one amax pass (per-program partial maxima, no atomics, no host
               sync) + one cast pass that reduces the partials and computes the scale inside the kernel, writing the
               fp8 tensor AND its transpose (the layout the backward GEMM needs) in the same pass. GEMMs:
               torch._scaled_mm (cuBLASLt / hipBLASLt).
+  delayed     Transformer Engine's DelayedScaling, per tensor: the scale comes from the amax history of the
+              earlier calls of the same operand (x, weight, dy of one linear; `DelayedScaling`: history length,
+              margin, "max" | "most_recent"), so the cast is ONE pass: it writes fp8 (and the transpose) and feeds
+              this tensor's amax into the history in the same kernel (atomic max into a few spread slots). A
+              one-program kernel before it turns history + last amax into the scale; all on the device, no host
+              sync, no host-side counter (CUDA-graph safe). The first call of each operand takes its scale from
+              its own amax (two passes, as tensorwise) instead of TE's initial scale 1, which would flush the
+              first step's gradients to zero. Saves the amax pass of tensorwise (one read of every operand).
   rowwise     one scale per row of each GEMM operand along the contraction dim (torchao's "rowwise"): each
               operand is quantised once per GEMM it feeds (x along K for fprop, along M for wgrad...). One kernel
               per cast: amax and cast in the same program (the row chunk is re-read from L2). torch._scaled_mm
@@ -106,13 +114,45 @@ def _absmax_partial(X, PART, n, ITERS, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _delayed_scale(HIST, AMAX, META, SCALE, SINV, PART, NPART, L, FP8_MAX, MARGIN_MULT,
+                   FIRST: tl.constexpr, MOST_RECENT: tl.constexpr, LB: tl.constexpr, NS: tl.constexpr,
+                   NP: tl.constexpr):
+    """One program, before each delayed-scaling cast. META = [calls so far, amax slot of this call].
+    AMAX: 3 rotating rows of NS slots (the casts' atomic maxima): call n writes row n%3, reads row (n-1)%3 (the
+    previous call's amax, pushed into the history here) and this kernel zeroes row (n+1)%3 for the next call."""
+    n = tl.load(META)
+    s = tl.arange(0, NS)
+    prev = tl.max(tl.load(AMAX + ((n + 2) % 3) * NS + s), axis=0)
+    idx = tl.arange(0, LB)
+    hslot = tl.where(n > 0, (n - 1) % L, -1)
+    # every slot but the one written below: the result does not depend on when that store lands
+    hmax = tl.max(tl.load(HIST + idx, mask=(idx < L) & (idx != hslot), other=0.0), axis=0)
+    if FIRST:  # no history yet: this tensor's own amax (the partials of an amax pass)
+        amax = tl.max(tl.load(PART + tl.arange(0, NP), mask=tl.arange(0, NP) < NPART, other=0.0), axis=0)
+    elif MOST_RECENT:
+        amax = prev
+    else:
+        amax = tl.maximum(hmax, prev)
+    scale = tl.where(amax > 0.0, FP8_MAX / tl.maximum(amax, 1e-30) * MARGIN_MULT, 1.0)
+    tl.store(SCALE, scale)
+    tl.store(SINV, 1.0 / scale)
+    tl.store(HIST + tl.maximum(hslot, 0), prev, mask=n > 0)
+    tl.store(AMAX + ((n + 1) % 3) * NS + s, tl.zeros((NS,), dtype=tl.float32))
+    tl.store(META + 1, n % 3)
+    tl.store(META, n + 1)
+
+
+@triton.jit
 def _cast_tensorwise(X, PART, Y, YT, SINV, R, C, RP, stride_xr, NPART, FP8_MAX,
                      NP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                     WRITE_Y: tl.constexpr, WRITE_T: tl.constexpr):
-    # scale from the amax partials (reduced here: no separate amax-reduce / scale kernel, no host sync)
-    p = tl.load(PART + tl.arange(0, NP), mask=tl.arange(0, NP) < NPART, other=0.0)
-    amax = tl.max(p, axis=0)
-    scale = FP8_MAX / tl.maximum(amax, 1e-12)
+                     WRITE_Y: tl.constexpr, WRITE_T: tl.constexpr, AMAX, META,
+                     DELAYED: tl.constexpr, NS: tl.constexpr):
+    if DELAYED:  # PART is the scale _delayed_scale computed from the history
+        scale = tl.load(PART)
+    else:  # scale from the amax partials (reduced here: no separate amax-reduce / scale kernel, no host sync)
+        p = tl.load(PART + tl.arange(0, NP), mask=tl.arange(0, NP) < NPART, other=0.0)
+        amax = tl.max(p, axis=0)
+        scale = FP8_MAX / tl.maximum(amax, 1e-12)
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     rows = pid_r * BR + tl.arange(0, BR)
@@ -126,7 +166,11 @@ def _cast_tensorwise(X, PART, Y, YT, SINV, R, C, RP, stride_xr, NPART, FP8_MAX,
     if WRITE_T:  # (C, RP) row-major; rows R..RP-1 are the zero pad
         tmask = (rows[:, None] < RP) & (cols[None, :] < C)
         tl.store(YT + cols[None, :].to(tl.int64) * RP + rows[:, None], y.to(YT.dtype.element_ty), mask=tmask)
-    if (pid_r == 0) & (pid_c == 0):
+    if DELAYED:  # this tensor's amax, for the next call's scale; spread over NS slots (less atomic contention)
+        tile_amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+        slot = tl.load(META + 1) * NS + (pid_r * tl.num_programs(1) + pid_c) % NS
+        tl.atomic_max(AMAX + slot, tile_amax)
+    elif (pid_r == 0) & (pid_c == 0):
         tl.store(SINV, 1.0 / scale)
 
 
@@ -221,23 +265,109 @@ def _pad16(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
-def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool = False, pad_t: bool = True):
-    """x2 (R, C) -> (y (RP, C) fp8 | None, yT (C, RP) fp8 | None, scale_inv fp32 scalar).
-    RP = R padded to a multiple of 16 (fp8 GEMM operand rule) when pad_t, with zero rows; else R."""
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    R, C = x2.shape
-    n = R * C
-    flat = x2 if x2.is_contiguous() else x2.contiguous()
+class DelayedScaling:
+    """Transformer Engine's DelayedScaling settings (precision.fp8_amax_history_len / fp8_margin /
+    fp8_amax_compute_algo): scale = fp8_max / amax / 2**margin, amax = the max over the last `history_len` amaxes
+    ("max") or the last one ("most_recent")."""
+
+    ALGOS = ("max", "most_recent")
+
+    def __init__(self, history_len: int = 1024, margin: int = 0, algo: str = "max"):
+        if history_len < 1:
+            raise ValueError(f"amax history_len must be >= 1, not {history_len}")
+        if algo not in self.ALGOS:
+            raise ValueError(f"amax compute algo must be one of {self.ALGOS}, not {algo!r}")
+        self.history_len, self.margin, self.algo = int(history_len), int(margin), algo
+
+    def history(self) -> "AmaxHistory":
+        return AmaxHistory(self)
+
+    def linear_state(self) -> "DelayedLinearState":
+        return DelayedLinearState(self)
+
+
+class AmaxHistory:
+    """The device state of one delayed-scaling operand (a linear's x, weight or dy): amax history, the rotating
+    atomic-max rows of the last casts, the call counter and the scale. Allocated on first use, on its device."""
+
+    SPREAD = 64  # atomic-max slots per call (programs hash into them)
+
+    def __init__(self, settings: DelayedScaling):
+        self.settings = settings
+        self.buf = self.meta = None
+        self.primed = False
+
+    def _state(self, device):
+        if self.buf is None or self.buf.device != device:
+            L = self.settings.history_len
+            # [history L | amax rows 3 x SPREAD | scale]
+            self.buf = torch.zeros(L + 3 * self.SPREAD + 1, dtype=torch.float32, device=device)
+            self.meta = torch.zeros(2, dtype=torch.int32, device=device)
+            self.primed = False
+        L = self.settings.history_len
+        return self.buf[:L], self.buf[L:L + 3 * self.SPREAD], self.buf[L + 3 * self.SPREAD:], self.meta
+
+    @property
+    def amax_history(self) -> torch.Tensor:
+        """The history ring (slot (calls - 2) % len holds the amax of the next-to-last call; the last call's amax
+        enters it at the next cast)."""
+        return self.buf[:self.settings.history_len]
+
+    @property
+    def scale(self) -> torch.Tensor:
+        L = self.settings.history_len
+        return self.buf[L + 3 * self.SPREAD]
+
+
+class DelayedLinearState:
+    """The three operand histories of one linear under the delayed recipe: input x, weight, output gradient dy.
+    Not checkpointed: after a resume each operand's first cast takes its scale from its own amax again."""
+
+    def __init__(self, settings: DelayedScaling):
+        self.settings = settings
+        self.x, self.w, self.dy = AmaxHistory(settings), AmaxHistory(settings), AmaxHistory(settings)
+
+
+def _amax_partials(flat: torch.Tensor):
+    n = flat.numel()
     BLOCK = 4096
     nprog = max(1, min(_PARTS, triton.cdiv(n, BLOCK)))
     iters = triton.cdiv(triton.cdiv(n, BLOCK), nprog)
-    part = _common.empty((nprog,), torch.float32, x2.device)
+    part = _common.empty((nprog,), torch.float32, flat.device)
     _absmax_partial[(nprog,)](flat, part, n, iters, BLOCK=BLOCK, num_warps=8)
+    return part, nprog
+
+
+def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool = False, pad_t: bool = True,
+                    history: Optional[AmaxHistory] = None):
+    """x2 (R, C) -> (y (RP, C) fp8 | None, yT (C, RP) fp8 | None, scale_inv fp32 scalar).
+    RP = R padded to a multiple of 16 (fp8 GEMM operand rule) when pad_t, with zero rows; else R.
+    history: delayed scaling (the scale from earlier calls; this call's amax recorded in the same pass)."""
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    R, C = x2.shape
+    flat = x2 if x2.is_contiguous() else x2.contiguous()
     RP = _pad16(R) if pad_t else R
     y = _common.empty((RP, C), dtype, x2.device) if want_y else None
     yt = _common.empty((C, RP), dtype, x2.device) if want_t else None
-    sinv = _common.empty((), torch.float32, x2.device)
+    if history is None:
+        part, nprog = _amax_partials(flat)
+        sinv = _common.empty((), torch.float32, x2.device)
+        amax_rows = meta = sinv
+    else:
+        # the scale stays in the state (read by the cast right after); scale_inv is this call's own tensor (the
+        # backward's GEMMs read it after later calls have moved the state on)
+        hist, amax_rows, part, meta = history._state(x2.device)
+        sinv = _common.empty((), torch.float32, x2.device)
+        first = not history.primed
+        p0, np0 = _amax_partials(flat) if first else (part, 1)
+        st = history.settings
+        _delayed_scale[(1,)](hist, amax_rows, meta, part, sinv, p0, np0, st.history_len, _fmax(dtype),
+                             2.0 ** -st.margin, FIRST=first, MOST_RECENT=st.algo == "most_recent",
+                             LB=triton.next_power_of_2(st.history_len), NS=AmaxHistory.SPREAD, NP=_PARTS,
+                             num_warps=4)
+        history.primed = True
+        nprog = 1
     BR, BC = 64, 64
     # fp32 input (TorchTitan's fp32 weights on one GPU) with both outputs from one kernel: on the H200 (Triton 3.6,
     # ptxas 12.9) the transposed fp8 store leaves elements unwritten whenever the plain store is in the same
@@ -251,7 +381,8 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
     for wy, wt in passes:
         _cast_tensorwise[grid](
             x2, part, y if wy else sinv, yt if wt else sinv, sinv, R, C, RP, x2.stride(0), nprog, _fmax(dtype),
-            NP=_PARTS, BR=BR, BC=BC, WRITE_Y=wy, WRITE_T=wt, num_warps=4)
+            NP=_PARTS, BR=BR, BC=BC, WRITE_Y=wy, WRITE_T=wt, AMAX=amax_rows, META=meta,
+            DELAYED=history is not None, NS=AmaxHistory.SPREAD, num_warps=4)
     return y, yt, sinv
 
 
@@ -320,23 +451,28 @@ def _out_dtype(t: torch.Tensor):
 class FP8State:
     """What the fp8 backward needs from the forward (tensors are listed for ctx.save_for_backward)."""
 
-    def __init__(self, recipe, f_dt, g_dt, w_dtype, has_bias, tensors):
+    def __init__(self, recipe, f_dt, g_dt, w_dtype, has_bias, tensors, delayed=None):
         self.recipe, self.f_dt, self.g_dt, self.w_dtype, self.has_bias = recipe, f_dt, g_dt, w_dtype, has_bias
         self.tensors = tensors
+        self.delayed = delayed
 
 
 def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], recipe: str = "tensorwise",
-                fmt: str = "e4m3", need_wgrad: bool = True):
-    """y2 (M, N) = x2 (M, K) @ weight.T (+ bias) in fp8, plus the FP8State the backward needs."""
+                fmt: str = "e4m3", need_wgrad: bool = True, delayed: Optional[DelayedLinearState] = None):
+    """y2 (M, N) = x2 (M, K) @ weight.T (+ bias) in fp8, plus the FP8State the backward needs.
+    delayed: this linear's amax histories (recipe "delayed" only; `DelayedScaling(...).linear_state()`)."""
+    if (recipe == "delayed") != (delayed is not None):
+        raise ValueError("the delayed recipe needs this linear's DelayedLinearState (and other recipes take none)")
     f_dt, e5 = fp8_dtypes(x2.device)
     g_dt = e5 if fmt == "hybrid" else f_dt
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     out_dt = _out_dtype(x2)
     fast = x2.device.type == "cuda"
-    if recipe == "tensorwise":
-        xq, xqt, sx = cast_tensorwise(x2, f_dt, want_y=True, want_t=need_wgrad)
-        wq, wqt, sw = cast_tensorwise(weight, f_dt, want_y=True, want_t=True, pad_t=False)
+    if recipe in ("tensorwise", "delayed"):
+        hx, hw = (delayed.x, delayed.w) if delayed is not None else (None, None)
+        xq, xqt, sx = cast_tensorwise(x2, f_dt, want_y=True, want_t=need_wgrad, history=hx)
+        wq, wqt, sw = cast_tensorwise(weight, f_dt, want_y=True, want_t=True, pad_t=False, history=hw)
         y = _mm(xq, wq.t(), sx, sw, out_dt, bias=bias.to(out_dt) if bias is not None else None, fast=fast)
         y = y[:x2.shape[0]]
         tensors = [xqt, sx, wqt, sw]
@@ -357,7 +493,7 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
         tensors = [x2 if need_wgrad else None, wq, sw]
     else:
         raise ValueError(f"fp8 recipe must be one of {RECIPES}, not {recipe!r}")
-    return y, FP8State(recipe, f_dt, g_dt, weight.dtype, bias is not None, tensors)
+    return y, FP8State(recipe, f_dt, g_dt, weight.dtype, bias is not None, tensors, delayed)
 
 
 def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw: bool = True,
@@ -370,9 +506,10 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
     out_dt = _out_dtype(dy2)
     w_dt = st.w_dtype if st.w_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
     dx = dw = db = None
-    if recipe == "tensorwise":
+    if recipe in ("tensorwise", "delayed"):
         xqt, sx, wqt, sw = st.tensors
-        dyq, dyqt, sdy = cast_tensorwise(dy2, g_dt, want_y=need_dx, want_t=need_dw)
+        hdy = st.delayed.dy if st.delayed is not None else None
+        dyq, dyqt, sdy = cast_tensorwise(dy2, g_dt, want_y=need_dx, want_t=need_dw, history=hdy)
         if need_dx:
             dx = _mm(dyq, wqt.t(), sdy, sw, out_dt)[:dy2.shape[0]]  # (MP,N) @ (N,K)
         if after_dgrad is not None:
@@ -411,9 +548,10 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
 
 class _FP8LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe, fmt):
+    def forward(ctx, x, weight, bias, recipe, fmt, delayed):
         shape = x.shape
-        y, st = fp8_forward(x.reshape(-1, shape[-1]), weight, bias, recipe, fmt, need_wgrad=ctx.needs_input_grad[1])
+        y, st = fp8_forward(x.reshape(-1, shape[-1]), weight, bias, recipe, fmt, need_wgrad=ctx.needs_input_grad[1],
+                            delayed=delayed)
         ctx.save_for_backward(*st.tensors)
         st.tensors = None
         ctx.st = st
@@ -427,45 +565,53 @@ class _FP8LinearFn(torch.autograd.Function):
                                   ctx.needs_input_grad[2])
         if dx is not None:
             dx = dx.view(*dy.shape[:-1], dx.shape[-1])
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-               recipe: str = "tensorwise", fmt: str = "e4m3") -> torch.Tensor:
-    """y = x @ weight.T + bias with all three GEMMs (fprop, dgrad, wgrad) in fp8. fmt: "e4m3" or "hybrid"."""
+               recipe: str = "tensorwise", fmt: str = "e4m3",
+               delayed: Optional[DelayedLinearState] = None) -> torch.Tensor:
+    """y = x @ weight.T + bias with all three GEMMs (fprop, dgrad, wgrad) in fp8. fmt: "e4m3" or "hybrid".
+    recipe "delayed" takes this linear's `delayed` state (kept by the caller across calls)."""
     recipe = getattr(recipe, "value", recipe)
     fmt = getattr(fmt, "value", fmt)
-    return _FP8LinearFn.apply(x, weight, bias, recipe, fmt)
+    return _FP8LinearFn.apply(x, weight, bias, recipe, fmt, delayed)
 
 
 class FP8Linear(nn.Linear):
     """nn.Linear whose matmuls run in fp8 (same parameters, same state_dict keys)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
-                 recipe: str = "tensorwise", fmt: str = "e4m3"):
+                 recipe: str = "tensorwise", fmt: str = "e4m3", delayed_scaling: Optional[DelayedScaling] = None):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._set_recipe(recipe, fmt, delayed_scaling)
+
+    def _set_recipe(self, recipe, fmt, delayed_scaling):
         self.recipe, self.fmt = getattr(recipe, "value", recipe), getattr(fmt, "value", fmt)
+        self.fp8_delayed = ((delayed_scaling or DelayedScaling()).linear_state() if self.recipe == "delayed"
+                            else None)
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear, recipe: str = "tensorwise", fmt: str = "e4m3") -> "FP8Linear":
+    def from_linear(cls, lin: nn.Linear, recipe: str = "tensorwise", fmt: str = "e4m3",
+                    delayed_scaling: Optional[DelayedScaling] = None) -> "FP8Linear":
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = lin.in_features, lin.out_features
         new.weight, new.bias = lin.weight, lin.bias  # shared, not copied
-        new.recipe, new.fmt = getattr(recipe, "value", recipe), getattr(fmt, "value", fmt)
+        new._set_recipe(recipe, fmt, delayed_scaling)
         return new
 
     def forward(self, x):
         if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
-        return fp8_linear(x, self.weight, self.bias, self.recipe, self.fmt)
+        return fp8_linear(x, self.weight, self.bias, self.recipe, self.fmt, self.fp8_delayed)
 
     def extra_repr(self):
         return super().extra_repr() + f", recipe={self.recipe}, fmt={self.fmt}"
 
 
 def swap_linears_to_fp8(module: nn.Module, recipe: str = "tensorwise", filter_fqns: Iterable[str] = ("output",),
-                        fmt: str = "e4m3") -> List[str]:
+                        fmt: str = "e4m3", delayed_scaling: Optional[DelayedScaling] = None) -> List[str]:
     """Replace, in place, every nn.Linear whose name contains none of `filter_fqns` and whose dims are multiples
     of 16 by an FP8Linear sharing its parameters. Returns the swapped names; skipped ones are logged."""
     recipe = getattr(recipe, "value", recipe)
@@ -484,6 +630,6 @@ def swap_linears_to_fp8(module: nn.Module, recipe: str = "tensorwise", filter_fq
                 log.info("fp8: %s kept in high precision (dims %dx%d not multiples of 16)", fqn, c.in_features,
                          c.out_features)
                 continue
-            setattr(child, cname, FP8Linear.from_linear(c, recipe, fmt))
+            setattr(child, cname, FP8Linear.from_linear(c, recipe, fmt, delayed_scaling))
             swapped.append(fqn)
     return swapped

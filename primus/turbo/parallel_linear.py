@@ -41,9 +41,9 @@ def _rank(group) -> int:
 # ----------------------------------------------------------------------------------------------- GEMM path
 
 
-def _gemm_fwd(x2, w, b, recipe, fmt, need_w):
+def _gemm_fwd(x2, w, b, recipe, fmt, need_w, delayed=None):
     if recipe:
-        return F8.fp8_forward(x2, w, b, recipe, fmt, need_wgrad=need_w)
+        return F8.fp8_forward(x2, w, b, recipe, fmt, need_wgrad=need_w, delayed=delayed)
     y = torch.matmul(x2, w.t())
     if b is not None:
         y = y + b
@@ -80,7 +80,7 @@ def _reduce_scatter_rows(x2, group, async_op=False):
 
 class _ColumnFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, w, b, group, sp, recipe, fmt, chunks):
+    def forward(ctx, x2, w, b, group, sp, recipe, fmt, chunks, delayed=None):
         ws = _ws(group)
         if sp and ws > 1 and not recipe and chunks > 1 and x2.shape[0] % chunks == 0:
             # chunked all-gather overlapped with the GEMMs of the pieces already gathered
@@ -106,7 +106,7 @@ class _ColumnFn(torch.autograd.Function):
             x_full, st = full, None
         else:
             x_full = _all_gather_rows(x2, group) if (sp and ws > 1) else x2
-            y, st = _gemm_fwd(x_full, w, b, recipe, fmt, ctx.needs_input_grad[1])
+            y, st = _gemm_fwd(x_full, w, b, recipe, fmt, ctx.needs_input_grad[1], delayed)
         if st is not None:
             ctx.save_for_backward(w, *st.tensors)
             st.tensors = None
@@ -141,7 +141,7 @@ class _ColumnFn(torch.autograd.Function):
         if "h" in pending:
             pending["h"].wait()
             dx = pending["out"]
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------------- row
@@ -149,7 +149,7 @@ class _ColumnFn(torch.autograd.Function):
 
 class _RowFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, w, b, group, sp, recipe, fmt, chunks):
+    def forward(ctx, x2, w, b, group, sp, recipe, fmt, chunks, delayed=None):
         ws = _ws(group)
         M = x2.shape[0]
         if ws > 1 and not sp and not recipe and chunks > 1 and M >= chunks:
@@ -164,7 +164,7 @@ class _RowFn(torch.autograd.Function):
                 h.wait()
             st = None
         else:
-            y, st = _gemm_fwd(x2, w, None, recipe, fmt, ctx.needs_input_grad[1])
+            y, st = _gemm_fwd(x2, w, None, recipe, fmt, ctx.needs_input_grad[1], delayed)
             if ws > 1:
                 if sp:
                     y, _ = _reduce_scatter_rows(y, group)
@@ -196,7 +196,7 @@ class _RowFn(torch.autograd.Function):
         if st is not None:
             st.has_bias = False
         dx, dw, _ = _gemm_bwd(st, dy2, x2, w, ctx.needs_input_grad[0], ctx.needs_input_grad[1], False, None)
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
 # ------------------------------------------------------------------------------------------------ modules
@@ -218,6 +218,9 @@ class _TPLinear(nn.Module):
         self.fp8_format = getattr(fp8_format, "value", fp8_format)
         if self.fp8_recipe and self.fp8_recipe not in F8.RECIPES:
             raise ValueError(f"fp8_recipe must be None or one of {F8.RECIPES}")
+        # recipe "delayed": this layer's amax histories (TE's defaults; pass fp8_recipe="delayed" + set
+        # `.fp8_delayed = DelayedScaling(...).linear_state()` for others)
+        self.fp8_delayed = F8.DelayedScaling().linear_state() if self.fp8_recipe == "delayed" else None
         lin = nn.Linear(self.local_in, self.local_out, bias=bias, device=device, dtype=dtype)
         self.weight = lin.weight
         self.bias = lin.bias
@@ -238,7 +241,7 @@ class TurboColumnParallelLinear(_TPLinear):
     def forward(self, x):
         lead = list(x.shape[:-1])
         y = _ColumnFn.apply(self._x2(x), self.weight, self.bias, self.tp_group, self.sequence_parallel,
-                            self.fp8_recipe, self.fp8_format, self.chunks)
+                            self.fp8_recipe, self.fp8_format, self.chunks, self.fp8_delayed)
         if self.sequence_parallel and _ws(self.tp_group) > 1:
             lead[0] = lead[0] * _ws(self.tp_group)  # rows gathered along the first (sequence) dim
         return y.view(*lead, y.shape[-1])
@@ -256,7 +259,7 @@ class TurboRowParallelLinear(_TPLinear):
     def forward(self, x):
         lead = list(x.shape[:-1])
         y = _RowFn.apply(self._x2(x), self.weight, self.bias, self.tp_group, self.sequence_parallel,
-                         self.fp8_recipe, self.fp8_format, self.chunks)
+                         self.fp8_recipe, self.fp8_format, self.chunks, self.fp8_delayed)
         if self.sequence_parallel and _ws(self.tp_group) > 1:
             lead[0] = lead[0] // _ws(self.tp_group)
         return y.view(*lead, y.shape[-1])

@@ -21,7 +21,7 @@ from primus.config.errors import ConfigError, ConfigIssue
 
 # fp8 recipes the portable fp8 linear (primus/turbo/fp8_linear.py) implements; kept here, in an import-light
 # module, so validation and dry runs can ask without importing torch.
-PORTABLE_FP8_RECIPES = ("tensorwise", "rowwise", "blockwise")
+PORTABLE_FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise")
 
 log = logging.getLogger("primus.turbo")
 
@@ -217,10 +217,10 @@ def _resolve(turbo_cfg, precision_cfg, info: DeviceInfo, backend: str, moe_cfg=N
                 out[key] = "transformer_engine"
             elif need(_fp8_missing(key, info)) and need(_triton_missing(key, info)):
                 out[key] = f"own: torch._scaled_mm + triton cast kernels ({recipe})"
-                if recipe not in ("tensorwise", "rowwise", "blockwise"):
+                if recipe not in PORTABLE_FP8_RECIPES:
                     issues.append(ConfigIssue(["precision.fp8_recipe"], recipe,
-                                              "without Transformer Engine the fp8 linear runs tensorwise, rowwise "
-                                              "or blockwise scaling",
+                                              "without Transformer Engine the fp8 linear runs the recipes "
+                                              f"{list(PORTABLE_FP8_RECIPES)}",
                                               "set precision.fp8_recipe to one of those, or install Transformer Engine"))
             continue
         if use_pt and flag != "moe_permute_fusion":

@@ -7,7 +7,8 @@ TransformerConfig (trainer.py) and, once the model is built, each Column/RowPara
 - column-parallel: the same input communication megatron would do (all-gather over the sequence under sequence
   parallel, else the identity whose backward all-reduces the input gradient), then the fp8 GEMM.
 Gradients land in `weight.grad` as with megatron's non-fused path, so DDP's main_grad hooks work unchanged (the
-async dgrad all-reduce overlap of the bf16 path is given up). Kept in bf16: the output layer, linears whose dims
+async dgrad all-reduce overlap of the bf16 path is given up). Recipe "delayed" (TE's DelayedScaling, the portable
+version): each converted linear gets its own amax histories (`mod.primus_fp8_delayed`). Kept in bf16: the output layer, linears whose dims
 are not multiples of 16, and, with first_last_layers_bf16, the first/last N decoder layers (global numbering).
 """
 from __future__ import annotations
@@ -53,6 +54,15 @@ def row_impl(gemm, eager: bool = True):
     return _eager(forward_impl) if eager else forward_impl
 
 
+def delayed_scaling(settings: Dict[str, Any]):
+    """precision.fp8_amax_history_len / fp8_margin / fp8_amax_compute_algo as the portable DelayedScaling
+    (fp8_interval other than 1 is refused by args.capability_issues: the portable path updates every call)."""
+    from primus.turbo.fp8_linear import DelayedScaling
+
+    return DelayedScaling(history_len=settings.get("fp8_amax_history_len", 1024),
+                          margin=settings.get("fp8_margin", 0), algo=settings.get("fp8_amax_compute_algo", "max"))
+
+
 def apply(model, settings: Dict[str, Any], config) -> List[str]:
     """Convert one GPTModel chunk in place; returns the converted module names."""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -66,10 +76,14 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
         keep_last = settings.get("num_layers_at_end_in_bf16", 1)
     bf16_layers = set(range(keep_first)) | set(range(config.num_layers - keep_last, config.num_layers))
 
-    def gemm(input, weight, bias):
-        return fp8_linear(input, weight, bias, recipe, fmt)
+    delayed = delayed_scaling(settings) if recipe == "delayed" else None
 
-    column, row = column_impl(gemm), row_impl(gemm)
+    def gemm_for(state):
+        def gemm(input, weight, bias):
+            return fp8_linear(input, weight, bias, recipe, fmt, state)
+        return gemm
+
+    column, row = column_impl(gemm_for(None)), row_impl(gemm_for(None))
     converted, kept = [], []
     decoder = getattr(model, "decoder", None)
     if decoder is None:
@@ -84,7 +98,12 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
             if in_bf16 or not fp8_shape_ok(in_f, out_f):
                 kept.append(full)
                 continue
-            mod._forward_impl = column if isinstance(mod, ColumnParallelLinear) else row
+            if delayed is not None:  # each linear keeps its own amax histories (x, weight, dy)
+                mod.primus_fp8_delayed = delayed.linear_state()
+                impl = column_impl if isinstance(mod, ColumnParallelLinear) else row_impl
+                mod._forward_impl = impl(gemm_for(mod.primus_fp8_delayed))
+            else:
+                mod._forward_impl = column if isinstance(mod, ColumnParallelLinear) else row
             mod.primus_gemm = "fp8"
             converted.append(full)
     log.info("portable fp8 (%s, %s): %d linears converted, %d kept in bf16", recipe, fmt, len(converted), len(kept))

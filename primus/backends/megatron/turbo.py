@@ -247,7 +247,7 @@ def install() -> None:
 # ------------------------------------------------------------------------------------------------ built model
 
 
-def _column_impl(group_of, recipe: Optional[str], fmt: str, chunks: int):
+def _column_impl(group_of, recipe: Optional[str], fmt: str, chunks: int, delayed=None):
     from primus.turbo.parallel_linear import _ColumnFn
 
     @_eager
@@ -256,7 +256,7 @@ def _column_impl(group_of, recipe: Optional[str], fmt: str, chunks: int):
         group = tp_group if (sequence_parallel or allreduce_dgrad) else None
         lead = list(input.shape[:-1])
         y = _ColumnFn.apply(input.reshape(-1, input.shape[-1]), weight, bias, group, bool(sequence_parallel),
-                            recipe, fmt, chunks)
+                            recipe, fmt, chunks, delayed)
         if sequence_parallel and group is not None and group.size() > 1:
             lead[0] *= group.size()
         return y.view(*lead, y.shape[-1])
@@ -264,7 +264,7 @@ def _column_impl(group_of, recipe: Optional[str], fmt: str, chunks: int):
     return forward_impl
 
 
-def _row_forward(recipe: Optional[str], fmt: str, chunks: int):
+def _row_forward(recipe: Optional[str], fmt: str, chunks: int, delayed=None):
     from primus.turbo.parallel_linear import _RowFn
 
     @_eager
@@ -275,7 +275,7 @@ def _row_forward(recipe: Optional[str], fmt: str, chunks: int):
         lead = list(input_.shape[:-1])
         bias = self.bias if not self.skip_bias_add else None
         y = _RowFn.apply(input_.reshape(-1, input_.shape[-1]), self.weight, bias, group, bool(self.sequence_parallel),
-                         recipe, fmt, chunks)
+                         recipe, fmt, chunks, delayed)
         if self.sequence_parallel and group is not None:
             lead[0] //= group.size()
         y = y.view(*lead, y.shape[-1])
@@ -318,10 +318,15 @@ def apply(model, config, fp8_settings: Optional[Dict[str, Any]] = None) -> Dict[
                     out_f, in_f = mod.weight.shape
                     if in_bf16 or not fp8_shape_ok(in_f, out_f):
                         r = None
+                delayed = None
+                if r == "delayed":  # this linear's own amax histories (x, weight, dy)
+                    from primus.backends.megatron.fp8 import delayed_scaling
+
+                    delayed = mod.primus_fp8_delayed = delayed_scaling(fp8).linear_state()
                 if isinstance(mod, ColumnParallelLinear):
-                    mod._forward_impl = _column_impl(None, r, fmt, chunks)
+                    mod._forward_impl = _column_impl(None, r, fmt, chunks, delayed)
                 else:
-                    mod.forward = types.MethodType(_row_forward(r, fmt, chunks), mod)
+                    mod.forward = types.MethodType(_row_forward(r, fmt, chunks, delayed), mod)
                 mod.primus_turbo_linear = r or "bf16"
                 n += 1
                 n_fp8 += bool(r)
