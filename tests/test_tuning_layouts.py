@@ -223,3 +223,110 @@ def test_tune_flow_picks_fastest_correct_candidate(monkeypatch):
     tuner.min_gain = 0.5  # 30% faster is not enough now: training keeps the default
     o = tuner._tune(p, None)
     assert o.status == "default" and o.row is None and o.tuned_us == o.default_us
+
+
+def _flow_tuner(monkeypatch, heur, cost, calls, **attrs):
+    """A CudaLtTuner on CPU: GEMMs by the reference, each call advances a fake clock by cost(full config) ms and
+    is counted in calls[config ident] (torch's own calls under "torch", 1 ms each)."""
+    from tuning.cuda_tuner import CudaLtTuner
+    lt = FakeTimedLt(heur)
+    tuner = object.__new__(CudaLtTuner)
+    tuner.__dict__.update(lt=lt, handle=1, device=0, buffer_device=torch.device("cpu"), max_candidates=40, warmup=1,
+                          iters=3, rotating_bytes=1 << 16, rotating_mb=1, min_gain=0.01, confirm_top=3,
+                          ws_bytes=1 << 25, seed=0, gpu_name="Fake GPU", sms=10, lib_version=1,
+                          spin_cycles_per_iter=0)
+    tuner.__dict__.update(attrs)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+
+    def runner(p, descs, sets):
+        def run(algo, i, out=None):
+            s = dict(sets[i])
+            if out is not None:
+                s["d"] = out
+            colmajor_gemm(p, s)
+            cfg = lt.get_config(algo)
+            ident = tuple(sorted(cfg.items()))
+            calls[ident] = calls.get(ident, 0) + 1
+            FakeEvent.clock[0] += cost(cfg)
+        return run
+
+    orig_views = CudaLtTuner._torch_views
+
+    def timed_views(p, s):
+        call = orig_views(p, s)
+
+        def run():
+            calls["torch"] = calls.get("torch", 0) + 1
+            FakeEvent.clock[0] += 1.0
+            return call()
+        return run
+
+    monkeypatch.setattr(tuner, "_lt_runner", runner)
+    monkeypatch.setattr(CudaLtTuner, "_torch_views", staticmethod(timed_views))
+    return tuner
+
+
+def test_tune_flow_prunes_slow_candidates_and_sizes_timing_by_budget(monkeypatch):
+    from tuning.cuda_tuner import QUICK_ITERS
+    from tuning.gemm_problem import GemmProblem
+    from tuning.tune_journal import TUNED
+
+    heur = [_FakeAlgo({"algo_id": 10, "tile_id": 1, "stages_id": 7}), _FakeAlgo({"algo_id": 20, "tile_id": 1})]
+    default_cfg = FakeLt().get_config(heur[0])
+
+    def cost(cfg):  # ms per call
+        if cfg["splitk_num"] == 4:
+            return 0.7
+        if cfg == default_cfg:
+            return 1.0
+        return 3.0 if cfg["tile_id"] == 2 else 1.2
+
+    calls = {}
+    # budget 6 ms: 1.0 ms -> 6 timed calls (2 warm-ups = ceil(5 * 6 / 20)), 0.7 -> 8 (2), 1.2 -> 5 (2)
+    tuner = _flow_tuner(monkeypatch, heur, cost, calls, iters=20, warmup=5, time_budget_s=0.006)
+    p = GemmProblem("T", "N", 32, 24, 16, 16, 16, 32, 32, a_type="f32_r", b_type="f32_r", c_type="f32_r",
+                    d_type="f32_r")
+    o = tuner._tune(p, None)
+    assert o.status == TUNED and o.row["splitk_num"] == 4 and o.tuned_us == pytest.approx(700)
+
+    by_cost: dict[float, list[int]] = {}
+    for ident, n in calls.items():
+        if ident != "torch":
+            by_cost.setdefault(cost(dict(ident)), []).append(n)
+    quick = 1 + QUICK_ITERS  # the correctness call and the quick estimate
+    pruned = sum(n == quick for ns in by_cost.values() for n in ns)
+    assert by_cost[3.0] and all(n == quick for n in by_cost[3.0])   # 3x slower: never fully timed
+    # 1.2 ms: timed in full (5 + 2 calls) while the best was 1.0 ms, pruned once a 0.7 ms one was timed
+    assert quick in by_cost[1.2] and (quick + 2 + 5) in by_cost[1.2]
+    # the default (never pruned): reference + correctness + estimate + 2 + 6, then 3 confirm rounds of 2 + 6
+    assert by_cost[1.0] == [1 + quick + 2 + 6 + 3 * (2 + 6)]
+    assert by_cost[0.7] == [quick + 2 + 8 + 3 * (2 + 8)] * 2          # both split-k 4 variants are finalists
+    assert calls["torch"] == 1 + 3 * (2 + 6)                          # torch's call with the default's plan
+    assert f"{pruned} pruned" in o.detail and pruned >= 5
+    assert o.candidates == sum(n > quick for ns in by_cost.values() for n in ns)
+    assert o.candidates + o.rejected + pruned <= 40
+
+
+def test_tune_flow_never_prunes_the_heuristic_default(monkeypatch):
+    """Even when a much faster candidate was timed before it, heuristic[0] is timed in full: it is the reference."""
+    from tuning.cuda_tuner import CudaLtTuner, _Candidate
+    from tuning.gemm_problem import GemmProblem
+
+    heur = [_FakeAlgo({"algo_id": 10, "tile_id": 1}), _FakeAlgo({"algo_id": 20, "tile_id": 1})]
+    fast = _FakeAlgo({"algo_id": 30, "tile_id": 5})
+    slow = _FakeAlgo({"algo_id": 40, "tile_id": 5})
+    costs = {10: 2.0, 20: 0.6, 30: 0.5, 40: 2.0}
+    calls = {}
+    tuner = _flow_tuner(monkeypatch, heur, lambda cfg: costs[cfg["algo_id"]], calls)
+    order = [fast, heur[0], slow, heur[1]]
+    monkeypatch.setattr(CudaLtTuner, "_candidates", lambda self, p, d, h: (
+        _Candidate(a, tuner.lt.get_config(a), "heuristic" if a in heur else "enumerated") for a in order))
+    p = GemmProblem("T", "N", 32, 24, 16, 16, 16, 32, 32, a_type="f32_r", b_type="f32_r", c_type="f32_r",
+                    d_type="f32_r")
+    o = tuner._tune(p, None)
+    n = {dict(k)["algo_id"]: v for k, v in calls.items() if k != "torch"}
+    assert n[40] == 3                       # as slow as heuristic[0], but only heuristic[0] is exempt
+    assert n[10] > 3 and "1 pruned" in o.detail
+    assert o.status == "tuned" and o.row["algo_id"] == 30 and o.tuned_us == pytest.approx(500)
+    assert float(o.row["heuristic_us"]) == pytest.approx(2000)  # the default was measured, not skipped
+    assert o.candidates == 3

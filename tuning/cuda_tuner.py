@@ -5,6 +5,11 @@ reduction settings, then algorithms enumerated from AlgoGetIds and their tile/st
 with AlgoCheck. Timing: CUDA events around each call, median, over a rotating set of buffers larger than L2 so a
 problem is not timed from cache; the launches queue behind a GPU spin so ctypes launch cost never starves the
 GPU. Every candidate's output is compared with the default algorithm's before it is timed.
+
+Cost control (a big problem's slow candidates used to take minutes): each candidate is first timed with two calls;
+one slower than `prune_factor` x the best full timing so far is pruned (the heuristic's first choice never is),
+and the rest get as many timed calls as fit in `time_budget_s` (at least 3, at most `iters`). Output comparisons
+go in chunks, so an output of many GB never gets a full-size fp32 copy.
 """
 from __future__ import annotations
 
@@ -25,6 +30,65 @@ TORCH_DTYPES = {"bf16_r": torch.bfloat16, "f16_r": torch.float16, "f32_r": torch
 TOLERANCE = {"bf16_r": 2e-2, "f16_r": 1e-2, "f32_r": 1e-4}
 ALIGNMENT = 256  # bytes; the apply path only routes tensors aligned like this
 SPLITK_LADDER = (1, 2, 3, 4, 6, 8, 16)
+REL_ERR_CHUNK_ELEMS = 64 << 20  # 256 MB per fp32 temporary in the output comparison
+PRUNE_FACTOR = 1.25             # a candidate whose quick estimate is slower than this x the best is not timed
+TIME_BUDGET_S = 0.15            # timed work per candidate (sets its number of timed calls)
+QUICK_ITERS = 2                 # calls of the quick estimate (after the correctness call, which warms up)
+MIN_ITERS = 3
+
+
+def _chunks(x: torch.Tensor, ref: torch.Tensor, limit: int):
+    """(x, ref) views of at most `limit` elements each, covering both, split along the leading dims."""
+    if x.numel() <= limit or x.dim() == 0:
+        yield x, ref
+    elif x.dim() == 1:
+        for s in range(0, x.shape[0], limit):
+            yield x[s:s + limit], ref[s:s + limit]
+    elif x[0].numel() > limit:
+        for i in range(x.shape[0]):
+            yield from _chunks(x[i], ref[i], limit)
+    else:
+        step = limit // x[0].numel()
+        for s in range(0, x.shape[0], step):
+            yield x[s:s + step], ref[s:s + step]
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor, chunk_elems: int = REL_ERR_CHUNK_ELEMS) -> float:
+    """||x - ref|| / max(||ref||, 1e-30) (Frobenius), in chunks of at most `chunk_elems` elements: the fp32
+    temporaries are chunk-sized, the squared norms add up in float64. NaN / inf give NaN / inf."""
+    if x.shape != ref.shape:
+        raise ValueError(f"shapes differ: {tuple(x.shape)} vs {tuple(ref.shape)}")
+    chunk_elems = max(1, int(chunk_elems))
+    diff_sq = ref_sq = torch.zeros((), dtype=torch.float64, device=ref.device)
+    for xs, rs in _chunks(x, ref, chunk_elems):
+        rf = rs.float()
+        ref_sq = ref_sq + torch.linalg.vector_norm(rf).double().square()
+        d = xs.to(torch.float32, copy=True)  # never x itself: it is changed in place
+        d.sub_(rf)
+        del rf
+        diff_sq = diff_sq + torch.linalg.vector_norm(d).double().square()
+        del d
+    return float(diff_sq.sqrt() / ref_sq.sqrt().clamp_min(1e-30))
+
+
+def should_prune(estimate_us: float, best_us: float, factor: float = PRUNE_FACTOR) -> bool:
+    """Skip the full timing of a candidate whose quick estimate is over `factor` x the best timing so far."""
+    return math.isfinite(best_us) and estimate_us > factor * best_us
+
+
+def timing_plan(estimate_us: float, max_iters: int, max_warmup: int,
+                budget_s: float = TIME_BUDGET_S) -> tuple[int, int]:
+    """(timed calls, warm-up calls) for a candidate estimated at `estimate_us` per call: the timed calls fit in
+    `budget_s`, clamped to [3, max_iters]; warm-ups in proportion, clamped to [1, max_warmup]."""
+    lo = min(MIN_ITERS, max_iters)
+    if not estimate_us > 0 or math.isnan(estimate_us):
+        iters = max_iters
+    elif math.isinf(estimate_us):
+        iters = lo
+    else:
+        iters = min(max_iters, max(lo, math.floor(budget_s * 1e6 / estimate_us + 1e-9)))
+    warmup = min(max_warmup, max(1, math.ceil(max_warmup * iters / max(max_iters, 1))))
+    return iters, warmup
 
 
 def buffer_elems(p: GemmProblem) -> tuple[int, int, int, int]:
@@ -42,12 +106,18 @@ class _Candidate:
     config: dict
     source: str
     us: float = math.inf
+    iters: int = 0      # timing plan from the quick estimate (0: the tuner's defaults)
+    warmup: int = 0
 
 
 class CudaLtTuner:
+    prune_factor = PRUNE_FACTOR
+    time_budget_s = TIME_BUDGET_S
+    rel_err_chunk_elems = REL_ERR_CHUNK_ELEMS
+
     def __init__(self, device: int = 0, *, max_candidates: int = 64, warmup: int = 5, iters: int = 20,
                  rotating_mb: int = 512, min_gain: float = 0.01, workspace_mb: int = 32, confirm_top: int = 3,
-                 seed: int = 0):
+                 seed: int = 0, prune_factor: float = PRUNE_FACTOR, time_budget_s: float = TIME_BUDGET_S):
         if not torch.cuda.is_available():
             raise RuntimeError("the CUDA tuner needs a CUDA GPU (torch.cuda.is_available() is False)")
         self.device = device
@@ -61,6 +131,7 @@ class CudaLtTuner:
         self.ws_bytes = workspace_mb << 20
         self.ws = torch.empty(self.ws_bytes, dtype=torch.uint8, device=f"cuda:{device}")
         self.seed = seed
+        self.prune_factor, self.time_budget_s = prune_factor, time_budget_s
         props = torch.cuda.get_device_properties(device)
         self.gpu_name = props.name.replace(",", " ")
         self.sms = props.multi_processor_count
@@ -171,10 +242,8 @@ class CudaLtTuner:
             size, stride = (p.batch_count,) + size, (p.stride_d,) + stride
         return flat.as_strided(size, stride)
 
-    @staticmethod
-    def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-        x, ref = x.float(), ref.float()
-        return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+    def _rel_err(self, x: torch.Tensor, ref: torch.Tensor) -> float:
+        return rel_err(x, ref, self.rel_err_chunk_elems)
 
     def _time(self, fn, nsets: int, iters: int | None = None, warmup: int | None = None) -> float:
         iters = iters or self.iters
@@ -296,31 +365,44 @@ class CudaLtTuner:
         tol = TOLERANCE[p.d_type]
 
         ref = torch.empty_like(sets[0]["d"])
-        check = torch.empty_like(sets[0]["d"])
         run(heuristic[0], 0, out=ref)
+        ref_view = self._lt_output(p, ref)
         torch_call = self._torch_views(p, sets[0])
         if torch_call is not None:
-            err = self._rel_err(torch_call(), self._lt_output(p, ref))
+            out = torch_call()
+            err = self._rel_err(out, ref_view)
+            del out  # as big as D: gone before `check` is allocated
             if not err <= tol:
                 return TuneOutcome(FAILED, device=self.device,
                                    detail=f"default cuBLASLt output differs from torch's by {err:.3g}: layout mapping?")
             calls = [self._torch_views(p, s) for s in sets]
+        check = torch.empty_like(sets[0]["d"])
+        check_view = self._lt_output(p, check)
 
         timed: list[_Candidate] = []
-        rejected = 0
+        rejected = pruned = 0
+        best_us = math.inf
         for cand in self._candidates(p, descs, heuristic):
-            if len(timed) + rejected >= self.max_candidates:
+            if len(timed) + rejected + pruned >= self.max_candidates:
                 break
             try:
-                run(cand.algo, 0, out=check)
-                err = self._rel_err(check, ref)
+                run(cand.algo, 0, out=check)  # also its warm-up (a first call may load the kernel)
+                err = self._rel_err(check_view, ref_view)
                 if not err <= tol:
                     rejected += 1
                     continue
-                cand.us = self._time(lambda i, a=cand.algo: run(a, i), nsets)
+                fn = lambda i, a=cand.algo: run(a, i)  # noqa: E731
+                estimate = self._time(fn, nsets, iters=QUICK_ITERS, warmup=0)
+                if cand.algo is not heuristic[0] and should_prune(estimate, best_us, self.prune_factor):
+                    pruned += 1
+                    continue
+                cand.iters, cand.warmup = timing_plan(estimate, self.iters, self.warmup, self.time_budget_s)
+                cand.us = self._time(fn, nsets, iters=cand.iters, warmup=cand.warmup)
                 timed.append(cand)
+                best_us = min(best_us, cand.us)
             except LtError:
                 rejected += 1
+        del check, check_view, ref, ref_view  # the confirm rounds' torch calls reuse this memory
         if not timed:
             return TuneOutcome(FAILED, detail="no candidate ran", rejected=rejected, device=self.device)
         timed.sort(key=lambda c: c.us)
@@ -335,11 +417,14 @@ class CudaLtTuner:
             finalists.append(default_cand)
         rounds: dict[int, list[float]] = {id(c): [] for c in finalists}
         torch_rounds: list[float] = []
+        # each with its own timing plan; torch's call with the default algorithm's (about as fast)
         for _ in range(3):
             for c in finalists:
-                rounds[id(c)].append(self._time(lambda i, a=c.algo: run(a, i), nsets, warmup=2))
+                rounds[id(c)].append(self._time(lambda i, a=c.algo: run(a, i), nsets, iters=c.iters,
+                                                warmup=min(2, c.warmup)))
             if torch_call is not None:
-                torch_rounds.append(self._time(lambda i: calls[i](), nsets, warmup=2))
+                torch_rounds.append(self._time(lambda i: calls[i](), nsets, iters=default_cand.iters,
+                                               warmup=min(2, default_cand.warmup)))
         for c in finalists:
             c.us = statistics.median(rounds[id(c)])
         best = min(finalists, key=lambda c: c.us)
@@ -348,7 +433,8 @@ class CudaLtTuner:
 
         outcome = TuneOutcome(DEFAULT, default_us=default_us, tuned_us=default_us, candidates=len(timed),
                               rejected=rejected, device=self.device, git_version=self.git_version(),
-                              detail=f"best: {best.source} algo {best.config['algo_id']} {best.us:.2f} us")
+                              detail=f"best: {best.source} algo {best.config['algo_id']} {best.us:.2f} us; "
+                                     f"{pruned} pruned (>{self.prune_factor:g}x best)")
         if best.us <= default_us * (1.0 - self.min_gain):
             row = row_from_problem(p, us=best.us, solution_index=-1, arch=self.gpu_name, cus=self.sms,
                                    rotating_mb=self.rotating_mb)
