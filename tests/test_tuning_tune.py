@@ -167,3 +167,32 @@ def test_rocm_bench_backend_commands_and_parsing(tmp_path, monkeypatch):
     assert o.status == TUNED and o.git_version == "abc123" and o.row["solution_index"] == "24641"
     assert o.default_us == 40.5 and o.tuned_us == pytest.approx(33.0588)
     assert parse_bench_stdout("[1]:transA,m,us\n  T,8,1.5\n") == [{"transA": "T", "m": "8", "us": "1.5"}]
+
+
+def test_problems_reach_the_tuner_heaviest_first(tmp_path):
+    """count x 2mnk x batch, descending; ties keep the dump's order; the report does not depend on it."""
+    from tuning.tune import tune_order
+
+    def prob(m, n, count, batch=1):
+        return GemmProblem("T", "N", m, n, 64, 64, 64, m, m, count=float(count), batch_count=batch,
+                           stride_a=64 * m, stride_b=64 * n, stride_c=m * n, stride_d=m * n)
+
+    # weights (count x m x n x batch): 1024, 8192 (batch), 5120 (count), 2048, 2048 (tie, file order), 512
+    problems = [prob(64, 16, 1), prob(64, 16, 1, batch=8), prob(16, 64, 5), prob(128, 16, 1), prob(64, 32, 1),
+                prob(32, 16, 1)]
+    want = [1, 2, 3, 4, 0, 5]
+    assert tune_order(problems) == [problems[i] for i in want]
+    assert tune_order(problems[::-1])[2:4] == [problems[4], problems[3]]  # the tie follows the input order
+
+    shapes = write_shapes(tmp_path / "s.jsonl", problems)  # not in weight order
+    seen = []
+
+    class Recording(FakeTuner):
+        def tune_one(self, p):
+            seen.append((p.m, p.n, p.batch_count, p.count))
+            return TuneOutcome(DEFAULT, default_us=1.0, tuned_us=1.0, device=self.device)
+
+    rep = tune(shapes, tmp_path / "r.txt", tuner_factory=lambda d: Recording(d), devices=[0], progress=False,
+               report=False)
+    assert seen == [(p.m, p.n, p.batch_count, p.count) for p in (problems[i] for i in want)]
+    assert len(rep.lines) == 6 and {line.status for line in rep.lines} == {DEFAULT}
