@@ -370,13 +370,16 @@ def logits_bytes(cfg: PrimusConfig, lay: Layout) -> float:
     H200 at the bench shape: 8.3 GiB less peak than the 6 B path, i.e. 2.1 B per entry). With primus' Triton cross
     entropy (args.turbo_loss) the backward writes the gradient into the logits' own storage -> 2 B (H200 bench shape,
     bench/turbo_kernels.py: 0.0 GiB beyond the logits for the loss's fwd+bwd, vs 7.8 GiB compiled).
-    torchtitan: bf16 logits (2) + `.float()` copy (4) + log_softmax output saved for backward (4) -> 10 B.
+    torchtitan: bf16 logits (2) + `.float()` copy (4) + log_softmax output saved for backward (4) -> 10 B; with
+    training.compile TorchTitan compiles the loss too (compile.components has "loss"): inductor fuses the cast into
+    the reduction and the backward writes the bf16 gradient -> 4 B, as megatron's compiled loss (H200, the
+    llama3_2_1b_torchtitan_bf16 preset: 75.9 GiB measured peak; 104.7 GiB planned with the eager 10 B).
     """
     T = cfg.training.micro_batch_size * cfg.training.seq_length / lay.cp
     v = cfg.model.vocab_size / lay.tp
     fp32 = _act_dtype_bytes(cfg) == 4
     if cfg.backend.name == Backend.torchtitan:
-        per = 12 if fp32 else 10
+        per = (8 if fp32 else 4) if cfg.training.compile else (12 if fp32 else 10)
     else:
         from primus.backends.megatron.args import compiled_loss, turbo_loss
 
