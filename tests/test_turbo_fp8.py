@@ -56,6 +56,28 @@ def test_cast_rowwise(R, C, transpose):
     assert (y[:, Cn:].float() == 0).all()
 
 
+@pytest.mark.parametrize("R,C,transpose", [(37, 600, False), (9, 1000, False), (6, 4096, False), (70, 40, True),
+                                           (150, 24, True)])
+def test_every_config_of_the_tuned_rowwise_cast_is_correct(R, C, transpose):
+    """On a GPU the rowwise cast autotunes over a space of tiles (one read per row when a chunk spans it, else the
+    chunked two-pass loop); the interpreter cannot benchmark, so each config the pruner admits is checked here, with
+    the zero pads and poisoned outputs."""
+    import triton
+
+    x = torch.randn(R, C, device=DEV, dtype=torch.bfloat16) * torch.rand(R, 1, device=DEV).to(torch.bfloat16) * 5
+    tuned = F8._ROWWISE_COLS if transpose else F8._ROWWISE_ROWS
+    src = x.t() if transpose else x
+    CP = (src.shape[1] + 15) // 16 * 16
+    space = tuned.space((src, None, None, src.shape[0], src.shape[1], src.shape[0], CP))
+    assert len(space) >= 2 and all(c["BC"] <= max(64, triton.next_power_of_2(CP)) for c in space)
+    ref = _emul_rowwise(src)
+    for cfg in space:
+        y, s = F8.cast_rowwise(x, E4, transpose=transpose, pad=True, config=cfg)
+        Cn = src.shape[1]
+        assert relerr(y[:, :Cn].double() * s.double(), ref) < 0.02, cfg
+        assert (y[:, Cn:].float() == 0).all(), cfg
+
+
 @pytest.mark.parametrize("tile", [False, True])
 def test_cast_blockwise(tile):
     x = torch.randn(150, 260, device=DEV, dtype=torch.bfloat16)

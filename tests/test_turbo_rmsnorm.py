@@ -30,3 +30,37 @@ def test_module_dropin():
     x = torch.randn(6, 40, device=DEV)
     ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     assert relerr(m(x), ref) < 1e-5
+
+
+@pytest.mark.parametrize("M,N", [(37, 96), (5, 1000), (9, 4096)])
+def test_every_config_of_the_tuned_forward_is_correct(M, N):
+    """On a GPU the forward autotunes over _FWD's configs (rows per program x warps); each one the pruner admits
+    for N must compute the same normalisation (outputs poisoned: an unwritten row shows). The interpreter cannot
+    benchmark, so this is where the configs the GPU may pick are checked."""
+    import triton
+
+    from primus.turbo import rmsnorm as R
+
+    x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+    w = (1 + 0.3 * torch.randn(N, device=DEV)).to(torch.bfloat16)
+    ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    space = R._FWD.space(BLOCK_N=triton.next_power_of_2(N))
+    assert len(space) >= 2 and all(c["BLOCK_M"] * triton.next_power_of_2(N) <= 16384 for c in space)
+    for cfg in space:
+        y, rstd = R.rms_norm_fwd(x, w, 1e-5, config=cfg)
+        assert relerr(y, ref) < BAND[torch.bfloat16], cfg
+        assert relerr(rstd, torch.rsqrt(x.double().pow(2).mean(-1) + 1e-5)) < 1e-5, cfg
+
+
+def test_autotune_prune_keeps_the_valid_configs_for_the_call():
+    """The GPU path's pruner (triton.autotune early_config_prune) admits what `space` admits for the same call."""
+    import triton
+
+    from primus.turbo import rmsnorm as R
+
+    configs = R._FWD._auto.configs
+    for N in (96, 1000, 4096, 8192):
+        bn = triton.next_power_of_2(N)
+        kept = R._FWD.prune(configs, {"M": 64, "N": N, "X": torch.empty(1)}, BLOCK_N=bn)
+        as_dicts = [{**c.kwargs, "num_warps": c.num_warps} for c in kept]
+        assert as_dicts == R._FWD.space(BLOCK_N=bn), N

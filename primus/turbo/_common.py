@@ -41,6 +41,53 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+class Tuned:
+    """A Triton kernel with a small space of launch configs (constexpr block sizes + num_warps).
+
+    On a GPU, `launch` goes through triton.autotune over the configs `valid` keeps for the call: each is benchmarked
+    once per value of `key` and the fastest is cached (the first entry is the hand-picked default, so the pick is
+    never a config slower than it). Triton's interpreter has no driver to benchmark with: there the default runs.
+    `run(cfg, ...)` launches one given config; the CPU tests run every config of the space through it.
+        grid(meta) -> launch grid from the config's constexprs (meta["BLOCK_M"]...); the caller closes over sizes
+        valid(cfg, **call_constexprs) -> bool
+    """
+
+    def __init__(self, kernel, configs, key, valid=None):
+        import triton
+
+        self.kernel, self.configs = kernel, [dict(c) for c in configs]
+        self.valid = valid or (lambda cfg, **kw: True)
+        self._auto = triton.autotune([triton.Config({k: v for k, v in c.items() if k != "num_warps"},
+                                                    num_warps=c.get("num_warps", 4)) for c in self.configs],
+                                     key=list(key), prune_configs_by={"early_config_prune": self.prune})(kernel)
+
+    @staticmethod
+    def _scalars(named) -> dict:
+        return {k: v for k, v in named.items() if isinstance(v, (int, float, bool))}
+
+    def prune(self, configs, named_args, **kwargs):
+        """triton.autotune's early_config_prune: the triton.Configs `valid` admits for this call's scalars."""
+        scalars = self._scalars({**named_args, **kwargs})
+        keep = [c for c in configs if self.valid({**c.kwargs, "num_warps": c.num_warps}, **scalars)]
+        return keep or list(configs[:1])
+
+    def space(self, args=(), **consts):
+        """The configs `valid` admits for a call with these positional args and constexprs."""
+        scalars = self._scalars({**dict(zip(self.kernel.arg_names, args)), **consts})
+        return [c for c in self.configs if self.valid(c, **scalars)] or self.configs[:1]
+
+    def run(self, cfg, grid, args, **consts):
+        meta = {k: v for k, v in cfg.items() if k != "num_warps"}
+        self.kernel[grid({**consts, **meta})](*args, **consts, **meta, num_warps=cfg.get("num_warps", 4))
+
+    def launch(self, grid, args, default=None, **consts):
+        """default: the config the interpreter runs (else the space's first)."""
+        space = self.space(args, **consts)
+        if interpreting() or len(space) == 1:
+            return self.run(default or space[0], grid, args, **consts)
+        self._auto[lambda meta: grid(dict(meta))](*args, **consts)
+
+
 def _fix_triton_interpreter() -> None:
     """Triton 3.6's interpreter converts scalar handles with `int(ndarray)`, which numpy >= 2.4 rejects for the
     1-element arrays it holds ("only 0-dimensional arrays can be converted"): every `range(n)` over a runtime int

@@ -175,28 +175,39 @@ def _cast_tensorwise(X, PART, Y, YT, SINV, R, C, RP, stride_xr, NPART, FP8_MAX,
 
 
 @triton.jit
-def _cast_rowwise(X, Y, SINV, R, C, RP, CP, stride_xr, stride_xc, stride_yr, stride_yc, FP8_MAX, NCHUNK,
+def _cast_rowwise(X, Y, SINV, R, C, RP, CP, stride_xr, stride_xc, stride_yr, stride_yc, FP8_MAX,
                   BR: tl.constexpr, BC: tl.constexpr):
     """Quantise each row of the (R, C) view along C; output (RP, CP) (rows >= R, cols >= C: zero pad), scales (RP,)."""
+    NCHUNK = tl.cdiv(CP, BC)
     pid = tl.program_id(0)
     rows = pid * BR + tl.arange(0, BR)
     rmask = rows < R
     pmask = rows < RP
     r64 = rows[:, None].to(tl.int64)
-    amax = tl.zeros((BR,), dtype=tl.float32)
-    for i in range(0, NCHUNK):
-        cols = i * BC + tl.arange(0, BC)
+    if NCHUNK == 1:  # the whole (padded) row in one tile: read once, amax and cast from registers
+        cols = tl.arange(0, BC)
         m = rmask[:, None] & (cols[None, :] < C)
-        x = tl.load(X + r64 * stride_xr + cols[None, :].to(tl.int64) * stride_xc, mask=m, other=0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-    scale = FP8_MAX / tl.maximum(amax, 1e-12)
-    for i in range(0, NCHUNK):
-        cols = i * BC + tl.arange(0, BC)
-        m = rmask[:, None] & (cols[None, :] < C)
-        x = tl.load(X + r64 * stride_xr + cols[None, :].to(tl.int64) * stride_xc, mask=m, other=0.0)
-        y = tl.clamp(x.to(tl.float32) * scale[:, None], -FP8_MAX, FP8_MAX)
+        x = tl.load(X + r64 * stride_xr + cols[None, :].to(tl.int64) * stride_xc, mask=m, other=0.0).to(tl.float32)
+        scale = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
+        y = tl.clamp(x * scale[:, None], -FP8_MAX, FP8_MAX)
         om = pmask[:, None] & (cols[None, :] < CP)
         tl.store(Y + r64 * stride_yr + cols[None, :].to(tl.int64) * stride_yc, y.to(Y.dtype.element_ty), mask=om)
+    else:  # chunks along the row: an amax pass, then the cast pass (the chunks re-read, mostly from L2)
+        amax = tl.zeros((BR,), dtype=tl.float32)
+        for i in range(0, NCHUNK):
+            cols = i * BC + tl.arange(0, BC)
+            m = rmask[:, None] & (cols[None, :] < C)
+            x = tl.load(X + r64 * stride_xr + cols[None, :].to(tl.int64) * stride_xc, mask=m, other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+        scale = FP8_MAX / tl.maximum(amax, 1e-12)
+        for i in range(0, NCHUNK):
+            cols = i * BC + tl.arange(0, BC)
+            m = rmask[:, None] & (cols[None, :] < C)
+            x = tl.load(X + r64 * stride_xr + cols[None, :].to(tl.int64) * stride_xc, mask=m, other=0.0)
+            y = tl.clamp(x.to(tl.float32) * scale[:, None], -FP8_MAX, FP8_MAX)
+            om = pmask[:, None] & (cols[None, :] < CP)
+            tl.store(Y + r64 * stride_yr + cols[None, :].to(tl.int64) * stride_yc, y.to(Y.dtype.element_ty),
+                     mask=om)
     tl.store(SINV + rows, 1.0 / scale, mask=pmask)
 
 
@@ -386,9 +397,32 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
     return y, yt, sinv
 
 
-def cast_rowwise(x2: torch.Tensor, dtype, transpose: bool = False, pad: bool = False, pad_rows: bool = False):
+def _rowwise_ok(cfg, CP=1, **_):
+    """A config may not make a tile over 16K elements, nor a chunk wider than the row needs."""
+    return cfg["BR"] * cfg["BC"] <= 16384 and cfg["BC"] <= max(64, triton.next_power_of_2(CP))
+
+
+# The rowwise cast ran 0.68x torch.compile (33% of copy bandwidth) along contiguous rows and 11% for the transposed
+# (column-view) operand with the defaults below (first of each space; docs/benchmarks.md session 2). Autotuned on
+# the GPU per (R, CP): rows read once when a chunk spans the row, wider / taller tiles, more warps.
+_ROWWISE_ROWS = _common.Tuned(_cast_rowwise, [
+    {"BR": 2, "BC": 1024, "num_warps": 4}, {"BR": 1, "BC": 2048, "num_warps": 4},
+    {"BR": 1, "BC": 4096, "num_warps": 4}, {"BR": 1, "BC": 4096, "num_warps": 8},
+    {"BR": 2, "BC": 4096, "num_warps": 8}, {"BR": 1, "BC": 8192, "num_warps": 8},
+    {"BR": 4, "BC": 2048, "num_warps": 8}, {"BR": 4, "BC": 1024, "num_warps": 4},
+], key=["R", "CP"], valid=_rowwise_ok)
+_ROWWISE_COLS = _common.Tuned(_cast_rowwise, [
+    {"BR": 32, "BC": 64, "num_warps": 4}, {"BR": 64, "BC": 64, "num_warps": 4},
+    {"BR": 128, "BC": 32, "num_warps": 4}, {"BR": 64, "BC": 128, "num_warps": 8},
+    {"BR": 128, "BC": 64, "num_warps": 8}, {"BR": 32, "BC": 128, "num_warps": 4},
+], key=["R", "CP"], valid=_rowwise_ok)
+
+
+def cast_rowwise(x2: torch.Tensor, dtype, transpose: bool = False, pad: bool = False, pad_rows: bool = False,
+                 config=None):
     """Per-row scaling of x2 (R, C) along C -> (y (RP, CP), scale_inv (RP, 1)); pad / pad_rows round C / R up
-    to multiples of 16 with zeros. transpose=True quantises along R instead: y = the transpose, scales (C, 1)."""
+    to multiples of 16 with zeros. transpose=True quantises along R instead: y = the transpose, scales (C, 1).
+    config: one launch config of the space this call uses (tests); None = tuned on a GPU / the default."""
     src = x2.t() if transpose else x2
     R, C = src.shape
     CP = _pad16(C) if pad else C
@@ -396,12 +430,20 @@ def cast_rowwise(x2: torch.Tensor, dtype, transpose: bool = False, pad: bool = F
     y = _common.empty((RP, CP), dtype, x2.device)
     sinv = _common.empty((RP, 1), torch.float32, x2.device)
     if src.stride(1) == 1:  # rows contiguous: wide chunks along C
-        BC = min(1024, triton.next_power_of_2(CP))
-        BR = max(1, 2048 // BC)
-    else:  # column view of a row-major tensor: square tiles, coalesced along R
-        BR, BC = 32, 64
-    _cast_rowwise[(triton.cdiv(RP, BR),)](src, y, sinv, R, C, RP, CP, src.stride(0), src.stride(1), y.stride(0),
-                                         y.stride(1), _fmax(dtype), triton.cdiv(CP, BC), BR=BR, BC=BC, num_warps=4)
+        tuned = _ROWWISE_ROWS
+        default = {"BC": min(1024, triton.next_power_of_2(CP))}
+        default.update(BR=max(1, 2048 // default["BC"]), num_warps=4)
+    else:  # column view of a row-major tensor: tiles coalesced along R
+        tuned, default = _ROWWISE_COLS, {"BR": 32, "BC": 64, "num_warps": 4}
+    args = (src, y, sinv, R, C, RP, CP, src.stride(0), src.stride(1), y.stride(0), y.stride(1), _fmax(dtype))
+
+    def grid(meta):
+        return (triton.cdiv(RP, meta["BR"]),)
+
+    if config is not None:
+        tuned.run(config, grid, args)
+    else:
+        tuned.launch(grid, args, default=default)
     return y, sinv
 
 
