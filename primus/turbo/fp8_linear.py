@@ -184,14 +184,16 @@ def _cast_rowwise(X, Y, SINV, R, C, RP, CP, stride_xr, stride_xc, stride_yr, str
     rmask = rows < R
     pmask = rows < RP
     r64 = rows[:, None].to(tl.int64)
+    # (names in the one-chunk branch differ from the loop's: Triton requires a name set in both branches of a
+    # runtime `if` to have one type, and only `scale` leaves the branches)
     if NCHUNK == 1:  # the whole (padded) row in one tile: read once, amax and cast from registers
-        cols = tl.arange(0, BC)
-        m = rmask[:, None] & (cols[None, :] < C)
-        x = tl.load(X + r64 * stride_xr + cols[None, :].to(tl.int64) * stride_xc, mask=m, other=0.0).to(tl.float32)
-        scale = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
-        y = tl.clamp(x * scale[:, None], -FP8_MAX, FP8_MAX)
-        om = pmask[:, None] & (cols[None, :] < CP)
-        tl.store(Y + r64 * stride_yr + cols[None, :].to(tl.int64) * stride_yc, y.to(Y.dtype.element_ty), mask=om)
+        c1 = tl.arange(0, BC)
+        xf = tl.load(X + r64 * stride_xr + c1[None, :].to(tl.int64) * stride_xc,
+                     mask=rmask[:, None] & (c1[None, :] < C), other=0.0).to(tl.float32)
+        scale = FP8_MAX / tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-12)
+        q = tl.clamp(xf * scale[:, None], -FP8_MAX, FP8_MAX)
+        tl.store(Y + r64 * stride_yr + c1[None, :].to(tl.int64) * stride_yc, q.to(Y.dtype.element_ty),
+                 mask=pmask[:, None] & (c1[None, :] < CP))
     else:  # chunks along the row: an amax pass, then the cast pass (the chunks re-read, mostly from L2)
         amax = tl.zeros((BR,), dtype=tl.float32)
         for i in range(0, NCHUNK):

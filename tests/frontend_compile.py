@@ -1,0 +1,78 @@
+"""Run as a script (no TRITON_INTERPRET): Triton's front end (AST -> TTIR) for sm90 on the kernels the GPU may launch.
+
+Prints one JSON object {check name: "ok" | error text}. Used by tests/test_turbo_frontend_compile.py, in its own
+process because under TRITON_INTERPRET=1 (the CPU tests) @triton.jit yields interpreter objects, not compilable ones.
+"""
+import json
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+from triton.compiler.compiler import make_backend  # noqa: E402
+
+from primus.turbo import fp8_linear as F8  # noqa: E402
+from primus.turbo import rmsnorm as RN  # noqa: E402
+
+
+def ttir(fn, signature, constexprs) -> str:
+    from triton._C.libtriton import ir
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    opts = backend.parse_options({})
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    backend.load_dialects(ctx)
+    src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs)
+    return str(src.make_ir(target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), ctx))
+
+
+@triton.jit
+def _mismatched(X, n, B: tl.constexpr):  # runs in the interpreter, must not compile
+    o = tl.arange(0, B)
+    if n == 1:
+        x = tl.load(X + o).to(tl.float32)
+    else:
+        x = tl.load(X + o)
+    tl.store(X + o, x)
+
+
+def checks():
+    yield "mismatched branch types (must fail)", _mismatched, {"X": "*bf16", "n": "i32"}, {"B": 16}
+    rowwise = {"X": "*bf16", "Y": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32", "RP": "i32", "CP": "i32",
+               "stride_xr": "i32", "stride_xc": "i32", "stride_yr": "i32", "stride_yc": "i32", "FP8_MAX": "fp32"}
+    for cfg in F8._ROWWISE_ROWS.configs + F8._ROWWISE_COLS.configs:
+        yield f"rowwise BR={cfg['BR']} BC={cfg['BC']}", F8._cast_rowwise, rowwise, {"BR": cfg["BR"], "BC": cfg["BC"]}
+    for x in ("*bf16", "*fp32"):
+        tw = {"X": x, "PART": "*fp32", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32",
+              "RP": "i32", "stride_xr": "i32", "NPART": "i32", "FP8_MAX": "fp32", "AMAX": "*fp32", "META": "*i32"}
+        for delayed in (False, True):
+            for wy, wt in ((True, True), (True, False), (False, True)):
+                yield (f"tensorwise {x} delayed={delayed} y={wy} t={wt}", F8._cast_tensorwise, tw,
+                       {"NP": 1024, "BR": 64, "BC": 64, "WRITE_Y": wy, "WRITE_T": wt, "DELAYED": delayed, "NS": 64})
+    ds = {"HIST": "*fp32", "AMAX": "*fp32", "META": "*i32", "SCALE": "*fp32", "SINV": "*fp32", "PART": "*fp32",
+          "NPART": "i32", "L": "i32", "FP8_MAX": "fp32", "MARGIN_MULT": "fp32"}
+    for first in (False, True):
+        for most_recent in (False, True):
+            yield (f"delayed scale first={first} most_recent={most_recent}", F8._delayed_scale, ds,
+                   {"FIRST": first, "MOST_RECENT": most_recent, "LB": 1024, "NS": 64, "NP": 1024})
+    rn = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32", "M": "i32", "N": "i32", "stride_x": "i32",
+          "stride_y": "i32", "eps": "fp32"}
+    for cfg in RN._FWD.configs:
+        yield f"rmsnorm fwd BLOCK_M={cfg['BLOCK_M']}", RN._rmsnorm_fwd, rn, {"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": 4096}
+
+
+if __name__ == "__main__":
+    out = {}
+    for name, fn, sig, consts in checks():
+        try:
+            out[name] = "ok" if "tt.func" in ttir(fn, sig, consts) else "no tt.func in the module"
+        except Exception as e:  # noqa: BLE001 - reported per check
+            out[name] = f"{type(e).__name__}: {str(e)[-300:]}"
+    print(json.dumps(out))
