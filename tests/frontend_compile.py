@@ -18,6 +18,7 @@ from triton.compiler.compiler import make_backend  # noqa: E402
 
 from primus.turbo import fp8_linear as F8  # noqa: E402
 from primus.turbo import rmsnorm as RN  # noqa: E402
+from primus.turbo import rope as RP  # noqa: E402
 
 
 def ttir(fn, signature, constexprs) -> str:
@@ -66,6 +67,17 @@ def checks():
           "stride_y": "i32", "eps": "fp32"}
     for cfg in RN._FWD.configs:
         yield f"rmsnorm fwd BLOCK_M={cfg['BLOCK_M']}", RN._rmsnorm_fwd, rn, {"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": 4096}
+    for dt in ("*bf16", "*fp32"):  # the fused q/k/v split + RoPE of the megatron presets (Llama-3.2-1B: r=4, d=64)
+        rope = {"R": 4, "D": 64, "HALF": 32, "ROWS": RP.ROWS, "BLOCK_HALF": 32}
+        yield (f"qkv_rope fwd {dt}", RP._qkv_rope_fwd,
+               {"MIXED": dt, "CS": "*fp32", "Q": dt, "K": dt, "V": dt, "NROWS": "i32", "S": "i32", "B": "i32",
+                "NG": "i32", "H6": "i32", "stride_ms": "i32", "stride_mb": "i32"}, rope)
+        yield (f"qkv_rope bwd {dt}", RP._qkv_rope_bwd,
+               {"DQ": dt, "DK": dt, "DV": dt, "CS": "*fp32", "DMIXED": dt, "NROWS": "i32", "B": "i32", "H6": "i32",
+                **{f"s{t}_{a}": "i32" for t in "qkv" for a in ("b", "s", "h")}}, rope)
+    yield ("rope cos/sin table", RP._cos_sin_table,
+           {"QF": "*fp32", "KF": "*fp32", "CS": "*fp32", "stride_qf": "i32", "stride_kf": "i32"},
+           {"D": 64, "BLOCK_D": 64})
 
 
 if __name__ == "__main__":
