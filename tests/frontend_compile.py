@@ -17,6 +17,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 
 from primus.turbo import fp8_linear as F8  # noqa: E402
+from primus.turbo import moe_ops as MO  # noqa: E402
 from primus.turbo import rmsnorm as RN  # noqa: E402
 from primus.turbo import rope as RP  # noqa: E402
 
@@ -75,6 +76,10 @@ def checks():
         yield (f"qkv_rope bwd {dt}", RP._qkv_rope_bwd,
                {"DQ": dt, "DK": dt, "DV": dt, "CS": "*fp32", "DMIXED": dt, "NROWS": "i32", "B": "i32", "H6": "i32",
                 **{f"s{t}_{a}": "i32" for t in "qkv" for a in ("b", "s", "h")}}, rope)
+    for has_p in (False, True):  # MoE permute (E=8 -> BE=8, H=4096 -> BH=1024)
+        yield (f"permute has_p={has_p}", MO._permute_kernel,
+               {"X": "*bf16", "MAP": "*i32", "P": "*fp32", "Y": "*bf16", "PY": "*fp32", "T": "i32", "E": "i32",
+                "H": "i32", "s_x": "i32", "s_y": "i32"}, {"HAS_P": has_p, "BH": 1024, "BE": 8})
     yield ("rope cos/sin table", RP._cos_sin_table,
            {"QF": "*fp32", "KF": "*fp32", "CS": "*fp32", "stride_qf": "i32", "stride_kf": "i32"},
            {"D": 64, "BLOCK_D": 64})

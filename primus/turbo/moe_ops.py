@@ -213,19 +213,24 @@ from primus.turbo.swiglu import swiglu_with_probs, swiglu_with_probs_reference  
 
 
 @triton.jit
-def _permute_kernel(X, MAP, P, Y, PY, T, E, H, s_x, s_y, HAS_P: tl.constexpr, BH: tl.constexpr):
-    """Scatter token t (one H chunk) to every expert row it is routed to; pid_h 0 also moves its probs."""
+def _permute_kernel(X, MAP, P, Y, PY, T, E, H, s_x, s_y, HAS_P: tl.constexpr, BH: tl.constexpr,
+                    BE: tl.constexpr):
+    """Scatter token t (one H chunk) to every expert row it is routed to; pid_h 0 also moves its probs.
+    All E destinations are loaded at once and the row goes out as one masked [BE, BH] store (unrouted experts
+    masked off: no traffic): no chain of dependent scalar loads and branches per expert (session 2's version ran
+    at 22% of copy bandwidth, 0.56x the nonzero + index reference)."""
     t = tl.program_id(0)
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
     cm = cols < H
+    es = tl.arange(0, BE)
+    dst = tl.load(MAP + es * T + t, mask=es < E, other=-1)
+    routed = dst >= 0
     x = tl.load(X + t.to(tl.int64) * s_x + cols, mask=cm, other=0.0)
-    for e in range(0, E):
-        dst = tl.load(MAP + e * T + t)
-        if dst >= 0:
-            tl.store(Y + dst.to(tl.int64) * s_y + cols, x, mask=cm)
-            if HAS_P:
-                if tl.program_id(1) == 0:
-                    tl.store(PY + dst, tl.load(P + t.to(tl.int64) * E + e))
+    xs = tl.broadcast_to(x[None, :], (BE, BH))
+    tl.store(Y + dst.to(tl.int64)[:, None] * s_y + cols[None, :], xs, mask=routed[:, None] & cm[None, :])
+    if HAS_P:
+        pm = routed & (tl.program_id(1) == 0)
+        tl.store(PY + dst, tl.load(P + t.to(tl.int64) * E + es, mask=pm, other=0.0), mask=pm)
 
 
 @triton.jit
@@ -283,10 +288,11 @@ def _permute_rows(x, row_id_map, n_out, probs=None):
     E = row_id_map.shape[0]
     y = _common.empty((n_out, H), x.dtype, x.device)
     py = _common.empty((n_out,), probs.dtype, x.device) if probs is not None else None
-    BH = _bh(H)
+    BE = triton.next_power_of_2(E)
+    BH = max(16, min(_bh(H), 8192 // BE))  # the [BE, BH] store tile at most 8K elements
     _permute_kernel[(T, triton.cdiv(H, BH))](x, row_id_map, probs if probs is not None else x, y,
                                             py if py is not None else y, T, E, H, x.stride(0), y.stride(0),
-                                            HAS_P=probs is not None, BH=BH, num_warps=4)
+                                            HAS_P=probs is not None, BH=BH, BE=BE, num_warps=4)
     return y, py
 
 
