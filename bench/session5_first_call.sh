@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What session 4 left for the H200, one device call (<= 600 s):
-#  1. the autotuned RMSNorm forward and rowwise fp8 cast, the one-store MoE permute (session 4, unmeasured): GPU tests, speed rows
-#     against eager / torch.compile (issue 5 targets: >= 1.0x compile, >= 70% of copy bandwidth);
+#  1. the autotuned RMSNorm forward and rowwise fp8 cast, the one-store MoE permute (session 4, unmeasured): their
+#     GPU tests and speed rows against eager / torch.compile (issue 5: >= 1.0x compile, >= 70% of copy bandwidth);
 #  2. issue 10's comparison once more: the compiled reference, the bf16 preset, the bf16 preset with tuned GEMMs
 #     when a stage-2 results file was carried in outputs/tune_hipblaslt (else stages 1 and 2 first, ~4 min), the
 #     fp8 delayed preset and the float8 reference.
