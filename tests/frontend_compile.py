@@ -80,6 +80,16 @@ def checks():
         yield (f"permute has_p={has_p}", MO._permute_kernel,
                {"X": "*bf16", "MAP": "*i32", "P": "*fp32", "Y": "*bf16", "PY": "*fp32", "T": "i32", "E": "i32",
                 "H": "i32", "s_x": "i32", "s_y": "i32"}, {"HAS_P": has_p, "BH": 1024, "BE": 8})
+    rf = {"L": "*fp32", "P": "*fp32", "RMAP": "*i8", "A": "*fp32", "BIAS": "*fp32", "T": "i32", "E": "i32",
+          "s_l": "i32", "SCALE": "fp32"}
+    rb = {"L": "*fp32", "RMAP": "*i8", "GP": "*fp32", "GA": "*fp32", "DL": "*fp32", "T": "i32", "E": "i32",
+          "s_l": "i32", "SCALE": "fp32"}
+    for sig_fn, pre in ((False, False), (False, True), (True, False)):  # router (E=64, k=8), every tile height
+        for bt in sorted({c["BT"] for c in MO._ROUTER_SPACE}):
+            yield (f"router fwd sigmoid={sig_fn} pre={pre} BT={bt}", MO._router_fwd, rf,
+                   {"TOPK": 8, "SIGMOID": sig_fn, "PRE_SOFTMAX": pre, "HAS_BIAS": sig_fn, "BT": bt, "BE": 64})
+            yield (f"router bwd sigmoid={sig_fn} pre={pre} BT={bt}", MO._router_bwd, rb,
+                   {"TOPK": 8, "SIGMOID": sig_fn, "PRE_SOFTMAX": pre, "HAS_GA": True, "BT": bt, "BE": 64})
     yield ("rope cos/sin table", RP._cos_sin_table,
            {"QF": "*fp32", "KF": "*fp32", "CS": "*fp32", "stride_qf": "i32", "stride_kf": "i32"},
            {"D": 64, "BLOCK_D": 64})

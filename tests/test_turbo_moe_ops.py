@@ -23,6 +23,29 @@ def test_router(T, E, k, score, pre):
     assert relerr(logits.grad, ld.grad) < 1e-5
 
 
+@pytest.mark.parametrize("score,pre", [("softmax", False), ("softmax", True), ("sigmoid", False)])
+def test_router_every_tuned_tile_height(monkeypatch, score, pre):
+    """On a GPU the router kernels autotune the tokens per program (BT) and warps; the interpreter runs
+    _router_blocks' choice, so each BT of the space is forced through it here (fwd + bwd vs float64)."""
+    BE = 64
+    bts = sorted({c["BT"] for c in M._ROUTER_FWD.space(BE=BE)})
+    assert bts == [4, 8, 16, 32, 64]
+    assert M._ROUTER_BWD.space(BE=BE) == M._ROUTER_FWD.space(BE=BE)
+    T, E, k = 37, 64, 8
+    bias = torch.randn(E, device=DEV) * 0.1 if score == "sigmoid" else None
+    for bt in bts:
+        monkeypatch.setattr(M, "_router_blocks", lambda E, bt=bt: (bt, BE))
+        logits = torch.randn(T, E, device=DEV, dtype=torch.float32, requires_grad=True)
+        p, rmap, aux = M.fused_router(logits, k, score, pre, scaling_factor=1.5, expert_bias=bias)
+        ld = logits.detach().double().requires_grad_()
+        pr, rr, ar = M.router_reference(ld, k, score, pre, 1.5, bias)
+        assert torch.equal(rmap.cpu(), rr.cpu()), bt
+        gp, ga = torch.randn(T, E, device=DEV), torch.randn(T, E, device=DEV)
+        (p * gp).sum().add((aux * ga).sum()).backward()
+        (pr * gp.double()).sum().add((ar * ga.double()).sum()).backward()
+        assert relerr(p, pr) < 1e-5 and relerr(aux, ar) < 1e-5 and relerr(logits.grad, ld.grad) < 1e-5, bt
+
+
 @pytest.mark.parametrize("T,F", [(13, 40), (3, 300)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_swiglu_with_probs(T, F, dtype):

@@ -131,6 +131,18 @@ def _router_blocks(E: int):
     return BT, BE
 
 
+def _router_config_ok(cfg, BE=16, **_):
+    return cfg["BT"] * BE <= 4096 and cfg["num_warps"] * 32 <= cfg["BT"] * BE
+
+
+# fwd+bwd ran 0.89x eager at T=32768, E=64, k=8 with one config (64 tokens x 64 experts per program, 4 warps; the
+# backward keeps ~10 such fp32 tiles live: register spills are the suspect). Autotuned per (T, E) on the GPU over
+# fewer tokens per program and more warps; the interpreter runs _router_blocks' choice.
+_ROUTER_SPACE = [{"BT": bt, "num_warps": w} for bt in (64, 32, 16, 8, 4) for w in (4, 8)]
+_ROUTER_FWD = _common.Tuned(_router_fwd, _ROUTER_SPACE, key=["T", "E"], valid=_router_config_ok)
+_ROUTER_BWD = _common.Tuned(_router_bwd, _ROUTER_SPACE, key=["T", "E"], valid=_router_config_ok)
+
+
 class _RouterFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, topk, sigmoid, pre_softmax, scale, expert_bias):
@@ -142,9 +154,10 @@ class _RouterFn(torch.autograd.Function):
         aux = _common.empty((T, E), torch.float32, logits.device)
         BT, BE = _router_blocks(E)
         has_bias = expert_bias is not None
-        _router_fwd[(triton.cdiv(T, BT),)](logits, p, rmap, aux, expert_bias if has_bias else p, T, E,
-                                          logits.stride(0), TOPK=topk, SIGMOID=sigmoid, PRE_SOFTMAX=pre_softmax,
-                                          HAS_BIAS=has_bias, SCALE=scale, BT=BT, BE=BE, num_warps=4)
+        _ROUTER_FWD.launch(lambda meta: (triton.cdiv(T, meta["BT"]),),
+                           (logits, p, rmap, aux, expert_bias if has_bias else p, T, E, logits.stride(0)),
+                           default={"BT": BT, "num_warps": 4}, TOPK=topk, SIGMOID=sigmoid, PRE_SOFTMAX=pre_softmax,
+                           HAS_BIAS=has_bias, SCALE=scale, BE=BE)
         ctx.save_for_backward(logits, rmap)
         ctx.cfg = (topk, sigmoid, pre_softmax, scale)
         routing_map = rmap.view(torch.bool)
@@ -163,9 +176,10 @@ class _RouterFn(torch.autograd.Function):
         ga = ga.contiguous() if has_ga else gp
         dl = _common.empty((T, E), logits.dtype, logits.device)
         BT, BE = _router_blocks(E)
-        _router_bwd[(triton.cdiv(T, BT),)](logits, rmap, gp, ga, dl, T, E, logits.stride(0), TOPK=topk,
-                                          SIGMOID=sigmoid, PRE_SOFTMAX=pre_softmax, SCALE=scale, HAS_GA=has_ga,
-                                          BT=BT, BE=BE, num_warps=4)
+        _ROUTER_BWD.launch(lambda meta: (triton.cdiv(T, meta["BT"]),), (logits, rmap, gp, ga, dl, T, E,
+                                                                      logits.stride(0)),
+                           default={"BT": BT, "num_warps": 4}, TOPK=topk, SIGMOID=sigmoid, PRE_SOFTMAX=pre_softmax,
+                           SCALE=scale, HAS_GA=has_ga, BE=BE)
         return dl, None, None, None, None, None
 
 
