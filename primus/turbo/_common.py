@@ -45,11 +45,12 @@ class Tuned:
     """A Triton kernel with a small space of launch configs (constexpr block sizes + num_warps).
 
     On a GPU, `launch` goes through triton.autotune over the configs `valid` keeps for the call: each is benchmarked
-    once per value of `key` and the fastest is cached (the first entry is the hand-picked default, so the pick is
-    never a config slower than it). Triton's interpreter has no driver to benchmark with: there the default runs.
-    `run(cfg, ...)` launches one given config; the CPU tests run every config of the space through it.
+    once per value of `key` (plus the tensors' dtypes) and the fastest is cached. The hand-picked config goes first
+    in each space, so the pick is never one slower than it (benchmark noise aside). Triton's interpreter has no
+    driver to benchmark with: there `launch` runs the caller's default. `run(cfg, ...)` launches one given config;
+    the CPU tests run every config of a space through it (and tests/frontend_compile.py compiles each for sm90).
         grid(meta) -> launch grid from the config's constexprs (meta["BLOCK_M"]...); the caller closes over sizes
-        valid(cfg, **call_constexprs) -> bool
+        valid(cfg, **the call's scalar args and constexprs) -> bool
     """
 
     def __init__(self, kernel, configs, key, valid=None):
