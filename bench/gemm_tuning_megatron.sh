@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 6 on the real step, one device call (<= 10 min): the guide's three stages on the megatron bf16 preset as
 # shipped (Llama-3.2-1B shape, seq 4096, micro batch 16, compiled layers), then the tuned and the default step side
-# by side in the same call, the default twice to measure noise. "never slower" = tuned within the default runs' spread or
-# faster.
+# by side in the same call, the default twice to measure noise. "never slower" = tuned within the default runs'
+# spread or faster.
 #   stage 1  train.py tuning_stage=1: eager steps (the torch-level recorder sees the GEMMs the compiled graphs also
 #            run; same shapes), recompute=full so the eager micro batch 16 fits (recompute adds forward calls of
 #            the same shapes: the report's weights count them)
