@@ -165,3 +165,18 @@ def test_torchtitan_compiled_loss_logits_are_counted_at_4_bytes():
     preset = compose_cfg(["experiment=llama3_2_1b_torchtitan_bf16"])
     peak = estimate_memory(preset, resolve_gpu("H200", None), world=1).total / 2 ** 30
     assert 75.9 <= peak <= 75.9 * 1.10, peak  # conservative, within 10% of the measured peak
+
+
+def test_portable_fp8_saves_one_byte_linear_inputs_and_transposed_weights():
+    """megatron without TE, fp8 tensorwise / delayed: each converted linear saves the 1-byte transposed fp8 input and
+    weight (primus.turbo.fp8_linear) instead of the bf16 input; rowwise keeps the bf16 input. The fp8 preset then
+    plans near its measured peak (102.7 GiB on the H200; 120.0 planned when counted like bf16)."""
+    from primus.plan.memory import backend_hints
+
+    bf16 = estimate_memory(compose_cfg(["experiment=llama3_2_1b_megatron_bf16"]), resolve_gpu("H200", None), 1)
+    fp8 = estimate_memory(compose_cfg(["experiment=llama3_2_1b_megatron_fp8"]), resolve_gpu("H200", None), 1)
+    assert fp8.activations < bf16.activations and fp8.details["fp8_weight_copies"] > 0
+    assert 102.7 <= fp8.total / GiB <= 102.7 * 1.10, fp8.total / GiB
+    rowwise = compose_cfg(["experiment=llama3_2_1b_megatron_fp8", "precision=fp8_rowwise"])
+    assert not backend_hints(rowwise).portable_fp8_saves_fp8
+    assert backend_hints(compose_cfg(["experiment=llama3_2_1b_megatron_fp8_delayed"])).portable_fp8_saves_fp8

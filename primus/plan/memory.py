@@ -75,6 +75,9 @@ class BackendHints:
     grad_reduce_in_fp32: bool = True  # megatron DDP grad buffer dtype (args.ddp_config_kwargs)
     swiglu_fused: bool = True  # megatron bias_activation_fusion on the GPU: SwiGLU saves only fc1's output
     te_linears: bool = False  # Transformer Engine linears: fp8 saves 1-byte inputs and keeps fp8 weight copies
+    # primus' portable fp8 linear (megatron without TE), tensorwise / delayed: saves the 1-byte transposed fp8 input
+    # and a transposed fp8 weight per forward in flight (rowwise / blockwise keep the bf16 input)
+    portable_fp8_saves_fp8: bool = False
     v_keeps_qkv: bool = True  # megatron: v is a view of the fused QKV output, so SDPA's saved v keeps all of it
 
 
@@ -84,6 +87,8 @@ def backend_hints(cfg: PrimusConfig) -> BackendHints:
         return replace(h, v_keeps_qkv=False)
     spec = cfg.backend.layer_spec.value
     h.te_linears = spec == "te" or (spec == "auto" and importlib.util.find_spec("transformer_engine") is not None)
+    h.portable_fp8_saves_fp8 = (cfg.precision.fp8 is not None and not h.te_linears
+                                and cfg.precision.fp8_recipe.value in ("tensorwise", "delayed"))
     try:  # the real settings of a GPU run (pure Python, no torch)
         from primus.backends.megatron import args as margs
         from primus.context import RunContext
@@ -228,8 +233,9 @@ def layer_activation_bytes(cfg: PrimusConfig, lay: Layout, hints: BackendHints, 
         hq, hk, hv, ho = m.num_attention_heads * dh, m.num_query_groups * dh, m.num_query_groups * dh, m.num_attention_heads * dh
         extra_attn = 0
     heads = m.num_attention_heads / t
-    # linear inputs: TE fp8 saves the 1-byte fp8 cast of the input; everything else saves the bf16 input
-    lin = 1 if (cfg.precision.fp8 is not None and hints.te_linears) else a
+    # linear inputs: TE fp8 and the portable tensorwise / delayed fp8 linear save the 1-byte fp8 cast of the input
+    # (the bf16 input is freed when nothing else holds it); everything else saves the bf16 input
+    lin = 1 if (cfg.precision.fp8 is not None and (hints.te_linears or hints.portable_fp8_saves_fp8)) else a
     autocast = _autocast(cfg, lay)
     resid = 4 if autocast else a  # autocast: embeddings and residual stream stay fp32, norms run in fp32
     parts: Dict[str, float] = {}
@@ -443,6 +449,8 @@ def _megatron_stage(cfg, lay, hints, stage, sp: StageParams) -> Dict[str, float]
          "states_numel": 2 * opt_elems}
     if cfg.precision.fp8 is not None and hints.te_linears:
         d["fp8_weight_copies"] = 2 * sp.linear  # TE: fp8 weight + its transpose per linear
+    elif hints.portable_fp8_saves_fp8:
+        d["fp8_weight_copies"] = 1 * sp.linear  # the transposed fp8 weight each forward keeps for its backward
     # optimizer step: fp32 main grads (bf16 buffer -> .float() copies) + torch AdamW foreach sqrt temporaries
     step = (4 * opt_elems if g == 2 else 0)
     step += 4 * opt_elems * (1 - frac) if not mem.optimizer_cpu_offload else 0
