@@ -235,6 +235,12 @@ def test_portable_delayed_recipe_settings_are_checked():
     assert any(i.keys == ["precision.fp8_interval"] and i.value == 4 for i in found), found
     found = issues("precision=fp8_delayed", "precision.fp8_amax_compute_algo=mean", ctx=gpu)
     assert any(i.keys == ["precision.fp8_amax_compute_algo"] for i in found), found
+    # the turbo parallel linear runs the portable recipes, delayed included; mxfp8 is an issue naming both keys
+    assert not [i for i in issues("turbo=megatron", "precision=fp8_delayed", ctx=gpu)
+                if i.keys == ["turbo.use_turbo_parallel_linear", "precision.fp8_recipe"]]
+    found = issues("turbo=megatron", "precision=mxfp8", ctx=gpu)
+    assert any(i.keys == ["turbo.use_turbo_parallel_linear", "precision.fp8_recipe"] and i.value == "mxfp8"
+               for i in found), found
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")

@@ -729,11 +729,14 @@ def turbo_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
             out.append(_issue(on + ["backend.layer_spec"], "te",
                               "the megatron turbo swaps replace modules of the local spec; Transformer Engine's "
                               "layers already fuse these", "set backend.layer_spec=local, or turbo=off"))
-    if t.enable_primus_turbo and t.use_turbo_parallel_linear and cfg.precision.fp8 is not None and spec == "local" \
-            and cfg.precision.fp8_recipe.value not in ("tensorwise", "rowwise", "blockwise"):
-        out.append(_issue(["turbo.use_turbo_parallel_linear", "precision.fp8_recipe"], cfg.precision.fp8_recipe.value,
-                          "the turbo parallel linear runs fp8 recipes tensorwise, rowwise or blockwise",
-                          "use precision=fp8 (tensorwise)"))
+    if t.enable_primus_turbo and t.use_turbo_parallel_linear and cfg.precision.fp8 is not None and spec == "local":
+        from primus.turbo.providers import PORTABLE_FP8_RECIPES  # the fp8 linear the turbo parallel linear runs
+
+        if cfg.precision.fp8_recipe.value not in PORTABLE_FP8_RECIPES:
+            out.append(_issue(["turbo.use_turbo_parallel_linear", "precision.fp8_recipe"],
+                              cfg.precision.fp8_recipe.value,
+                              f"the turbo parallel linear runs fp8 recipes {list(PORTABLE_FP8_RECIPES)}",
+                              "use precision=fp8 (tensorwise) or precision=fp8_delayed"))
     if getattr(ctx, "planned", False):
         return out
     from primus.turbo import providers
