@@ -83,10 +83,21 @@ def test_tp1_plain():
     assert relerr(col.weight.grad, dw1) < 1e-5 and relerr(row.weight.grad, dw2) < 1e-5
 
 
-def test_tp1_fp8():
-    col = TurboColumnParallelLinear(32, 48, fp8_recipe="tensorwise", dtype=torch.bfloat16, device=DEV)
-    x = torch.randn(20, 32, device=DEV).to(torch.bfloat16).requires_grad_()
-    y = col(x)
-    y.backward(torch.ones_like(y))
-    yr = x.detach().double() @ col.weight.detach().double().t() + col.bias.detach().double()
-    assert relerr(y, yr) < 0.08 and torch.isfinite(col.weight.grad).all()
+@pytest.mark.parametrize("recipe", ["tensorwise", "delayed"])
+def test_tp1_fp8(recipe):
+    """Column and row linears on the fp8 path; delayed: each layer keeps its own amax histories across calls."""
+    col = TurboColumnParallelLinear(32, 48, fp8_recipe=recipe, dtype=torch.bfloat16, device=DEV)
+    row = TurboRowParallelLinear(48, 32, fp8_recipe=recipe, dtype=torch.bfloat16, device=DEV)
+    assert (col.fp8_delayed is not None) == (recipe == "delayed") == (row.fp8_delayed is not None)
+    for _ in range(2):
+        x = torch.randn(20, 32, device=DEV).to(torch.bfloat16).requires_grad_()
+        h = col(x)
+        y = row(h)
+        y.backward(torch.ones_like(y))
+        hr = x.detach().double() @ col.weight.detach().double().t() + col.bias.detach().double()
+        yr = h.detach().double() @ row.weight.detach().double().t() + row.bias.detach().double()
+        assert relerr(h, hr) < 0.08 and relerr(y, yr) < 0.08
+        assert torch.isfinite(col.weight.grad).all() and torch.isfinite(row.weight.grad).all()
+    if recipe == "delayed":
+        assert col.fp8_delayed is not row.fp8_delayed
+        assert all(s.primed for s in (col.fp8_delayed.x, col.fp8_delayed.w, col.fp8_delayed.dy, row.fp8_delayed.x))
