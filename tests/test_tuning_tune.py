@@ -171,7 +171,7 @@ def test_rocm_bench_backend_commands_and_parsing(tmp_path, monkeypatch):
 
 def test_problems_reach_the_tuner_heaviest_first(tmp_path):
     """count x 2mnk x batch, descending; ties keep the dump's order; the report does not depend on it."""
-    from tuning.tune import tune_order
+    from tuning.shapes import heaviest_first as tune_order
 
     def prob(m, n, count, batch=1):
         return GemmProblem("T", "N", m, n, 64, 64, 64, m, m, count=float(count), batch_count=batch,

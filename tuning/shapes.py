@@ -92,7 +92,7 @@ class GemmRecorder:
         for key, p in self.problems.items():
             p.count = self.counts[key] / max(steps, 1)
             out.append(p)
-        return sorted(out, key=lambda q: -q.count * q.flops())
+        return heaviest_first(out)
 
 
 def _make_mode(recorder: GemmRecorder):
@@ -135,6 +135,13 @@ def shape_file(out_dir: str | os.PathLike, rank: int) -> Path:
     return Path(out_dir) / f"gemm_shapes_rank{rank}.jsonl"
 
 
+def heaviest_first(problems) -> list[GemmProblem]:
+    """Calls per step x flops, descending; stable for ties. The order dumps and loads hand problems on in, so a
+    tuning run stopped by a time limit has tuned what matters most (the report and the results file do not depend
+    on it: report in this order, results read back by key)."""
+    return sorted(problems, key=lambda q: -q.count * q.flops())
+
+
 def load_shapes(path: str | os.PathLike) -> list[GemmProblem]:
     """All problems of a dump: a folder (our jsonl files and/or hipBLASLt logs) or one such file.
 
@@ -166,4 +173,4 @@ def load_shapes(path: str | os.PathLike) -> list[GemmProblem]:
     if not found:
         raise ValueError(f"no GEMM shapes in {path} (expected gemm_shapes_rank*.jsonl from record_gemms or "
                          f"hipBLASLt logs with hipblaslt-bench lines)")
-    return sorted(merged.values(), key=lambda q: -q.count * q.flops())
+    return heaviest_first(merged.values())

@@ -62,13 +62,6 @@ def pick_backend(backend: str = "auto", **options) -> tuple[Callable, dict]:
     raise ValueError(f"unknown backend {backend!r}: expected auto, cuda or rocm")
 
 
-def tune_order(problems: list[GemmProblem]) -> list[GemmProblem]:
-    """Heaviest first (calls per step x flops; stable for ties), so a run stopped by a time limit has tuned
-    what matters most. The report and the results file do not depend on this order (report: `problems`
-    order; results: one row per problem, read back by key)."""
-    return sorted(problems, key=lambda p: -p.count * p.flops())
-
-
 def _safe_tune(tuner, p: GemmProblem, device: int) -> TuneOutcome:
     try:
         return tuner.tune_one(p)
@@ -140,8 +133,9 @@ def tune(shape_dir, results_file, *, backend: str = "auto", devices: list[int] |
 
     writer = _Writer(results_file)
     done = read_journal(writer.journal)
-    todo = tune_order([p for p in problems
-                       if p.tune_key() not in done or (retry_failed and done[p.tune_key()].outcome.status == FAILED)])
+    # load_shapes hands them heaviest first (shapes.heaviest_first): a stopped run has tuned what matters most
+    todo = [p for p in problems
+            if p.tune_key() not in done or (retry_failed and done[p.tune_key()].outcome.status == FAILED)]
     bar = tqdm(total=len(problems), initial=len(problems) - len(todo), desc="GEMM tuning", unit="shape",
                disable=not progress, file=sys.stderr)
     try:
