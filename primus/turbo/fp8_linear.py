@@ -42,6 +42,7 @@ from primus.turbo import _common
 
 log = logging.getLogger("primus.turbo")
 
+from primus.turbo.providers import PORTABLE_AMAX_ALGOS  # noqa: E402
 from primus.turbo.providers import PORTABLE_FP8_RECIPES as RECIPES  # noqa: E402
 _DEVICE_WORDS = ("cpu", "cuda", "rocm")
 GROUP = 128  # blockwise group / tile edge
@@ -283,7 +284,7 @@ class DelayedScaling:
     fp8_amax_compute_algo): scale = fp8_max / amax / 2**margin, amax = the max over the last `history_len` amaxes
     ("max") or the last one ("most_recent")."""
 
-    ALGOS = ("max", "most_recent")
+    ALGOS = PORTABLE_AMAX_ALGOS
 
     def __init__(self, history_len: int = 1024, margin: int = 0, algo: str = "max"):
         if history_len < 1:
@@ -325,11 +326,6 @@ class AmaxHistory:
         """The history ring (slot (calls - 2) % len holds the amax of the next-to-last call; the last call's amax
         enters it at the next cast)."""
         return self.buf[:self.settings.history_len]
-
-    @property
-    def scale(self) -> torch.Tensor:
-        L = self.settings.history_len
-        return self.buf[L + 3 * self.SPREAD]
 
 
 class DelayedLinearState:

@@ -22,6 +22,7 @@ from primus.config.errors import ConfigError, ConfigIssue
 # fp8 recipes the portable fp8 linear (primus/turbo/fp8_linear.py) implements; kept here, in an import-light
 # module, so validation and dry runs can ask without importing torch.
 PORTABLE_FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise")
+PORTABLE_AMAX_ALGOS = ("max", "most_recent")  # the delayed recipe's precision.fp8_amax_compute_algo values
 
 log = logging.getLogger("primus.turbo")
 
