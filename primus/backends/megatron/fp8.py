@@ -8,8 +8,9 @@ TransformerConfig (trainer.py) and, once the model is built, each Column/RowPara
   parallel, else the identity whose backward all-reduces the input gradient), then the fp8 GEMM.
 Gradients land in `weight.grad` as with megatron's non-fused path, so DDP's main_grad hooks work unchanged (the
 async dgrad all-reduce overlap of the bf16 path is given up). Recipe "delayed" (TE's DelayedScaling, the portable
-version): each converted linear gets its own amax histories (`mod.primus_fp8_delayed`). Kept in bf16: the output layer, linears whose dims
-are not multiples of 16, and, with first_last_layers_bf16, the first/last N decoder layers (global numbering).
+version): each converted linear gets its own amax histories (`mod.primus_fp8_delayed`). Kept in bf16: the output
+layer, linears whose dims are not multiples of 16, and, with first_last_layers_bf16, the first/last N decoder layers
+(global numbering).
 """
 from __future__ import annotations
 
@@ -83,7 +84,6 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
             return fp8_linear(input, weight, bias, recipe, fmt, state)
         return gemm
 
-    column, row = column_impl(gemm_for(None)), row_impl(gemm_for(None))
     converted, kept = [], []
     decoder = getattr(model, "decoder", None)
     if decoder is None:
@@ -98,12 +98,10 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
             if in_bf16 or not fp8_shape_ok(in_f, out_f):
                 kept.append(full)
                 continue
-            if delayed is not None:  # each linear keeps its own amax histories (x, weight, dy)
-                mod.primus_fp8_delayed = delayed.linear_state()
-                impl = column_impl if isinstance(mod, ColumnParallelLinear) else row_impl
-                mod._forward_impl = impl(gemm_for(mod.primus_fp8_delayed))
-            else:
-                mod._forward_impl = column if isinstance(mod, ColumnParallelLinear) else row
+            # delayed: each linear keeps its own amax histories (x, weight, dy)
+            mod.primus_fp8_delayed = delayed.linear_state() if delayed is not None else None
+            impl = column_impl if isinstance(mod, ColumnParallelLinear) else row_impl
+            mod._forward_impl = impl(gemm_for(mod.primus_fp8_delayed))
             mod.primus_gemm = "fp8"
             converted.append(full)
     log.info("portable fp8 (%s, %s): %d linears converted, %d kept in bf16", recipe, fmt, len(converted), len(kept))
