@@ -64,3 +64,33 @@ def test_autotune_prune_keeps_the_valid_configs_for_the_call():
         kept = R._FWD.prune(configs, {"M": 64, "N": N, "X": torch.empty(1)}, BLOCK_N=bn)
         as_dicts = [{**c.kwargs, "num_warps": c.num_warps} for c in kept]
         assert as_dicts == R._FWD.space(BLOCK_N=bn), N
+
+
+def test_tuned_launch_remembers_one_pick_per_call_key(monkeypatch):
+    """After the first (autotuned) launch for a key, launches go straight to the remembered config; the key tells
+    apart what triton.autotune's own key would not (constexprs outside `key`, dtypes)."""
+    from primus.turbo import _common
+    from primus.turbo import moe_ops as M
+    from primus.turbo import rmsnorm as R
+
+    args = (torch.empty(4, 64), None, None, None, 4, 64, 64, 64, 1e-5)
+    k = R._FWD.call_key(args, {"BLOCK_N": 64})
+    assert k == R._FWD.call_key(args, {"BLOCK_N": 64})
+    assert k != R._FWD.call_key((torch.empty(4, 64, dtype=torch.bfloat16),) + args[1:], {"BLOCK_N": 64})
+    assert k != R._FWD.call_key(args[:5] + (128,) + args[6:], {"BLOCK_N": 128})
+    rargs = (torch.empty(8, 64), None, None, None, None, 8, 64, 64)
+    assert M._ROUTER_FWD.call_key(rargs, {"SIGMOID": True, "BE": 64}) != \
+        M._ROUTER_FWD.call_key(rargs, {"SIGMOID": False, "BE": 64})
+
+    # a GPU-style launch with the pick already made: that config runs (not the default, not the autotuner)
+    monkeypatch.setattr(_common, "interpreting", lambda: False)
+    ran = []
+    orig_run = R._FWD.run
+    monkeypatch.setattr(R._FWD, "run", lambda cfg, *a, **kw: (ran.append(cfg), orig_run(cfg, *a, **kw)))
+    monkeypatch.setattr(R._FWD, "_auto", None)  # any use of the autotuner fails the test
+    x, w = torch.randn(33, 64, device=DEV), 1 + torch.randn(64, device=DEV)
+    probe_args = (x, w, x, x, 33, 64, 64, 64, 1e-5)
+    monkeypatch.setitem(R._FWD.picked, R._FWD.call_key(probe_args, {"BLOCK_N": 64}), {"BLOCK_M": 4, "num_warps": 4})
+    y, _ = R.rms_norm_fwd(x, w, 1e-5)
+    assert ran == [{"BLOCK_M": 4, "num_warps": 4}]
+    assert relerr(y, x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()) < 1e-5

@@ -44,11 +44,15 @@ def interpreting() -> bool:
 class Tuned:
     """A Triton kernel with a small space of launch configs (constexpr block sizes + num_warps).
 
-    On a GPU, `launch` goes through triton.autotune over the configs `valid` keeps for the call: each is benchmarked
-    once per value of `key` (plus the tensors' dtypes) and the fastest is cached. The hand-picked config goes first
-    in each space, so the pick is never one slower than it (benchmark noise aside). Triton's interpreter has no
-    driver to benchmark with: there `launch` runs the caller's default. `run(cfg, ...)` launches one given config;
-    the CPU tests run every config of a space through it (and tests/frontend_compile.py compiles each for sm90).
+    On a GPU, the first `launch` for a value of `key` (plus the call's constexprs and the tensors' dtypes) goes
+    through triton.autotune over the configs `valid` keeps: each is benchmarked once and the fastest is remembered
+    here; later calls launch that config directly. (triton.autotune's per-call Python - its key, dicts of every
+    argument - sits on the host path of each launch, which for a 70 us norm or cast is not small; and its cache
+    key ignores constexprs that are not in `key`, so a softmax router's pick served the sigmoid one.) The
+    hand-picked config goes first in each space, so the pick is never one slower than it (benchmark noise aside).
+    Triton's interpreter has no driver to benchmark with: there `launch` runs the caller's default. `run(cfg, ...)`
+    launches one given config; the CPU tests run every config of a space through it (and tests/frontend_compile.py
+    compiles each for sm90).
         grid(meta) -> launch grid from the config's constexprs (meta["BLOCK_M"]...); the caller closes over sizes
         valid(cfg, **the call's scalar args and constexprs) -> bool
     """
@@ -58,6 +62,8 @@ class Tuned:
 
         self.kernel, self.configs = kernel, [dict(c) for c in configs]
         self.valid = valid or (lambda cfg, **kw: True)
+        self.key = list(key)
+        self.picked = {}  # call key -> the config autotune chose for it
         self._auto = triton.autotune([triton.Config({k: v for k, v in c.items() if k != "num_warps"},
                                                     num_warps=c.get("num_warps", 4)) for c in self.configs],
                                      key=list(key), prune_configs_by={"early_config_prune": self.prune})(kernel)
@@ -81,12 +87,29 @@ class Tuned:
         meta = {k: v for k, v in cfg.items() if k != "num_warps"}
         self.kernel[grid({**consts, **meta})](*args, **consts, **meta, num_warps=cfg.get("num_warps", 4))
 
+    def call_key(self, args, consts) -> tuple:
+        named = dict(zip(self.kernel.arg_names, args))
+        return (tuple(named[k] for k in self.key if k in named), tuple(sorted(consts.items())),
+                tuple(str(a.dtype) for a in args if hasattr(a, "dtype")))
+
     def launch(self, grid, args, default=None, **consts):
         """default: the config the interpreter runs (else the space's first)."""
+        if interpreting():
+            return self.run(default or self.space(args, **consts)[0], grid, args, **consts)
+        key = self.call_key(args, consts)
+        cfg = self.picked.get(key)
+        if cfg is not None:
+            return self.run(cfg, grid, args, **consts)
         space = self.space(args, **consts)
-        if interpreting() or len(space) == 1:
-            return self.run(default or space[0], grid, args, **consts)
-        self._auto[lambda meta: grid(dict(meta))](*args, **consts)
+        if len(space) == 1:
+            cfg = space[0]
+            self.run(cfg, grid, args, **consts)
+        else:
+            self._auto.cache.clear()  # its key lacks our constexprs: benchmark this call's space afresh
+            self._auto[lambda meta: grid(dict(meta))](*args, **consts)
+            best = self._auto.best_config
+            cfg = {**best.kwargs, "num_warps": best.num_warps}
+        self.picked[key] = cfg
 
 
 def _fix_triton_interpreter() -> None:
