@@ -21,16 +21,23 @@ Recipes ("current scaling": the scale comes from this tensor's own amax, except 
               operand is quantised once per GEMM it feeds (x along K for fprop, along M for wgrad...). One kernel
               per cast: amax and cast in the same program (the row chunk is re-read from L2). torch._scaled_mm
               with (M,1) x (1,N) scales.
-  blockwise   DeepSeek-V3 / Megatron: activations and grads 1x128 groups, weights 128x128 tiles. One cast
-              kernel per operand; the GEMM is this file's Triton kernel applying the per-block scales inside the
-              K loop (portable: any GPU Triton supports with fp8 dot, and the interpreter).
+  blockwise   DeepSeek-V3 / Megatron: activations and grads 1x128 groups, weights 128x128 tiles. One cast kernel
+              per operand, reading it once (coalesced) and writing the fp8 layouts the GEMMs need: x (M, K);
+              W (N, K) and W^T (K, N); dy (M, N) and dy^T (N, M) together; x^T (K, M) in the backward; the token
+              dim padded to 128. Scales are written in the layout torch.nn.functional.scaled_mm takes
+              (blockwise_scale_layout). GEMMs: torch.nn.functional.scaled_mm (cuBLASLt 1x128 / 128x128 block
+              scaling) on CUDA sm90 with CUDA >= 12.9 for e4m3 x e4m3 with the contraction dim a multiple of 128;
+              else this file's Triton kernel applying the per-block scales inside the K loop (ROCm, the
+              interpreter, other GPUs, e5m2 gradients). `blockwise_gemm_provider(device)` / `blockwise_gemms(...)`
+              say which; the choice is logged once per shape.
 Formats: e4m3 everywhere, or "hybrid" (e4m3 forward, e5m2 gradients). On MI300 (gfx942) the fnuz variants are used.
-fp8 GEMM needs K and N (in/out features) multiples of 16; the token dim M is padded to 16 where it is the
-contraction dim (wgrad) by the cast kernels themselves (they write zeros in the pad).
+fp8 GEMM needs K and N (in/out features) multiples of 16; the token dim M is padded to 16 (blockwise: 128) where it
+is the contraction dim (wgrad) by the cast kernels themselves (they write zeros in the pad).
 """
 from __future__ import annotations
 
 import logging
+import os
 from typing import Iterable, List, Optional, Sequence
 
 import torch
@@ -215,28 +222,55 @@ def _cast_rowwise(X, Y, SINV, R, C, RP, CP, stride_xr, stride_xc, stride_yr, str
 
 
 @triton.jit
-def _cast_block(X, Y, S, R, C, stride_xr, stride_xc, stride_yr, stride_yc, stride_sr, stride_sc, FP8_MAX,
-                BR: tl.constexpr, G: tl.constexpr, TILE: tl.constexpr):
-    """Blockwise: TILE=False -> 1xG groups along C (scales (R, C/G)); TILE=True -> GxG tiles (scales (R/G, C/G))."""
+def _cast_block(X, Y, YT, S, ST, R, C, RP, stride_xr, stride_xc, s_sr, s_sc, s_tr, s_tc, SPAD, STPAD, FP8_MAX,
+                BR: tl.constexpr, BC: tl.constexpr, TILE: tl.constexpr, WRITE_Y: tl.constexpr,
+                WRITE_T: tl.constexpr):
+    """Blockwise cast of X (R, C) (any strides) into Y (RP, C) and / or YT (C, RP) = its transpose, both row-major;
+    rows R..RP-1 are zero pad. One program per BR x BC tile of X, read once (coalesced along C). scale_inv stores:
+      TILE=False  Y in 1xBC groups along C (BC = 128): S[r, g] at S + r*s_sr + g*s_sc
+                  YT in 1xBR groups along R (BR = 128): ST[g, c] at ST + g*s_tr + c*s_tc
+      TILE=True   one scale per tile (BR = BC = 128), tile (tr, tc): at S + tr*s_sr + tc*s_sc and ST + tc*s_tr +
+                  tr*s_tc. S's tc in [C tiles, SPAD) and ST's tr in [R tiles, STPAD) are set to 0: the pad cuBLAS
+                  wants on the contraction-block dim of 128x128 scales (see blockwise_scale_layout).
+    YT is stored from tl.trans of the fp8 tile, so that store is coalesced along R too (no column-view reads)."""
     pid_r = tl.program_id(0)
-    pid_g = tl.program_id(1)
+    pid_c = tl.program_id(1)
     rows = pid_r * BR + tl.arange(0, BR)
-    cols = pid_g * G + tl.arange(0, G)
-    m = (rows[:, None] < R) & (cols[None, :] < C)
+    cols = pid_c * BC + tl.arange(0, BC)
     x = tl.load(X + rows[:, None].to(tl.int64) * stride_xr + cols[None, :].to(tl.int64) * stride_xc,
-                mask=m, other=0.0).to(tl.float32)
+                mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
+    ymask = (rows[:, None] < RP) & (cols[None, :] < C)
+    tmask = (cols[:, None] < C) & (rows[None, :] < RP)
+    ypt = Y + rows[:, None].to(tl.int64) * C + cols[None, :]
+    tpt = YT + cols[:, None].to(tl.int64) * RP + rows[None, :]
+    # each output is stored as soon as it is computed (fewer live 128x128 tiles)
     if TILE:
-        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-        scale = FP8_MAX / tl.maximum(amax, 1e-12)
-        y = tl.clamp(x * scale, -FP8_MAX, FP8_MAX)
-        tl.store(S + pid_r * stride_sr + pid_g * stride_sc, 1.0 / scale)
+        scale = FP8_MAX / tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-12)
+        q = tl.clamp(x * scale, -FP8_MAX, FP8_MAX)
+        pad = tl.arange(0, 4)
+        if WRITE_Y:
+            tl.store(ypt, q.to(Y.dtype.element_ty), mask=ymask)
+            tl.store(S + pid_r * s_sr + pid_c * s_sc, 1.0 / scale)
+            if pid_c == tl.num_programs(1) - 1:
+                tl.store(S + pid_r * s_sr + (pid_c + 1 + pad) * s_sc, tl.zeros((4,), tl.float32),
+                         mask=pid_c + 1 + pad < SPAD)
+        if WRITE_T:
+            tl.store(tpt, tl.trans(q.to(YT.dtype.element_ty)), mask=tmask)
+            tl.store(ST + pid_c * s_tr + pid_r * s_tc, 1.0 / scale)
+            if pid_r == tl.num_programs(0) - 1:
+                tl.store(ST + pid_c * s_tr + (pid_r + 1 + pad) * s_tc, tl.zeros((4,), tl.float32),
+                         mask=pid_r + 1 + pad < STPAD)
     else:
-        amax = tl.max(tl.abs(x), axis=1)
-        scale = FP8_MAX / tl.maximum(amax, 1e-12)
-        y = tl.clamp(x * scale[:, None], -FP8_MAX, FP8_MAX)
-        tl.store(S + rows * stride_sr + pid_g * stride_sc, 1.0 / scale, mask=rows < R)
-    tl.store(Y + rows[:, None].to(tl.int64) * stride_yr + cols[None, :].to(tl.int64) * stride_yc,
-             y.to(Y.dtype.element_ty), mask=m)
+        if WRITE_Y:  # one scale per row of the tile
+            rs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
+            q = tl.clamp(x * rs[:, None], -FP8_MAX, FP8_MAX)
+            tl.store(ypt, q.to(Y.dtype.element_ty), mask=ymask)
+            tl.store(S + rows * s_sr + pid_c * s_sc, 1.0 / rs, mask=rows < RP)
+        if WRITE_T:  # one scale per column of the tile
+            cs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12)
+            qt = tl.clamp(x * cs[None, :], -FP8_MAX, FP8_MAX)
+            tl.store(tpt, tl.trans(qt.to(YT.dtype.element_ty)), mask=tmask)
+            tl.store(ST + pid_r * s_tr + cols * s_tc, 1.0 / cs, mask=cols < C)
 
 
 @triton.jit
@@ -445,36 +479,221 @@ def cast_rowwise(x2: torch.Tensor, dtype, transpose: bool = False, pad: bool = F
     return y, sinv
 
 
-def cast_blockwise(x2: torch.Tensor, dtype, tile: bool = False, transpose: bool = False):
-    """1x128 groups along C (tile=False; scales (R, C/128)) or 128x128 tiles (tile=True; scales (R/128, C/128)).
-    transpose=True quantises x2.t() (groups along the original R) and writes it transposed and contiguous."""
-    src = x2.t() if transpose else x2
-    R, C = src.shape
-    y = _common.empty((R, C), dtype, x2.device)
-    ng = triton.cdiv(C, GROUP)
-    s = _common.empty(((triton.cdiv(R, GROUP) if tile else R), ng), torch.float32, x2.device)
-    BR = GROUP if tile else 32
-    _cast_block[(triton.cdiv(R, BR), ng)](src, y, s, R, C, src.stride(0), src.stride(1), y.stride(0), y.stride(1),
-                                          s.stride(0), s.stride(1), _fmax(dtype), BR=BR, G=GROUP, TILE=tile,
-                                          num_warps=8 if tile else 4)
-    return y, s
+# ------------------------------------------------------------------------- blockwise: scale layout and which GEMM
+#
+# The blockwise recipe's operands and scales are laid out once, the way torch.nn.functional.scaled_mm takes them on
+# CUDA (cuBLASLt 1D / 2D block scaling); this file's Triton GEMM reads the same tensors through their strides, so
+# both GEMMs take one layout and the cast kernels write it directly (no transposing copies of data or scales).
+#
+# PyTorch's rules (pytorch/pytorch, aten/src/ATen/native/cuda/ScaledBlas.cpp, the v2 entry point
+# _scaled_mm_cuda_v2_out and its per-recipe functions _scaled_block1x128_block1x128,
+# _scaled_block1x128_block128x128, _scaled_block128x128_block1x128; aten/src/ATen/native/ScaledBlasUtils.cpp
+# check_deepseek_recipe; test/test_scaled_matmul_cuda.py test_scaled_mm_block_wise_numerics):
+#   * recipes: (1x128, 128x128), (128x128, 1x128) and (1x128, 1x128) for (mat_a, mat_b); one fp32 scale tensor
+#     each ("decoding" factors: multiplied into the product, i.e. our scale_inv);
+#   * both operands float8_e4m3fn (check_deepseek_recipe): e5m2 (the "hybrid" gradients) has no such GEMM;
+#   * CUDA only, compute capability major == 9 (_check_deepseek_support: "only supported in CUDA for SM90"; sm100
+#     raises NotImplementedError), cuBLASLt >= 12.9; ROCm: "1x128 and 128x128 scaling not available";
+#   * mat_a row-major, mat_b column-major on sm90 (_scaled_gemm: "Only multiplication of row-major and
+#     column-major matrices is supported by cuBLASLt"); mat_a.size(1) % 16 == 0, mat_b sizes % 16 == 0;
+#   * scale shapes / strides, for an operand with `outer` rows (M of mat_a; N of mat_b, i.e. of mat_b.t()) and
+#     contraction K (the same rule for A and B in the v2 API):
+#       1x128    (outer, ceil(K/128))            strides (1, outer)   "outer-dim-major"
+#       128x128  (L4, ceil(outer/128))           strides (1, L4)      L4 = ceil(K/128) rounded up to 4; the test
+#                                                                     pads the extra rows with zeros
+#     (the v1 torch._scaled_mm infers blockwise from the shapes instead, with unpadded 128x128 scales: not used).
+# Not covered by PyTorch's tests: K not a multiple of 128 and M / N not multiples of 128. This file pads the token
+# dim to 128 and sends a GEMM to scaled_mm only when its contraction dim is a multiple of 128.
 
 
-def gemm_blockwise(a, sa, b, sb, sb_group_n: int, out_dtype, b_scale_strides=None):
-    """a (M,K) fp8 with scales sa (M, K/128); b (K,N) fp8 view with scales sb[kb, n // sb_group_n]."""
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _cdiv(a, b) * b
+
+
+def blockwise_scale_layout(outer: int, k: int, tile: bool):
+    """(shape, strides) of the fp32 scale_inv tensor torch.nn.functional.scaled_mm takes for one blockwise operand
+    with `outer` rows (mat_a: M; mat_b: N, the rows of mat_b.t()) and contraction dim `k`: 1x128 groups along k
+    (tile=False) or 128x128 tiles (tile=True). Rules and sources: the comment above. The storage is row-major
+    (shape[1], shape[0]), i.e. the tensor is the transpose of a contiguous one."""
+    if tile:
+        l4 = _round_up(_cdiv(k, GROUP), 4)
+        return (l4, _cdiv(outer, GROUP)), (1, l4)
+    return (outer, _cdiv(k, GROUP)), (1, outer)
+
+
+def _scale_tensor(outer: int, k: int, tile: bool, device) -> torch.Tensor:
+    shape, _ = blockwise_scale_layout(outer, k, tile)
+    return _common.empty((shape[1], shape[0]), torch.float32, device).t()
+
+
+# Set (or PRIMUS_TURBO_FP8_BLOCKWISE_GEMM) to "triton" / "scaled_mm" to force a blockwise GEMM; None = the rule
+# below. The bench times both through it.
+BLOCKWISE_GEMM_OVERRIDE: Optional[str] = os.environ.get("PRIMUS_TURBO_FP8_BLOCKWISE_GEMM") or None
+_GEMM_NAMES = ("scaled_mm", "triton")
+
+
+def _scaled_mm_blockwise_missing(device) -> Optional[str]:
+    """Why torch.nn.functional.scaled_mm's 1x128 / 128x128 recipes cannot serve `device`, or None when they can.
+    The checks PyTorch makes before its blockwise GEMM (see the comment above), asked without running a GEMM."""
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if _common.interpreting():
+        return "Triton interpreter (CPU tests)"
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return f"{dev.type}: cuBLASLt block scaling is CUDA-only"
+    if torch.version.hip is not None:
+        return "ROCm: PyTorch has no 1x128 / 128x128 scaled_mm there"
+    fn = getattr(torch.nn.functional, "scaled_mm", None)
+    st = getattr(torch.nn.functional, "ScalingType", None)
+    if fn is None or not all(hasattr(st, n) for n in ("BlockWise1x128", "BlockWise128x128")):
+        return f"torch {torch.__version__} has no torch.nn.functional.scaled_mm with BlockWise1x128 / 128x128"
+    cuda = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
+    if cuda < (12, 9):
+        return f"CUDA {torch.version.cuda} < 12.9 (cuBLASLt block scaling)"
+    cap = torch.cuda.get_device_capability(dev)
+    if cap[0] != 9:
+        return f"sm{cap[0]}{cap[1]}: PyTorch runs 1x128 / 128x128 scaling on sm90 only"
+    return None
+
+
+def blockwise_gemm_provider(device=None) -> str:
+    """The GEMM the blockwise recipe runs on `device` when dtypes and shapes allow: "scaled_mm"
+    (torch.nn.functional.scaled_mm with BlockWise1x128 / BlockWise128x128, cuBLASLt, CUDA sm90) or "triton" (this
+    file's _gemm_blockwise: ROCm, the CPU interpreter, other GPUs, older torch). The one rule choosing between them;
+    BLOCKWISE_GEMM_OVERRIDE forces either (scaled_mm where it cannot run is an error, never a silent fallback).
+    `blockwise_gemms` says which GEMM each of the linear's three matmuls takes (dtypes and shapes too)."""
+    forced = BLOCKWISE_GEMM_OVERRIDE
+    if forced is not None and forced not in _GEMM_NAMES:
+        raise ValueError(f"blockwise GEMM override must be one of {_GEMM_NAMES}, not {forced!r}")
+    if forced == "triton":
+        return "triton"
+    why = _scaled_mm_blockwise_missing(device)
+    if forced == "scaled_mm" and why:
+        raise RuntimeError(f"blockwise GEMM forced to scaled_mm, which cannot run here: {why}")
+    return "triton" if why else "scaled_mm"
+
+
+def _blockwise_gemm(provider: str, a_dtype, b_dtype, k: int) -> str:
+    """One GEMM: scaled_mm needs both operands e4m3fn (check_deepseek_recipe) and, here, the contraction dim a
+    multiple of 128 (the shapes PyTorch tests); else the Triton GEMM."""
+    if provider == "scaled_mm" and a_dtype == b_dtype == torch.float8_e4m3fn and k % GROUP == 0:
+        return "scaled_mm"
+    return "triton"
+
+
+def _blockwise_plan(device, f_dt, g_dt, in_features: int, out_features: int) -> dict:
+    p = blockwise_gemm_provider(device)
+    plan = {"fprop": _blockwise_gemm(p, f_dt, f_dt, in_features),  # x (M, K) @ W^T: contraction K
+            "dgrad": _blockwise_gemm(p, g_dt, f_dt, out_features),  # dy (M, N) @ W: contraction N
+            "wgrad": _blockwise_gemm(p, g_dt, f_dt, GROUP)}  # dy^T @ x: contraction M, padded to 128
+    key = (str(device), str(f_dt), str(g_dt), in_features, out_features)
+    if key not in _PLANS_LOGGED:
+        _PLANS_LOGGED.add(key)
+        log.info("fp8 blockwise %dx%d on %s: %s (provider %s)", out_features, in_features, device,
+                 " ".join(f"{k}={v}" for k, v in plan.items()), p)
+    return plan
+
+
+_PLANS_LOGGED: set = set()
+
+
+def blockwise_gemms(device=None, fmt: str = "e4m3", in_features: int = 4096, out_features: int = 4096) -> dict:
+    """{"fprop" | "dgrad" | "wgrad": "scaled_mm" | "triton"}: the GEMM each matmul of a blockwise fp8 linear takes
+    on `device` (the hybrid format's e5m2 gradients keep dgrad and wgrad on Triton)."""
+    f_dt, e5 = fp8_dtypes(device)
+    return _blockwise_plan(device, f_dt, e5 if fmt == "hybrid" else f_dt, in_features, out_features)
+
+
+def cast_blockwise(x2: torch.Tensor, dtype, tile: bool = False, want_y: bool = True, want_t: bool = False,
+                   pad_rows: bool = False):
+    """x2 (R, C) -> (y (RP, C), sy, yt (C, RP), syt): fp8 and its transpose (None where not wanted), with fp32
+    scale_inv tensors in blockwise_scale_layout (y's for outer RP / contraction C; yt's for outer C / contraction
+    RP). tile=False: y in 1x128 groups along C, yt in 1x128 groups along R; tile=True: 128x128 tiles (one scale per
+    tile, in both layouts). pad_rows: RP = R rounded up to 128 with zero rows, else R. One read of x2 for both."""
+    if not (want_y or want_t):
+        raise ValueError("cast_blockwise: want_y and / or want_t")
+    R, C = x2.shape
+    RP = _round_up(R, GROUP) if pad_rows else R
+    dev = x2.device
+    y = _common.empty((RP, C), dtype, dev) if want_y else None
+    yt = _common.empty((C, RP), dtype, dev) if want_t else None
+    sy = _scale_tensor(RP, C, tile, dev) if want_y else None
+    syt = _scale_tensor(C, RP, tile, dev) if want_t else None
+    # fp32 input with both outputs in one kernel: see cast_tensorwise (an H200 Triton/ptxas defect left transposed
+    # fp8 stores unwritten); one launch per output there
+    passes = ([(True, False), (False, True)] if want_y and want_t and x2.dtype == torch.float32
+              else [(want_y, want_t)])
+    for wy, wt in passes:
+        if tile:
+            BR, BC, warps = GROUP, GROUP, 8
+        else:
+            BR, BC, warps = (GROUP, GROUP, 8) if wy and wt else (32, GROUP, 4) if wy else (GROUP, 64, 4)
+        s_y = sy if sy is not None else syt
+        s_t = syt if syt is not None else sy
+        ssr, ssc = (s_y.stride(1), s_y.stride(0)) if tile else (s_y.stride(0), s_y.stride(1))
+        _cast_block[(triton.cdiv(RP, BR), triton.cdiv(C, BC))](
+            x2, y if y is not None else yt, yt if yt is not None else y, s_y, s_t, R, C, RP, x2.stride(0),
+            x2.stride(1), ssr, ssc, s_t.stride(1), s_t.stride(0), s_y.shape[0], s_t.shape[0], _fmax(dtype),
+            BR=BR, BC=BC, TILE=tile, WRITE_Y=wy, WRITE_T=wt, num_warps=warps)
+    return y, sy, yt, syt
+
+
+def _tile_scales_padded(s: torch.Tensor, outer: int, k: int) -> torch.Tensor:
+    """A 128x128 scale tensor saved as its unpadded (ceil(k/128), ceil(outer/128)) view (the shape callers such as
+    the TorchTitan custom op declare), back in blockwise_scale_layout(outer, k, tile=True). The cast wrote the
+    zero pad, so this is a view when `s` still has the cast's strides; a small copy when something (a compiler,
+    an offload) made it contiguous."""
+    shape, strides = blockwise_scale_layout(outer, k, True)
+    if tuple(s.shape) == shape and s.stride() == strides:
+        return s
+    last = s.storage_offset() + (shape[0] - 1) * strides[0] + (shape[1] - 1) * strides[1]
+    if s.stride() == strides and s.untyped_storage().nbytes() >= (last + 1) * s.element_size():
+        return s.as_strided(shape, strides, s.storage_offset())
+    buf = torch.zeros((shape[1], shape[0]), dtype=torch.float32, device=s.device)
+    buf[:, :s.shape[0]] = s.t()
+    return buf.t()
+
+
+def gemm_blockwise(a, sa, b, sb, b_tile: bool, out_dtype):
+    """Triton: c (M, N) = a (M, K) @ b (K, N), fp8, with scales in blockwise_scale_layout: sa (M, ceil(K/128)) 1x128;
+    sb (L4, ceil(N/128)) for 128x128 tiles (b_tile) or (N, ceil(K/128)) for 1x128 groups along K. Any strides."""
     M, K = a.shape
     N = b.shape[1]
     c = _common.empty((M, N), out_dtype, a.device)
-    ssb_k, ssb_n = b_scale_strides if b_scale_strides is not None else (sb.stride(0), sb.stride(1))
+    if b_tile:  # SB[kb, n // 128] = sb[kb, n // 128]
+        ssb_k, ssb_n, gn = sb.stride(0), sb.stride(1), GROUP
+    else:  # SB[kb, n] = sb[n, kb]
+        ssb_k, ssb_n, gn = sb.stride(1), sb.stride(0), 1
     BM, BN = 128, 128
     if _common.interpreting():
         BM, BN = 32, 32
     upcast = a.dtype != b.dtype
     _gemm_blockwise[(triton.cdiv(M, BM), triton.cdiv(N, BN))](
         a, b, c, sa, sb, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        sa.stride(0), sa.stride(1), ssb_k, ssb_n, BM=BM, BN=BN, BK=GROUP, SB_GN=sb_group_n, UPCAST=upcast,
+        sa.stride(0), sa.stride(1), ssb_k, ssb_n, BM=BM, BN=BN, BK=GROUP, SB_GN=gn, UPCAST=upcast,
         num_warps=8, num_stages=3)
     return c
+
+
+def blockwise_mm(a, sa, b, sb, b_tile: bool, out_dtype, gemm: str):
+    """c (M, N) = a (M, K) @ b (K, N) with blockwise scales (blockwise_scale_layout) through `gemm`: "scaled_mm"
+    (torch.nn.functional.scaled_mm: a 1x128, b 128x128 (b_tile) or 1x128) or "triton" (gemm_blockwise)."""
+    if gemm == "triton":
+        return gemm_blockwise(a, sa, b, sb, b_tile, out_dtype)
+    if gemm != "scaled_mm":
+        raise ValueError(f"blockwise GEMM must be one of {_GEMM_NAMES}, not {gemm!r}")
+    # sm90 cuBLASLt: a row-major, b column-major (the casts produce these; a copy only if a caller changed them)
+    if a.stride(1) != 1:
+        a = a.contiguous()
+    if b.stride(0) != 1:
+        b = b.t().contiguous().t()
+    S = torch.nn.functional.ScalingType
+    return torch.nn.functional.scaled_mm(a, b, sa, S.BlockWise1x128, sb,
+                                         S.BlockWise128x128 if b_tile else S.BlockWise1x128,
+                                         output_dtype=out_dtype)
 
 
 # -------------------------------------------------------------------------------------------------- the linear
@@ -524,13 +743,17 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
             y = y + bias.to(out_dt)
         tensors = [x2 if need_wgrad else None, weight]
     elif recipe == "blockwise":
-        xq, sx = cast_blockwise(x2, f_dt)  # 1x128 along K
-        wq, sw = cast_blockwise(weight, f_dt, tile=True)  # 128x128, scales (N/128, K/128)
-        # B = W^T (K, N) view; its scale for (kb, n) is sw[n // 128, kb]
-        y = gemm_blockwise(xq, sx, wq.t(), sw, GROUP, out_dt, b_scale_strides=(sw.stride(1), sw.stride(0)))
+        N, K = weight.shape
+        gemms = _blockwise_plan(x2.device, f_dt, g_dt, K, N)
+        xq, sx, _, _ = cast_blockwise(x2, f_dt, pad_rows=True)  # (MP, K), 1x128 along K
+        # 128x128 tiles, W (N, K) and W^T (K, N) from one read of the weight, with both scale layouts
+        wq, sw, wqt, swt = cast_blockwise(weight, f_dt, tile=True, want_t=True)
+        y = blockwise_mm(xq, sx, wq.t(), sw, True, out_dt, gemms["fprop"])[:x2.shape[0]]  # B = W^T col-major
         if bias is not None:
             y = y + bias.to(out_dt)
-        tensors = [x2 if need_wgrad else None, wq, sw]
+        # for dgrad: W as an (N, K) column-major view of W^T, and its scales as the unpadded (N/128, K/128) view
+        # (the shapes the TorchTitan custom op declares; _tile_scales_padded restores the padded layout)
+        tensors = [x2 if need_wgrad else None, wqt.t(), swt[:_cdiv(N, GROUP)]]
     else:
         raise ValueError(f"fp8 recipe must be one of {RECIPES}, not {recipe!r}")
     return y, FP8State(recipe, f_dt, g_dt, weight.dtype, bias is not None, tensors, delayed)
@@ -569,18 +792,19 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
             xqt, sxt = cast_rowwise(x2, f_dt, transpose=True, pad=True)  # x^T (K, MP) along M
             dw = _mm(dyqt, xqt.t(), sdyt, sxt.t(), torch.bfloat16 if w_dt == torch.float32 else w_dt).to(w_dt)
     else:  # blockwise
-        x2, wq, sw = st.tensors
+        x2, wt, swt = st.tensors  # wt: W (N, K) fp8 (column-major view of W^T), swt: its tile scales (N/128, K/128)
+        N, K = wt.shape
+        gemms = _blockwise_plan(dy2.device, f_dt, g_dt, K, N)
+        if need_dx or need_dw:  # one read of dy: (MP, N) 1x128 along N and dy^T (N, MP) 1x128 along M
+            dyq, sdy, dyqt, sdyt = cast_blockwise(dy2, g_dt, want_y=need_dx, want_t=need_dw, pad_rows=True)
         if need_dx:
-            dyq, sdy = cast_blockwise(dy2, g_dt)  # 1x128 along N
-            # B = W (N, K) as stored; scale for (kb over N, k) is sw[kb, k // 128]
-            dx = gemm_blockwise(dyq, sdy, wq, sw, GROUP, out_dt)
+            dx = blockwise_mm(dyq, sdy, wt, _tile_scales_padded(swt, K, N), True, out_dt,
+                              gemms["dgrad"])[:dy2.shape[0]]
         if after_dgrad is not None:
             after_dgrad(dx)
         if need_dw:
-            dyqt, sdyt = cast_blockwise(dy2, g_dt, transpose=True)  # dy^T (N, M), 1x128 along M
-            xqt, sxt = cast_blockwise(x2, f_dt, transpose=True)  # x^T (K, M), 1x128 along M
-            # B = x (M, K) = xqt.t(); scale for (kb over M, k) is sxt[k, kb]
-            dw = gemm_blockwise(dyqt, sdyt, xqt.t(), sxt, 1, w_dt, b_scale_strides=(sxt.stride(1), sxt.stride(0)))
+            _, _, xqt, sxt = cast_blockwise(x2, f_dt, want_y=False, want_t=True, pad_rows=True)  # x^T (K, MP)
+            dw = blockwise_mm(dyqt, sdyt, xqt.t(), sxt, False, w_dt, gemms["wgrad"])  # (N, MP) @ (MP, K)
     if st.has_bias and need_db:
         db = dy2.float().sum(0).to(st.w_dtype)
     return dx, dw, db
