@@ -58,6 +58,22 @@ def checks():
             for wy, wt in ((True, True), (True, False), (False, True)):
                 yield (f"tensorwise {x} delayed={delayed} y={wy} t={wt}", F8._cast_tensorwise, tw,
                        {"NP": 1024, "BR": 64, "BC": 64, "WRITE_Y": wy, "WRITE_T": wt, "DELAYED": delayed, "NS": 64})
+    for x in ("*bf16", "*fp32"):  # the blockwise casts: every (tile, outputs) the wrapper launches, with its tiles
+        cb = {"X": x, "Y": "*fp8e4nv", "YT": "*fp8e4nv", "S": "*fp32", "ST": "*fp32", "R": "i32", "C": "i32",
+              "RP": "i32", "stride_xr": "i32", "stride_xc": "i32", "s_sr": "i32", "s_sc": "i32", "s_tr": "i32",
+              "s_tc": "i32", "SPAD": "i32", "STPAD": "i32", "FP8_MAX": "fp32"}
+        for tile in (False, True):
+            for wy, wt in ((True, True), (True, False), (False, True)):
+                br, bc = (128, 128) if tile or (wy and wt) else (32, 128) if wy else (128, 64)
+                yield (f"blockwise cast {x} tile={tile} y={wy} t={wt}", F8._cast_block, cb,
+                       {"BR": br, "BC": bc, "TILE": tile, "WRITE_Y": wy, "WRITE_T": wt})
+    for b in ("*fp8e4nv", "*fp8e5"):  # the Triton blockwise GEMM (the fallback of torch's scaled_mm)
+        gb = {"A": b, "B": "*fp8e4nv", "Cp": "*bf16", "SA": "*fp32", "SB": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+              **{s: "i32" for s in ("s_am", "s_ak", "s_bk", "s_bn", "s_cm", "s_cn", "s_sam", "s_sak", "s_sbk",
+                                    "s_sbn")}}
+        for gn in (1, 128):
+            yield (f"blockwise gemm A={b} SB_GN={gn}", F8._gemm_blockwise, gb,
+                   {"BM": 128, "BN": 128, "BK": 128, "SB_GN": gn, "UPCAST": b == "*fp8e5"})
     ds = {"HIST": "*fp32", "AMAX": "*fp32", "META": "*i32", "SCALE": "*fp32", "SINV": "*fp32", "PART": "*fp32",
           "NPART": "i32", "L": "i32", "FP8_MAX": "fp32", "MARGIN_MULT": "fp32"}
     for first in (False, True):
