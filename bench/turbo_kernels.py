@@ -336,7 +336,15 @@ def b_casts():
         try_ms((lambda: cr(x)) if cr else None), gbytes=M * K * 3 / 1e9)
     row("fp8 cast rowwise", f"along M (transposed out) {M}x{K}", ms(lambda: F8.cast_rowwise(x, e4, transpose=True)),
         None, None, gbytes=M * K * 3 / 1e9)
-    row("fp8 cast blockwise", f"1x128 {M}x{K}", ms(lambda: F8.cast_blockwise(x, e4)), None, None, gbytes=M * K * 3 / 1e9)
+    row("fp8 cast blockwise", f"1x128 {M}x{K}", ms(lambda: F8.cast_blockwise(x, e4, pad_rows=True)), None, None,
+        gbytes=M * K * 3 / 1e9)
+    row("fp8 cast blockwise", f"1x128 both ways (dy, dy^T) {M}x{K}",
+        ms(lambda: F8.cast_blockwise(x, e4, want_t=True, pad_rows=True)), None, None, gbytes=M * K * 4 / 1e9)
+    row("fp8 cast blockwise", f"1x128 transposed out (x^T) {M}x{K}",
+        ms(lambda: F8.cast_blockwise(x, e4, want_y=False, want_t=True, pad_rows=True)), None, None,
+        gbytes=M * K * 3 / 1e9)
+    row("fp8 cast blockwise", f"128x128 W and W^T {M}x{K}",
+        ms(lambda: F8.cast_blockwise(x, e4, tile=True, want_t=True)), None, None, gbytes=M * K * 4 / 1e9)
 
 
 @guarded("fp8_linear")
@@ -349,6 +357,15 @@ def b_fp8_linear():
     shapes = sz([(4096, 6144, "qkv"), (4096, 4096, "o"), (4096, 28672, "gate+up"), (14336, 4096, "down")],
                 [(256, 128, "tiny")])
     tot = {}
+    # the blockwise recipe's GEMM: torch.nn.functional.scaled_mm (cuBLASLt, sm90) or the Triton fallback; when
+    # scaled_mm serves this GPU, the Triton GEMM is timed too (forced), on the same casts
+    prov = F8.blockwise_gemm_provider(DEV)
+    ROWS.append({"kernel": "fp8 linear blockwise", "variant": "GEMM provider",
+                 "note": f"{prov}" + ("" if prov == "scaled_mm" else f" ({F8._scaled_mm_blockwise_missing(DEV)})")})
+    RESULTS["env"]["fp8_blockwise_gemm"] = prov
+    variants = [("tensorwise", None), ("rowwise", None), ("blockwise", None)]
+    if prov == "scaled_mm":
+        variants.append(("blockwise", "triton"))
     for K, N, name in shapes:
         x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16, requires_grad=True)
         w = (torch.randn(N, K, device=DEV) / K ** 0.5).to(torch.bfloat16).requires_grad_()
@@ -359,7 +376,13 @@ def b_fp8_linear():
         tot["bf16"] = tot.get("bf16", 0) + t_bf
         fl = 6 * M * K * N
         row("linear bf16", f"fwd+bwd {name} {M}x{K}->{N}", t_bf, flops=fl)
-        for recipe in ("tensorwise", "rowwise", "blockwise"):
+        for recipe, force in variants:
+            label = recipe if force is None else f"{recipe} gemm={force}"
+            F8.BLOCKWISE_GEMM_OVERRIDE = force
+            gemms = ""
+            if recipe == "blockwise":
+                plan = F8.blockwise_gemms(DEV, "e4m3", K, N)
+                gemms = "; gemms " + " ".join(f"{k}={v}" for k, v in plan.items())
             try:
                 x.grad = None
                 w.grad = None
@@ -372,15 +395,17 @@ def b_fp8_linear():
                 errx = relerr(gx, dy.double() @ w.detach().double())
                 t = ms(lambda: F8.fp8_linear(x, w, None, recipe).backward(dy), [x, w])
                 t_f = ms(lambda: F8.fp8_linear(x, w, None, recipe))
-                tot[recipe] = tot.get(recipe, 0) + t
-                row(f"fp8 linear {recipe}", f"fwd+bwd {name} {M}x{K}->{N}", t, eager_ms=t_bf, flops=fl,
-                    note=f"vs_eager = vs bf16 linear; fwd {t_f:.3f} ms; relerr y {err:.3f} dx {errx:.3f}")
+                tot[label] = tot.get(label, 0) + t
+                row(f"fp8 linear {label}", f"fwd+bwd {name} {M}x{K}->{N}", t, eager_ms=t_bf, flops=fl,
+                    note=f"vs_eager = vs bf16 linear; fwd {t_f:.3f} ms; relerr y {err:.3f} dx {errx:.3f}{gemms}")
             except Exception:
                 traceback.print_exc()
-                ROWS.append({"kernel": f"fp8 linear {recipe}", "variant": name, "note": "FAILED"})
+                ROWS.append({"kernel": f"fp8 linear {label}", "variant": name, "note": "FAILED"})
+            finally:
+                F8.BLOCKWISE_GEMM_OVERRIDE = None
         del x, w, dy
         torch.cuda.empty_cache()
-    for r in ("tensorwise", "rowwise", "blockwise"):
+    for r in [v[0] if v[1] is None else f"{v[0]} gemm={v[1]}" for v in variants]:
         if r in tot:
             row(f"fp8 linear {r}", "Llama-3-8B layer GEMMs total fwd+bwd", tot[r], eager_ms=tot["bf16"],
                 note="target >= 1.4x bf16")
