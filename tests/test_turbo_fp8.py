@@ -6,6 +6,9 @@ gradients under "hybrid") doubles it. Bands: 0.08 (e4m3), 0.15 (hybrid grads). A
 gives errors of order 1, far outside. The forward is also checked tightly against an exact emulation (the same
 quantisation done in float64 torch): it must match to bf16 output rounding.
 On CPU the GEMMs are torch._scaled_mm's CPU kernels and the cast/blockwise kernels run in Triton's interpreter.
+Blockwise GEMMs: torch.nn.functional.scaled_mm (cuBLASLt) on a CUDA sm90 GPU, else the Triton GEMM. CPU cannot run
+the former: here its layout rules (PyTorch's checks, in Python) are applied to every GEMM the linear makes; the GPU
+tests run it (vs float64, vs an exact emulation, vs the Triton GEMM).
 """
 import pytest
 import torch
