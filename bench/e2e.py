@@ -126,6 +126,10 @@ def main():
     for e in args.extra:
         name, argv = e.split("=", 1)
         argv = argv.split()
+        bad = [a for a in argv if "=" in a.split("=", 1)[1] and not a.split("=", 1)[0].startswith(("+", "~"))]
+        if bad and bad[0] == argv[0]:  # 'label with = in it=overrides' splits inside the label
+            ap.error(f"--extra {e!r}: the label ends at the first '=', so the overrides start with {argv[0]!r}; "
+                     "write the label without '='")
         # an experiment preset brings its own model and batch (a command-line model= would override it)
         base = QUIET if any(a.startswith("experiment=") for a in argv) else BENCH
         points.append((name, ["train.py", *base, *argv]))

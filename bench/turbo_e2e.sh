@@ -11,13 +11,13 @@ mkdir -p "$OUT" "$LOGS"
 B="training.train_iters=14"
 timeout 330 python bench/e2e.py --suite none --tag turbo_dense --timeout 80 --log-dir "$LOGS" --ref "bf16 turbo off" \
   --extra "bf16 turbo off=experiment=llama3_2_1b_megatron_bf16 $B" \
-  --extra "bf16 turbo=megatron=experiment=llama3_2_1b_megatron_bf16 turbo=megatron $B" \
+  --extra "bf16 turbo on=experiment=llama3_2_1b_megatron_bf16 turbo=megatron $B" \
   --extra "fp8 delayed turbo off=experiment=llama3_2_1b_megatron_fp8_delayed $B" \
-  --extra "fp8 delayed turbo=megatron=experiment=llama3_2_1b_megatron_fp8_delayed turbo=megatron $B" \
+  --extra "fp8 delayed turbo on=experiment=llama3_2_1b_megatron_fp8_delayed turbo=megatron $B" \
   > "$OUT/turbo_dense.log" 2>&1
 grep -E "^\| " "$OUT/turbo_dense.log"
 timeout 200 python bench/e2e.py --suite none --tag turbo_moe --timeout 90 --log-dir "$LOGS" --ref "moe turbo off" \
   --extra "moe turbo off=experiment=mixtral_small_moe $B" \
-  --extra "moe turbo=megatron_moe=experiment=mixtral_small_moe turbo=megatron_moe moe.moe_permute_fusion=true $B" \
+  --extra "moe turbo on=experiment=mixtral_small_moe turbo=megatron_moe moe.moe_permute_fusion=true $B" \
   > "$OUT/turbo_moe.log" 2>&1
 grep -E "^\| " "$OUT/turbo_moe.log"
