@@ -17,6 +17,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 
 from primus.turbo import fp8_linear as F8  # noqa: E402
+from primus.turbo import grouped_gemm_fp8 as GF  # noqa: E402
 from primus.turbo import moe_ops as MO  # noqa: E402
 from primus.turbo import rmsnorm as RN  # noqa: E402
 from primus.turbo import rope as RP  # noqa: E402
@@ -74,6 +75,13 @@ def checks():
         for gn in (1, 128):
             yield (f"blockwise gemm A={b} SB_GN={gn}", F8._gemm_blockwise, gb,
                    {"BM": 128, "BN": 128, "BK": 128, "SB_GN": gn, "UPCAST": b == "*fp8e5"})
+    # the fp8 grouped GEMM's casts (grouped_gemm_fp8.py): experts through a transposed view, per-expert token groups
+    yield ("fp8 grouped: experts rows 3d", GF._cast_rows_3d,
+           {"X": "*bf16", "Y": "*fp8e4nv", "S": "*fp32", "R": "i32", "C": "i32", "s_xb": "i32", "s_xr": "i32",
+            "s_xc": "i32", "FP8_MAX": "fp32"}, {"BR": 64, "BC": 64})
+    yield ("fp8 grouped: token groups transposed", GF._cast_groups_t,
+           {"X": "*bf16", "YT": "*fp8e4nv", "S": "*fp32", "ENDS": "*i32", "PENDS": "*i32", "C": "i32", "s_xm": "i32",
+            "s_xc": "i32", "s_ym": "i32", "FP8_MAX": "fp32"}, {"BM": 64, "BC": 64})
     ds = {"HIST": "*fp32", "AMAX": "*fp32", "META": "*i32", "SCALE": "*fp32", "SINV": "*fp32", "PART": "*fp32",
           "NPART": "i32", "L": "i32", "FP8_MAX": "fp32", "MARGIN_MULT": "fp32"}
     for first in (False, True):

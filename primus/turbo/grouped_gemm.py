@@ -2,15 +2,18 @@
 
     y = grouped_gemm(x, w, group_sizes)          # x (M, K) rows sorted by expert, w (G, K, N), sizes (G,) ints
     y = grouped_gemm(x, w, group_sizes, trans_b=True)   # w (G, N, K)
-    y = fp8_grouped_gemm(x, w, group_sizes, trans_b, fmt="hybrid")   # fp8 operands, tensorwise scales
+    y = fp8_grouped_gemm(x, w, group_sizes, trans_b, fmt="hybrid")   # fp8 operands (provider below)
 
 `group_sizes` may be a device tensor: nothing here reads it on the host (sync-free; the Triton kernels walk the
 groups on the device). Providers, first that serves the device/dtype:
   "torch"   torch._grouped_mm (CUTLASS; CUDA sm90/sm100, bf16), autograd built in
   "triton"  this file's persistent Triton grouped GEMM (any GPU Triton runs on, ROCm included; the interpreter)
   "loop"    a per-expert torch.mm loop (reference / tests only; syncs on group sizes)
-fp8: the Triton kernels with fp8 operands (e4m3; e5m2 gradients under "hybrid"), one scale for the tokens, one per
-expert weight and one for the output gradient, applied to the fp32 accumulator; forward, dgrad and wgrad in fp8.
+fp8 (forward, dgrad and wgrad in fp8), providers chosen by grouped_gemm_fp8.fp8_grouped_provider (logged):
+  "torch_scaled"  torch._scaled_grouped_mm (CUTLASS, CUDA sm90 only), e4m3, rowwise scales (grouped_gemm_fp8.py)
+  "triton"        the Triton kernels here with fp8 operands (e4m3; e5m2 gradients under "hybrid"), one scale for
+                  the tokens, one per expert weight and one for the output gradient, applied to the fp32
+                  accumulator: ROCm, sm100, other GPUs, the interpreter, fmt "hybrid", dims not multiples of 16.
 """
 from __future__ import annotations
 
@@ -188,14 +191,30 @@ class _Fp8GroupedGemm(torch.autograd.Function):
 
 
 def fp8_grouped_gemm(x: torch.Tensor, w: torch.Tensor, group_sizes: Union[torch.Tensor, Sequence[int]],
-                     trans_b: bool = False, fmt: str = "hybrid") -> torch.Tensor:
-    """`grouped_gemm` with fp8 operands, tensorwise scaling (the recipe the megatron backend's fp8 experts use):
-    forward, dgrad and wgrad in fp8 on the Triton kernels, scales computed on the device (sync-free)."""
+                     trans_b: bool = False, fmt: str = "hybrid", provider: Optional[str] = None) -> torch.Tensor:
+    """`grouped_gemm` with fp8 operands: forward, dgrad and wgrad in fp8, scales computed on the device (sync-free).
+    provider (None = grouped_gemm_fp8.fp8_grouped_provider, logged once per shape):
+      "torch_scaled"  torch._scaled_grouped_mm (CUTLASS, CUDA sm90), e4m3 only, rowwise scales (grouped_gemm_fp8.py)
+      "triton"        this file's Triton kernels, tensorwise scales (one for the tokens, one per expert, one for the
+                      gradient); e4m3 or "hybrid" (e5m2 gradients); any GPU Triton runs on, and the interpreter"""
     if fmt not in ("e4m3", "hybrid"):
         raise ValueError(f"fp8_grouped_gemm: fmt must be e4m3 or hybrid, not {fmt!r}")
+    if provider is None:
+        from primus.turbo.grouped_gemm_fp8 import fp8_grouped_provider
+
+        provider = fp8_grouped_provider(x, w, fmt, trans_b)
     if x.stride(1) != 1:
         x = x.contiguous()
-    return _Fp8GroupedGemm.apply(x, w, _ends(group_sizes, x.device), trans_b, fmt)
+    ends = _ends(group_sizes, x.device)
+    if provider == "torch_scaled":
+        if fmt != "e4m3":
+            raise ValueError(f"fp8_grouped_gemm: torch._scaled_grouped_mm takes e4m3 operands only, not fmt {fmt!r}")
+        from primus.turbo.grouped_gemm_fp8 import _ScaledGroupedMM
+
+        return _ScaledGroupedMM.apply(x, w, ends, trans_b)
+    if provider == "triton":
+        return _Fp8GroupedGemm.apply(x, w, ends, trans_b, fmt)
+    raise ValueError(f"fp8_grouped_gemm provider must be torch_scaled or triton, not {provider!r}")
 
 
 def _ends(group_sizes, device) -> torch.Tensor:
