@@ -226,6 +226,32 @@ def test_fp8_experts_through_the_turbo_grouped_gemm(monkeypatch):
     assert any(i.keys == ["turbo.grouped_gemm_fp8"] and "precision=fp8" in i.rule for i in found), found
 
 
+def test_fp8_experts_info_names_the_grouped_gemm(monkeypatch):
+    """backend_info.fp8_experts: torch._scaled_grouped_mm for e4m3 on an sm90 GPU, the Triton kernels (with the
+    reason) for hybrid, on sm100 and on the CPU; from the model's expert shapes (gated fc1: 2 x ffn)."""
+    import types
+
+    import torch
+
+    from primus.backends.megatron import turbo as mturbo
+
+    tc = types.SimpleNamespace(hidden_size=4096, moe_ffn_hidden_size=1408, ffn_hidden_size=None,
+                               gated_linear_unit=True, num_moe_experts=64, expert_model_parallel_size=8)
+    assert "Triton" in mturbo.fp8_experts_info(tc, "cpu", "e4m3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    cap = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: cap[0])
+    line = mturbo.fp8_experts_info(tc, "cuda:0", "e4m3")
+    assert line.startswith("fp8 e4m3 rowwise: torch._scaled_grouped_mm"), line
+    line = mturbo.fp8_experts_info(tc, "cuda:0", "hybrid")
+    assert "Triton" in line and "e5m2" in line, line
+    tc.moe_ffn_hidden_size = 1400  # fc2's K not a multiple of 16
+    assert "[1400]" in mturbo.fp8_experts_info(tc, "cuda:0", "e4m3")
+    tc.moe_ffn_hidden_size, cap[0] = 1408, (10, 0)
+    assert "sm100" in mturbo.fp8_experts_info(tc, "cuda:0", "e4m3")
+
+
 def test_portable_delayed_recipe_settings_are_checked():
     """precision=fp8_delayed on the portable path: fp8_interval other than 1 and an unknown amax algorithm are
     issues naming the key (the portable DelayedScaling updates at every cast); the defaults pass."""
@@ -257,7 +283,7 @@ def test_gmm_entry_point_routes_fp8(monkeypatch):
     try:
         mturbo.reset({"use_turbo_grouped_gemm": True, "grouped_gemm_fp8": "hybrid"})
         torch.testing.assert_close(mturbo._gmm(x, w, sizes), fp8_grouped_gemm(x, w, sizes, fmt="hybrid"))
-        assert mturbo.SWAPS == {"gmm_calls_fp8": 1}
+        assert mturbo.SWAPS == {"gmm_calls_fp8": 1, "gmm_calls_fp8_triton": 1}  # (CPU: the Triton kernels)
         mturbo.reset({"use_turbo_grouped_gemm": True})
         torch.testing.assert_close(mturbo._gmm(x, w, sizes), grouped_gemm(x, w, sizes))
         assert mturbo.SWAPS == {"gmm_calls": 1}

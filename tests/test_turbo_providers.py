@@ -31,6 +31,21 @@ def test_own_providers_on_h200():
     assert len(lines) == len(m)
 
 
+def test_fp8_experts_note_names_the_grouped_gemm():
+    """Under fp8 the grouped-GEMM line says what the experts run: bf16 unless turbo.grouped_gemm_fp8, then
+    torch._scaled_grouped_mm for e4m3 where it serves (sm90), else the Triton kernels (hybrid: e5m2 gradients)."""
+    def note(fmt, fp8_experts, info=H200):
+        t = _turbo(use_turbo_grouped_gemm=True, grouped_gemm_fp8=fp8_experts)
+        return resolve_providers(t, PrecisionConfig(fp8=FP8Format(fmt)), "cuda", "megatron",
+                                 info=info)["turbo.use_turbo_grouped_gemm"]
+
+    assert "experts in fp8: torch._scaled_grouped_mm rowwise e4m3" in note("e4m3", True)
+    assert "experts in fp8: triton tensorwise" in note("hybrid", True)
+    b200 = DeviceInfo(kind="cuda", name="B200", capability=(10, 0), has_triton=True, has_grouped_mm=True)
+    assert "experts in fp8: triton tensorwise" in note("e4m3", True, info=b200)  # the CUTLASS kernel is sm90-only
+    assert "experts stay bf16 under fp8" in note("e4m3", False)
+
+
 def test_rocm_without_primus_turbo_uses_triton():
     m = resolve_providers(_turbo(use_turbo_grouped_gemm=True, use_turbo_attention=True), None, "cuda", "megatron",
                           info=MI300)

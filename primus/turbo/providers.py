@@ -244,8 +244,16 @@ def _resolve(turbo_cfg, precision_cfg, info: DeviceInfo, backend: str, moe_cfg=N
                 continue
             out[key] = f"own: {gemm} + async TP collectives overlapped with chunked GEMMs"
         elif flag == "use_turbo_grouped_gemm":
-            # fp8 grouped GEMM is not implemented yet: under an fp8 recipe the experts run bf16, and the log says so
-            note = " (experts stay bf16 under fp8: fp8 grouped GEMM not implemented)" if fp8 else ""
+            # under fp8 the experts run bf16 unless turbo.grouped_gemm_fp8 (grouped_gemm_fp8.py's rule picks the
+            # GEMM; backend_info.fp8_experts records the run's answer); the log says which
+            note = ""
+            if fp8 and getattr(turbo_cfg, "grouped_gemm_fp8", False):
+                fmt = _val(getattr(precision_cfg, "fp8", None))
+                gg = ("torch._scaled_grouped_mm rowwise e4m3" if info.has_scaled_grouped_mm and fmt == "e4m3" else
+                      "triton tensorwise")
+                note = f" (experts in fp8: {gg})"
+            elif fp8:
+                note = " (experts stay bf16 under fp8: turbo.grouped_gemm_fp8=true runs them in fp8)"
             if info.has_grouped_mm:
                 out[key] = "own: torch._grouped_mm (bf16)" + note
             elif need(_triton_missing(key, info)):

@@ -230,9 +230,14 @@ class MegatronTrainer(Trainer):
             info["fp8_linears_on_this_rank"] = self.fp8_converted
             if tconfig.num_moe_experts and tconfig.moe_grouped_gemm:
                 fp8_gg = a["turbo"].get("grouped_gemm_fp8")
-                info["fp8_experts"] = (f"fp8 {fp8_gg} tensorwise (primus.turbo.grouped_gemm)" if fp8_gg else
-                                       "bf16 grouped GEMM (turbo.grouped_gemm_fp8=true runs them in fp8: primus' "
-                                       "Triton kernel, slower than the bf16 one on the H200)")
+                if fp8_gg:  # which fp8 grouped GEMM the experts' two GEMMs run here (grouped_gemm_fp8's rule)
+                    from primus.backends.megatron import turbo as mturbo
+
+                    info["fp8_experts"] = mturbo.fp8_experts_info(tconfig, device, fp8_gg)
+                else:
+                    info["fp8_experts"] = ("bf16 grouped GEMM (turbo.grouped_gemm_fp8=true runs them in fp8: "
+                                           "torch._scaled_grouped_mm with precision.fp8=e4m3 on sm90, else primus' "
+                                           "Triton kernel, slower than the bf16 one on the H200)")
         if self.kept_init:
             info["megatron_init_params"] = len(self.kept_init)
         info.update(self._turbo_built(turbo_info))

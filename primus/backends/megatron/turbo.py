@@ -13,7 +13,9 @@ providers (`primus.turbo.providers`), then uses this module at three points:
       use_turbo_grouped_gemm               GroupedMLP's `gg.ops.gmm` -> primus.turbo.grouped_gemm (the config's
                                            moe_grouped_gemm is forced on by args.py so GroupedMLP is built);
                                            with turbo.grouped_gemm_fp8 (precision.fp8 without TE):
-                                           fp8_grouped_gemm (tensorwise)
+                                           fp8_grouped_gemm: torch._scaled_grouped_mm (rowwise, e4m3, sm90)
+                                           or the Triton kernels (tensorwise), per grouped_gemm_fp8's rule;
+                                           SWAPS counts calls per provider (gmm_calls_fp8_<provider>)
       moe_use_fused_router_with_aux_score  TopKRouter's top-k + aux-loss scores -> moe_ops.fused_router (one pass
                                            computes probs, routing map and the aux scores; group-limited routing,
                                            padding masks and router replay keep megatron's code)
@@ -130,11 +132,26 @@ def _gmm(a, b, batch_sizes, trans_b=False):
     from primus.turbo.grouped_gemm import fp8_grouped_gemm, grouped_gemm
 
     fmt = _STATE["flags"].get("grouped_gemm_fp8")
-    if fmt:  # turbo.grouped_gemm_fp8 (portable fp8 path): the experts' GEMMs in fp8 too (tensorwise)
+    if fmt:  # turbo.grouped_gemm_fp8 (portable fp8 path): the experts' GEMMs in fp8 too
+        from primus.turbo.grouped_gemm_fp8 import fp8_grouped_provider
+
+        provider = fp8_grouped_provider(a, b, fmt, trans_b)  # logged once per shape; counted per provider
         _count("gmm_calls_fp8")
-        return fp8_grouped_gemm(a, b, batch_sizes, trans_b=trans_b, fmt=fmt)
+        _count(f"gmm_calls_fp8_{provider}")
+        return fp8_grouped_gemm(a, b, batch_sizes, trans_b=trans_b, fmt=fmt, provider=provider)
     _count("gmm_calls")
     return grouped_gemm(a, b, batch_sizes, trans_b=trans_b)
+
+
+def fp8_experts_info(tconfig, device, fmt: str) -> str:
+    """backend_info.fp8_experts under turbo.grouped_gemm_fp8: which fp8 grouped GEMM GroupedMLP's two GEMMs run on
+    `device` and why (fc1 hidden -> ffn (x2 gated), fc2 ffn -> hidden; the experts local to this rank)."""
+    from primus.turbo.grouped_gemm_fp8 import experts_summary
+
+    h, f = tconfig.hidden_size, tconfig.moe_ffn_hidden_size or tconfig.ffn_hidden_size
+    fc1 = f * (2 if tconfig.gated_linear_unit else 1)
+    local = tconfig.num_moe_experts // max(1, tconfig.expert_model_parallel_size or 1)
+    return experts_summary(device, fmt, [(h, fc1), (f, h)], local)
 
 
 def resolve(cfg, ctx) -> Dict[str, str]:
