@@ -511,6 +511,22 @@ def b_grouped_gemm():
             flops=fl, note=f"relerr {err:.1e}; eager = bf16 grouped_gemm (auto provider)")
         row("grouped_gemm", "fwd+bwd fp8 triton", ms(lambda: fp8_grouped_gemm(x, w, gs).backward(dy), [x, w]), t_bb,
             None, flops=3 * fl)
+        # torch._scaled_grouped_mm (CUTLASS sm90, e4m3, rowwise scales; wgrad groups padded to 16 on the device)
+        from primus.turbo.grouped_gemm_fp8 import fp8_grouped_choice
+        prov, why = fp8_grouped_choice(x, w, "e4m3")
+        if prov != "torch_scaled":
+            ROWS.append({"kernel": "grouped_gemm", "variant": "fp8 torch_scaled", "note": f"not run: {why}"})
+            return
+        try:
+            f8 = lambda: fp8_grouped_gemm(x, w, gs, fmt="e4m3", provider="torch_scaled")  # noqa: E731
+            err = relerr(f8(), grouped_gemm_reference(x.double(), w.double(), sl))
+            row("grouped_gemm", f"fwd fp8 torch_scaled G{G} T{T} {K}->{N}", ms(f8), t_b, None, flops=fl,
+                note=f"relerr {err:.1e}; e4m3 rowwise; eager = bf16 grouped_gemm (auto provider)")
+            row("grouped_gemm", "fwd+bwd fp8 torch_scaled", ms(lambda: f8().backward(dy), [x, w]), t_bb, None,
+                flops=3 * fl)
+        except Exception as ex:
+            traceback.print_exc()
+            ROWS.append({"kernel": "grouped_gemm", "variant": "fp8 torch_scaled", "note": f"FAILED {str(ex)[:80]}"})
 
 
 @guarded("router")
