@@ -352,7 +352,9 @@ def test_blockwise_gemms_match_an_exact_emulation(gemm):
         out = F8.blockwise_mm(a, sa, b, sb, tile, odt, gemm)
         ref = _deq_a(a, sa) @ _deq_b(b, sb, tile)
         assert out.dtype == odt
-        assert relerr(out, ref) < (5e-3 if odt == torch.bfloat16 else 1e-5), name
+        # fp32 out: exact in the interpreter; on Hopper the fp8 tensor cores accumulate each 128-deep K block with
+        # a narrower adder than fp32 (measured 1.4e-4 on the H200, Triton and cuBLAS alike)
+        assert relerr(out, ref) < (5e-3 if odt == torch.bfloat16 else 1e-5 if DEV == "cpu" else 1e-3), name
 
 
 @pytest.mark.skipif(SCALED_MM_WHY is not None,
