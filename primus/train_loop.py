@@ -182,6 +182,8 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
             result["tuned_gemm_stats"] = handle.stats()
             handle.uninstall()
         result.update(meter.summary())
+        if cfg.training.compile:
+            result["compile"] = compile_stats()
         result["env"] = {**env_snapshot(), **ctx.env}
         if ckpt is not None and ckpt.saved:
             result["checkpoints"] = list(ckpt.saved)
@@ -203,6 +205,19 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
     if result["status"] == "preempted":
         preempt.exit_for_requeue(ctx.rank)  # in a submitit Slurm job: requeue (rank 0 exits here)
     return result
+
+
+def compile_stats() -> Dict[str, Any]:
+    """torch.compile's counters for this process: graph breaks (each one returns from compiled code to Python and
+    splits the fusions around it), their distinct reasons, and the graphs compiled."""
+    import sys
+
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    if dynamo_utils is None:  # nothing was compiled
+        return {"graph_breaks": 0, "break_reasons": [], "unique_graphs": 0}
+    breaks = dynamo_utils.counters["graph_break"]
+    return {"graph_breaks": sum(breaks.values()), "break_reasons": sorted(breaks)[:10],
+            "unique_graphs": dynamo_utils.counters["stats"]["unique_graphs"]}
 
 
 def host_memory() -> Dict[str, Any]:

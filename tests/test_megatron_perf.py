@@ -37,7 +37,10 @@ def test_compiled_layers_train_like_eager(tmp_path):
     assert compiled["backend_info"]["compiled_layers"] == 4
     assert compiled["backend_info"]["compiled_loss"] is True  # tp=1: the LM loss goes through inductor too
     assert compiled["losses"] == pytest.approx(eager["losses"], abs=2e-3)
+    assert compiled["compile"]["graph_breaks"] == 0, compiled["compile"]  # perf.py's one fix keeps it at 0
+    assert compiled["compile"]["unique_graphs"] >= 1
     assert eager["backend_info"]["optimizer_impl"] == "torch fused AdamW"
+    assert "compile" not in eager
 
 
 @pytest.mark.parametrize("shape", [(7, 3, 50), (16, 2, 1000)])
@@ -87,14 +90,22 @@ def test_fused_adamw_switch_matches_foreach():
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="turbo kernels need triton")
 def test_compile_with_turbo_kernels_trains(tmp_path):
-    """compile + turbo=megatron: the turbo kernel calls run eagerly inside the compiled layers (graph breaks, no
-    tracing into Triton launchers or TP collectives); same losses as the eager plain run."""
+    """compile + turbo=megatron: the turbo attention (SDPA) and RMSNorm (custom ops) stay inside the compiled
+    layers - no graph break; the parallel linears run eagerly (graph breaks: no tracing into Triton launchers or TP
+    collectives); same losses as the eager plain run."""
     os.environ["TRITON_INTERPRET"] = "1"  # restored by conftest's autouse fixture
     eager = train(tmp_path, "eager", [], steps=2)
     both = train(tmp_path, "both", ["training.compile=true", "turbo=megatron"], steps=2)
     assert both["backend_info"]["compiled_layers"] == 4
     assert both["backend_info"]["turbo_swaps"]["use_turbo_parallel_linear"] == 16
     assert both["losses"] == pytest.approx(eager["losses"], abs=2e-3)
+    assert both["compile"]["graph_breaks"] > 0
+    traced = train(tmp_path, "traced", ["training.compile=true", "turbo=megatron",
+                                        "turbo.use_turbo_parallel_linear=false"], steps=2)
+    assert traced["backend_info"]["turbo_swaps"]["use_turbo_rms_norm"] == 9
+    assert traced["backend_info"]["turbo_swaps"]["use_turbo_attention"] == 4
+    assert traced["compile"]["graph_breaks"] == 0, traced["compile"]
+    assert traced["losses"] == pytest.approx(eager["losses"], abs=2e-3)
 
 
 @pytest.mark.slow

@@ -94,3 +94,24 @@ def test_tuned_launch_remembers_one_pick_per_call_key(monkeypatch):
     y, _ = R.rms_norm_fwd(x, w, 1e-5)
     assert ran == [{"BLOCK_M": 4, "num_warps": 4}]
     assert relerr(y, x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()) < 1e-5
+
+
+def test_compiles_as_one_node_without_graph_breaks():
+    """rms_norm is a torch custom op pair: fullgraph compile (a graph break would raise) equals eager, fwd + bwd."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 5, 96, device=DEV, requires_grad=True)
+    w = (1 + 0.3 * torch.randn(96, device=DEV)).requires_grad_()
+
+    def fn(x, w):
+        return (rms_norm(x * 2, w, 1e-5) * x).sum()
+
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(x, w)
+    out.backward()
+    x2, w2 = (t.detach().clone().requires_grad_() for t in (x, w))
+    ref = fn(x2, w2)
+    ref.backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(w.grad, w2.grad, rtol=1e-4, atol=1e-4)

@@ -31,9 +31,10 @@ providers (`primus.turbo.providers`), then uses this module at three points:
       use_turbo_fused_act_with_probs  GroupedMLP's activation_func_with_probs -> moe_ops.swiglu_with_probs
 A flag that finds nothing to swap in the model raises (never a silent no-op). `SWAPS` counts swaps per flag.
 
-Under training.compile (perf.py compiles each TransformerLayer) every turbo entry point here runs eagerly
-(`torch.compiler.disable`: one graph break each): dynamo must not trace into the Triton launchers or the TP
-collectives; the elementwise work around them is still compiled.
+Under training.compile (perf.py compiles each TransformerLayer) the attention (SDPA under an sdpa_kernel
+priority, which dynamo traces) and the RMSNorm (a torch custom op pair) stay inside the compiled graph; the other
+entry points here run eagerly (`torch.compiler.disable`: one graph break each): dynamo must not trace into their
+Triton launchers or the TP collectives. result.json's `compile` counts the run's graph breaks.
 """
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ class TurboSDPAttention(SDPAttention):
                 or dropout > 0.0:
             return super().forward(query, key, value, attention_mask, attn_mask_type=attn_mask_type,
                                    attention_bias=attention_bias, packed_seq_params=packed_seq_params, **kw)
-        out = _eager(turbo_attention)(query, key, value, causal=True, layout="sbhd", scale=self.scale)
+        out = turbo_attention(query, key, value, causal=True, layout="sbhd", scale=self.scale)
         s, b, h, dv = out.shape
         return out.reshape(s, b, h * dv)
 
@@ -99,7 +100,7 @@ class TurboRMSNorm(RMSNorm):
     def forward(self, x):
         from primus.turbo.rmsnorm import rms_norm
 
-        return _eager(rms_norm)(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def swap_spec(layer_spec, flags: Dict[str, Any]) -> None:
