@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Issue 5's end-to-end check, one device call (~7 min): turbo on vs off on the megatron backend, same model, same
+# Issue 5's end-to-end check, one device call (~8 min): turbo on vs off on the megatron backend, same model, same
 # call. Dense: the bf16 and fp8 delayed presets with `turbo=megatron` (attention, RMSNorm, parallel linear) vs
-# without. MoE: `experiment=mixtral_small_moe` with `turbo=megatron_moe` (+ grouped GEMM, fused router, fused act
-# with probs) and `moe.moe_permute_fusion=true` vs without. The reference column is each pair's "off" run.
-#   bash bench/turbo_e2e.sh      # $OUT/bench_turbo_dense.md, bench_turbo_moe.md (+ json)
+# without, compiled as the presets ship, and the bf16 one eager. MoE: `experiment=mixtral_small_moe` with
+# `turbo=megatron_moe` (+ grouped GEMM, fused router, fused act with probs) and `moe.moe_permute_fusion=true` vs
+# without. The reference column is each pair's "off" run.
+#   bash bench/turbo_e2e.sh      # $OUT/bench_turbo_dense.md, bench_turbo_eager.md, bench_turbo_moe.md (+ json)
 set -u
 OUT=${OUT:-outputs/bench}
 LOGS=${LOGS:-/tmp/bench_logs}
@@ -16,6 +17,12 @@ timeout 330 python bench/e2e.py --suite none --tag turbo_dense --timeout 80 --lo
   --extra "fp8 delayed turbo on=experiment=llama3_2_1b_megatron_fp8_delayed turbo=megatron $B" \
   > "$OUT/turbo_dense.log" 2>&1
 grep -E "^\| " "$OUT/turbo_dense.log"
+# eager (training.compile=false): what the turbo kernels replace is then torch's unfused ops, not inductor's fusions
+# (micro batch 8: 16 does not fit eagerly without recompute)
+E="experiment=llama3_2_1b_megatron_bf16 training.compile=false training.micro_batch_size=8 training.global_batch_size=8 $B"
+timeout 200 python bench/e2e.py --suite none --tag turbo_eager --timeout 90 --log-dir "$LOGS" --ref "bf16 eager turbo off" \
+  --extra "bf16 eager turbo off=$E" --extra "bf16 eager turbo on=$E turbo=megatron" > "$OUT/turbo_eager.log" 2>&1
+grep -E "^\| " "$OUT/turbo_eager.log"
 timeout 200 python bench/e2e.py --suite none --tag turbo_moe --timeout 90 --log-dir "$LOGS" --ref "moe turbo off" \
   --extra "moe turbo off=experiment=mixtral_small_moe $B" \
   --extra "moe turbo on=experiment=mixtral_small_moe turbo=megatron_moe moe.moe_permute_fusion=true $B" \
