@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from primus.turbo import _common
+from primus.turbo.fp8_linear import _fmax, cast_rowwise
 
 log = logging.getLogger("primus.turbo")
 
@@ -117,10 +118,6 @@ def _cast_groups_t(X, YT, S, ENDS, PENDS, C, s_xm, s_xc, s_ym, FP8_MAX, BM: tl.c
 # ------------------------------------------------------------------------------------------------ cast wrappers
 
 
-def _fmax(dtype) -> float:
-    return float(torch.finfo(dtype).max)
-
-
 def _rows_config(C: int) -> dict:
     """A fixed config of fp8_linear.cast_rowwise's contiguous-rows space (its own default): the token count changes
     from call to call (routing, expert parallelism), and a tuned launch would autotune once per new count."""
@@ -130,8 +127,6 @@ def _rows_config(C: int) -> dict:
 
 def cast_tokens(x2: torch.Tensor, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """(M, C) -> fp8 (M, C) with one scale per row along C, scale_inv (M,) (fp8_linear.cast_rowwise)."""
-    from primus.turbo.fp8_linear import cast_rowwise
-
     y, s = cast_rowwise(x2, dtype, config=_rows_config(x2.shape[1]))
     return y, s.view(-1)
 
@@ -142,8 +137,6 @@ def cast_experts(w_rc: torch.Tensor, dtype) -> Tuple[torch.Tensor, torch.Tensor]
     view through `_cast_rows_3d`."""
     G, R, C = w_rc.shape
     if w_rc.stride(2) == 1 and w_rc.stride(0) == R * w_rc.stride(1) and w_rc.stride(1) >= C:
-        from primus.turbo.fp8_linear import cast_rowwise
-
         flat = w_rc.as_strided((G * R, C), (w_rc.stride(1), 1))
         y, s = cast_rowwise(flat, dtype)
         return y.view(G, R, C), s.view(G, R)
