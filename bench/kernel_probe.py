@@ -118,13 +118,13 @@ def probe_casts(old):
     measure(case, "its amax pass alone", lambda: F._amax_partials(flat))
     if old:
         measure(case, "old (session 1)", lambda: old.cast_tensorwise(x, e4, True, True))
-    for transpose, tuned in ((False, F._ROWWISE_ROWS), (True, F._ROWWISE_COLS)):
+    for transpose, tuned in ((False, F._ROWWISE_ROWS), (True, F._COLS_T)):
         case = f"fp8 cast rowwise 8192x4096{' along M' if transpose else ''}"
         measure(case, "tuned (launch)", lambda: F.cast_rowwise(x, e4, transpose=transpose))
         print("   picked:", tuned.picked, flush=True)
         src = x.t() if transpose else x
         args = (src, None, None, src.shape[0], src.shape[1], src.shape[0], src.shape[1])
-        for c in tuned.space(args):
+        for c in (tuned.configs if transpose else tuned.space(args)):
             measure(case, cfg_name(c), lambda c=c: F.cast_rowwise(x, e4, transpose=transpose, config=c))
         if old:
             measure(case, "old (session 1)", lambda: old.cast_rowwise(x, e4, transpose=transpose))

@@ -50,8 +50,16 @@ def checks():
     yield "mismatched branch types (must fail)", _mismatched, {"X": "*bf16", "n": "i32"}, {"B": 16}
     rowwise = {"X": "*bf16", "Y": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32", "RP": "i32", "CP": "i32",
                "stride_xr": "i32", "stride_xc": "i32", "stride_yr": "i32", "stride_yc": "i32", "FP8_MAX": "fp32"}
-    for cfg in F8._ROWWISE_ROWS.configs + F8._ROWWISE_COLS.configs:
+    for cfg in F8._ROWWISE_ROWS.configs:
         yield f"rowwise BR={cfg['BR']} BC={cfg['BC']}", F8._cast_rowwise, rowwise, {"BR": cfg["BR"], "BC": cfg["BC"]}
+    for x in ("*bf16", "*fp32"):  # quantised along a column view: x^T / dy^T, and fp32 weights (TorchTitan)
+        yield (f"rowwise transposed: column amax {x}", F8._colmax,
+               {"X": x, "AMAX": "*fp32", "R": "i32", "C": "i32", "stride_xr": "i32", "ROWS_PER": "i32"},
+               {"BM": F8._COLMAX_BM, "BK": F8._COLMAX_BK})
+        for cfg in F8._COLS_T.configs:
+            yield (f"rowwise transposed cast {x} BM={cfg['BM']} BK={cfg['BK']}", F8._cast_cols_t,
+                   {"X": x, "AMAX": "*fp32", "Y": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32", "YR": "i32",
+                    "YC": "i32", "stride_xr": "i32", "FP8_MAX": "fp32"}, {"BM": cfg["BM"], "BK": cfg["BK"]})
     for x in ("*bf16", "*fp32"):
         tw = {"X": x, "PART": "*fp32", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32",
               "RP": "i32", "stride_xr": "i32", "NPART": "i32", "FP8_MAX": "fp32", "AMAX": "*fp32", "META": "*i32"}

@@ -59,26 +59,44 @@ def test_cast_rowwise(R, C, transpose):
     assert (y[:, Cn:].float() == 0).all()
 
 
-@pytest.mark.parametrize("R,C,transpose", [(37, 600, False), (9, 1000, False), (6, 4096, False), (70, 40, True),
-                                           (150, 24, True)])
-def test_every_config_of_the_tuned_rowwise_cast_is_correct(R, C, transpose):
+@pytest.mark.parametrize("R,C", [(37, 600), (9, 1000), (6, 4096)])
+def test_every_config_of_the_tuned_rowwise_cast_is_correct(R, C):
     """On a GPU the rowwise cast autotunes over a space of tiles (one read per row when a chunk spans it, else the
     chunked two-pass loop); the interpreter cannot benchmark, so each config the pruner admits is checked here, with
     the zero pads and poisoned outputs."""
     import triton
 
     x = torch.randn(R, C, device=DEV, dtype=torch.bfloat16) * torch.rand(R, 1, device=DEV).to(torch.bfloat16) * 5
-    tuned = F8._ROWWISE_COLS if transpose else F8._ROWWISE_ROWS
-    src = x.t() if transpose else x
-    CP = (src.shape[1] + 15) // 16 * 16
-    space = tuned.space((src, None, None, src.shape[0], src.shape[1], src.shape[0], CP))
+    CP = (C + 15) // 16 * 16
+    space = F8._ROWWISE_ROWS.space((x, None, None, R, C, R, CP))
     assert len(space) >= 2 and all(c["BC"] <= max(64, triton.next_power_of_2(CP)) for c in space)
-    ref = _emul_rowwise(src)
+    ref = _emul_rowwise(x)
     for cfg in space:
-        y, s = F8.cast_rowwise(x, E4, transpose=transpose, pad=True, config=cfg)
-        Cn = src.shape[1]
-        assert relerr(y[:, :Cn].double() * s.double(), ref) < 0.02, cfg
-        assert (y[:, Cn:].float() == 0).all(), cfg
+        y, s = F8.cast_rowwise(x, E4, pad=True, config=cfg)
+        assert relerr(y[:, :C].double() * s.double(), ref) < 0.02, cfg
+        assert (y[:, C:].float() == 0).all(), cfg
+
+
+@pytest.mark.parametrize("R,C,dtype", [(70, 40, torch.bfloat16), (150, 24, torch.float32),
+                                       (300, 1000, torch.bfloat16)])
+def test_transposed_rowwise_cast_every_config_matches_the_column_view_kernel_bit_for_bit(R, C, dtype):
+    """transpose=True of a row-major x (the rowwise backward's x^T / dy^T, scales over the tokens) reads x along its
+    rows (_colmax + _cast_cols_t): every config gives the bytes and scales of the one-kernel walk over the column
+    view (the old path, still _cast_rowwise with the view's strides), pads included, outputs poisoned."""
+    x = (torch.randn(R, C, device=DEV) * torch.rand(1, C, device=DEV) * 5).to(dtype)
+    src = x.t()
+    RP, CP = (C + 15) // 16 * 16, (R + 15) // 16 * 16
+    y0 = torch.empty(RP, CP, device=DEV, dtype=E4)
+    s0 = torch.empty(RP, 1, device=DEV, dtype=torch.float32)
+    F8._ROWWISE_ROWS.run({"BR": 32, "BC": 64, "num_warps": 4}, lambda meta: (-(-RP // meta["BR"]),),
+                         (src, y0, s0, C, R, RP, CP, src.stride(0), src.stride(1), y0.stride(0), y0.stride(1),
+                          float(torch.finfo(E4).max)))
+    assert relerr(y0[:C, :R].double() * s0[:C].double(), _emul_rowwise(src)) < 0.02
+    for cfg in F8._COLS_T.configs:
+        y, s = F8.cast_rowwise(x, E4, transpose=True, pad=True, pad_rows=True, config=cfg)
+        assert y.shape == (RP, CP) and s.shape == (RP, 1)
+        assert torch.equal(y.view(torch.uint8), y0.view(torch.uint8)), cfg
+        assert torch.equal(s, s0), cfg
 
 
 def _block_ref(t, br, bc):

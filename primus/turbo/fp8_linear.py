@@ -222,6 +222,38 @@ def _cast_rowwise(X, Y, SINV, R, C, RP, CP, stride_xr, stride_xc, stride_yr, str
 
 
 @triton.jit
+def _colmax(X, AMAX, R, C, stride_xr, ROWS_PER, BM: tl.constexpr, BK: tl.constexpr):
+    """AMAX[c] = max(AMAX[c], max |X[r, c]| over this program's ROWS_PER rows): row-major X read along its rows."""
+    cols = tl.program_id(1) * BK + tl.arange(0, BK)
+    cmask = cols < C
+    r0 = tl.program_id(0) * ROWS_PER
+    acc = tl.zeros((BK,), dtype=tl.float32)
+    for i in range(0, tl.cdiv(ROWS_PER, BM)):
+        rows = r0 + i * BM + tl.arange(0, BM)
+        m = ((rows < R) & (rows < r0 + ROWS_PER))[:, None] & cmask[None, :]
+        x = tl.load(X + rows[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=m, other=0.0)
+        acc = tl.maximum(acc, tl.max(tl.abs(x.to(tl.float32)), axis=0))
+    tl.atomic_max(AMAX + cols, acc, mask=cmask)
+
+
+@triton.jit
+def _cast_cols_t(X, AMAX, Y, SINV, R, C, YR, YC, stride_xr, FP8_MAX, BM: tl.constexpr, BK: tl.constexpr):
+    """Y (YR, YC) = the transpose of X (R, C) quantised per column of X (its amax over all R rows, from _colmax):
+    X read in row-major tiles, Y written transposed; Y's rows >= C and columns >= R are the zero pad. SINV (YR,)."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)  # X rows = Y columns
+    cols = tl.program_id(1) * BK + tl.arange(0, BK)  # X columns = Y rows
+    amax = tl.load(AMAX + cols, mask=cols < C, other=0.0)
+    scale = FP8_MAX / tl.maximum(amax, 1e-12)
+    x = tl.load(X + rows[:, None].to(tl.int64) * stride_xr + cols[None, :],
+                mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
+    y = tl.clamp(x * scale[None, :], -FP8_MAX, FP8_MAX)
+    tl.store(Y + cols[None, :].to(tl.int64) * YC + rows[:, None], y.to(Y.dtype.element_ty),
+             mask=(rows[:, None] < YC) & (cols[None, :] < YR))
+    if tl.program_id(0) == 0:
+        tl.store(SINV + cols, 1.0 / scale, mask=cols < YR)
+
+
+@triton.jit
 def _cast_block(X, Y, YT, S, ST, R, C, RP, stride_xr, stride_xc, s_sr, s_sc, s_tr, s_tc, SPAD, STPAD, FP8_MAX,
                 BR: tl.constexpr, BC: tl.constexpr, TILE: tl.constexpr, WRITE_Y: tl.constexpr,
                 WRITE_T: tl.constexpr):
@@ -434,48 +466,76 @@ def _rowwise_ok(cfg, CP=1, **_):
     return cfg["BR"] * cfg["BC"] <= 16384 and cfg["BC"] <= max(64, triton.next_power_of_2(CP))
 
 
-# The rowwise cast ran 0.68x torch.compile (33% of copy bandwidth) along contiguous rows and 11% for the transposed
-# (column-view) operand with the defaults below (first of each space; docs/benchmarks.md session 2). Autotuned on
-# the GPU per (R, CP): rows read once when a chunk spans the row, wider / taller tiles, more warps.
+# The rowwise cast ran 0.68x torch.compile (33% of copy bandwidth) along contiguous rows with the default below
+# (first of the space; docs/benchmarks.md session 2). Autotuned on the GPU per (R, CP): rows read once when a chunk
+# spans the row, wider / taller tiles, more warps (1.87x compile, 97% of copy bandwidth in GPU time, session 5).
 _ROWWISE_ROWS = _common.Tuned(_cast_rowwise, [
     {"BR": 2, "BC": 1024, "num_warps": 4}, {"BR": 1, "BC": 2048, "num_warps": 4},
     {"BR": 1, "BC": 4096, "num_warps": 4}, {"BR": 1, "BC": 4096, "num_warps": 8},
     {"BR": 2, "BC": 4096, "num_warps": 8}, {"BR": 1, "BC": 8192, "num_warps": 8},
     {"BR": 4, "BC": 2048, "num_warps": 8}, {"BR": 4, "BC": 1024, "num_warps": 4},
 ], key=["R", "CP"], valid=_rowwise_ok)
-_ROWWISE_COLS = _common.Tuned(_cast_rowwise, [
-    {"BR": 32, "BC": 64, "num_warps": 4}, {"BR": 64, "BC": 64, "num_warps": 4},
-    {"BR": 128, "BC": 32, "num_warps": 4}, {"BR": 64, "BC": 128, "num_warps": 8},
-    {"BR": 128, "BC": 64, "num_warps": 8}, {"BR": 32, "BC": 128, "num_warps": 4},
-], key=["R", "CP"], valid=_rowwise_ok)
+# Quantising along the other dimension (the rowwise backward's x^T and dy^T, scales over the tokens) used to read a
+# column view: 17% of copy bandwidth at best (GPU time, session 5: bytes 64 contiguous at a time). Now two passes
+# that read x row-major: per-column amax (_colmax, atomic max over row chunks), then the cast with a transposed
+# store (_cast_cols_t, tuned below); ~2 reads + 1 fp8 write of x instead of the column-view walk.
+_COLS_T = _common.Tuned(_cast_cols_t, [
+    {"BM": 64, "BK": 128, "num_warps": 8}, {"BM": 128, "BK": 64, "num_warps": 8},
+    {"BM": 64, "BK": 64, "num_warps": 4}, {"BM": 128, "BK": 128, "num_warps": 8},
+    {"BM": 32, "BK": 128, "num_warps": 4},
+], key=["R", "C"])
+_COLMAX_BM, _COLMAX_BK, _COLMAX_ROWS = 32, 128, 256
+
+
+def _cast_along_rows_t(x: torch.Tensor, dtype, YR: int, YC: int, config=None):
+    """x (R, C), rows contiguous -> (y (YR, YC) = x^T quantised per column of x (over its R rows), zero pad;
+    scale_inv (YR, 1))."""
+    R, C = x.shape
+    y = _common.empty((YR, YC), dtype, x.device)
+    sinv = _common.empty((YR, 1), torch.float32, x.device)
+    amax = torch.zeros(C, dtype=torch.float32, device=x.device)
+    if R and C:
+        _colmax[(triton.cdiv(R, _COLMAX_ROWS), triton.cdiv(C, _COLMAX_BK))](
+            x, amax, R, C, x.stride(0), _COLMAX_ROWS, BM=_COLMAX_BM, BK=_COLMAX_BK, num_warps=4)
+    args = (x, amax, y, sinv, R, C, YR, YC, x.stride(0), _fmax(dtype))
+
+    def grid(meta):
+        return (triton.cdiv(YC, meta["BM"]), triton.cdiv(YR, meta["BK"]))
+
+    if config is not None:
+        _COLS_T.run(config, grid, args)
+    else:
+        _COLS_T.launch(grid, args, default=_COLS_T.configs[0])
+    return y, sinv
 
 
 def cast_rowwise(x2: torch.Tensor, dtype, transpose: bool = False, pad: bool = False, pad_rows: bool = False,
                  config=None):
     """Per-row scaling of x2 (R, C) along C -> (y (RP, CP), scale_inv (RP, 1)); pad / pad_rows round C / R up
     to multiples of 16 with zeros. transpose=True quantises along R instead: y = the transpose, scales (C, 1).
-    config: one launch config of the space this call uses (tests); None = tuned on a GPU / the default."""
+    config: one launch config of the space this call uses (_ROWWISE_ROWS', or _COLS_T's for a quantisation along a
+    column view, e.g. transpose=True of a row-major x2: tests); None = tuned on a GPU / the default."""
     src = x2.t() if transpose else x2
     R, C = src.shape
     CP = _pad16(C) if pad else C
     RP = _pad16(R) if pad_rows else R
+    if src.stride(1) != 1:
+        if src.stride(0) == 1:  # a column view of a row-major tensor: read that tensor along its rows
+            return _cast_along_rows_t(src.t(), dtype, RP, CP, config)
+        src = src.contiguous()
     y = _common.empty((RP, CP), dtype, x2.device)
     sinv = _common.empty((RP, 1), torch.float32, x2.device)
-    if src.stride(1) == 1:  # rows contiguous: wide chunks along C
-        tuned = _ROWWISE_ROWS
-        default = {"BC": min(1024, triton.next_power_of_2(CP))}
-        default.update(BR=max(1, 2048 // default["BC"]), num_warps=4)
-    else:  # column view of a row-major tensor: tiles coalesced along R
-        tuned, default = _ROWWISE_COLS, {"BR": 32, "BC": 64, "num_warps": 4}
+    default = {"BC": min(1024, triton.next_power_of_2(CP))}  # rows contiguous: wide chunks along C
+    default.update(BR=max(1, 2048 // default["BC"]), num_warps=4)
     args = (src, y, sinv, R, C, RP, CP, src.stride(0), src.stride(1), y.stride(0), y.stride(1), _fmax(dtype))
 
     def grid(meta):
         return (triton.cdiv(RP, meta["BR"]),)
 
     if config is not None:
-        tuned.run(config, grid, args)
+        _ROWWISE_ROWS.run(config, grid, args)
     else:
-        tuned.launch(grid, args, default=default)
+        _ROWWISE_ROWS.launch(grid, args, default=default)
     return y, sinv
 
 
