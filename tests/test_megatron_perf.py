@@ -90,22 +90,17 @@ def test_fused_adamw_switch_matches_foreach():
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="turbo kernels need triton")
 def test_compile_with_turbo_kernels_trains(tmp_path):
-    """compile + turbo=megatron: the turbo attention (SDPA) and RMSNorm (custom ops) stay inside the compiled
-    layers - no graph break; the parallel linears run eagerly (graph breaks: no tracing into Triton launchers or TP
-    collectives); same losses as the eager plain run."""
+    """compile + turbo=megatron at tp=1 in bf16: the turbo attention (SDPA), RMSNorm (custom ops) and parallel
+    linears (two torch GEMMs each) all stay inside the compiled layers - no graph break; same losses as the eager
+    plain run. (fp8 or tp > 1 linears run eagerly: Triton casts, TP collectives.)"""
     os.environ["TRITON_INTERPRET"] = "1"  # restored by conftest's autouse fixture
     eager = train(tmp_path, "eager", [], steps=2)
     both = train(tmp_path, "both", ["training.compile=true", "turbo=megatron"], steps=2)
     assert both["backend_info"]["compiled_layers"] == 4
-    assert both["backend_info"]["turbo_swaps"]["use_turbo_parallel_linear"] == 16
+    swaps = both["backend_info"]["turbo_swaps"]
+    assert (swaps["use_turbo_parallel_linear"], swaps["use_turbo_rms_norm"], swaps["use_turbo_attention"]) == (16, 9, 4)
+    assert both["compile"]["graph_breaks"] == 0, both["compile"]
     assert both["losses"] == pytest.approx(eager["losses"], abs=2e-3)
-    assert both["compile"]["graph_breaks"] > 0
-    traced = train(tmp_path, "traced", ["training.compile=true", "turbo=megatron",
-                                        "turbo.use_turbo_parallel_linear=false"], steps=2)
-    assert traced["backend_info"]["turbo_swaps"]["use_turbo_rms_norm"] == 9
-    assert traced["backend_info"]["turbo_swaps"]["use_turbo_attention"] == 4
-    assert traced["compile"]["graph_breaks"] == 0, traced["compile"]
-    assert traced["losses"] == pytest.approx(eager["losses"], abs=2e-3)
 
 
 @pytest.mark.slow

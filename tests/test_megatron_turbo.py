@@ -289,3 +289,12 @@ def test_gmm_entry_point_routes_fp8(monkeypatch):
         assert mturbo.SWAPS == {"gmm_calls": 1}
     finally:
         mturbo.reset({})
+
+
+def test_only_tp1_bf16_turbo_linears_are_traced_under_compile():
+    """fp8 turbo linears (Triton casts) and tp > 1 ones (collectives with async handles) stay out of dynamo."""
+    from primus.backends.megatron import turbo as mturbo
+
+    assert mturbo._traced(None, 1)
+    assert not mturbo._traced("tensorwise", 1) and not mturbo._traced("delayed", 1)
+    assert not mturbo._traced(None, 2)

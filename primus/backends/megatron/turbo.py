@@ -32,9 +32,10 @@ providers (`primus.turbo.providers`), then uses this module at three points:
 A flag that finds nothing to swap in the model raises (never a silent no-op). `SWAPS` counts swaps per flag.
 
 Under training.compile (perf.py compiles each TransformerLayer) the attention (SDPA under an sdpa_kernel
-priority, which dynamo traces) and the RMSNorm (a torch custom op pair) stay inside the compiled graph; the other
-entry points here run eagerly (`torch.compiler.disable`: one graph break each): dynamo must not trace into their
-Triton launchers or the TP collectives. result.json's `compile` counts the run's graph breaks.
+priority, which dynamo traces), the RMSNorm (a torch custom op pair) and tp=1 bf16 parallel linears (torch GEMMs)
+stay inside the compiled graph; the other entry points here run eagerly (`torch.compiler.disable`: one graph break
+each): dynamo must not trace into their Triton launchers or the TP collectives. result.json's `compile` counts the
+run's graph breaks.
 """
 from __future__ import annotations
 
@@ -265,10 +266,15 @@ def install() -> None:
 # ------------------------------------------------------------------------------------------------ built model
 
 
-def _column_impl(group_of, recipe: Optional[str], fmt: str, chunks: int, delayed=None):
+def _traced(recipe: Optional[str], tp_size: int):
+    """A tp=1 bf16 turbo linear is two torch GEMMs that dynamo traces (no collective, no Triton launch): it stays
+    inside a compiled layer. fp8 (Triton casts) or tp > 1 (collectives with async handles) runs eagerly."""
+    return recipe is None and tp_size == 1
+
+
+def _column_impl(recipe: Optional[str], fmt: str, chunks: int, delayed=None, tp_size: int = 1):
     from primus.turbo.parallel_linear import _ColumnFn
 
-    @_eager
     def forward_impl(input, weight, bias, gradient_accumulation_fusion=False, allreduce_dgrad=False,
                      sequence_parallel=False, tp_group=None, **_unused):
         group = tp_group if (sequence_parallel or allreduce_dgrad) else None
@@ -279,13 +285,12 @@ def _column_impl(group_of, recipe: Optional[str], fmt: str, chunks: int, delayed
             lead[0] *= group.size()
         return y.view(*lead, y.shape[-1])
 
-    return forward_impl
+    return forward_impl if _traced(recipe, tp_size) else _eager(forward_impl)
 
 
-def _row_forward(recipe: Optional[str], fmt: str, chunks: int, delayed=None):
+def _row_forward(recipe: Optional[str], fmt: str, chunks: int, delayed=None, tp_size: int = 1):
     from primus.turbo.parallel_linear import _RowFn
 
-    @_eager
     def forward(self, input_):
         if not self.input_is_parallel:
             raise NotImplementedError("turbo row-parallel linear expects a parallel input (megatron's default)")
@@ -299,7 +304,7 @@ def _row_forward(recipe: Optional[str], fmt: str, chunks: int, delayed=None):
         y = y.view(*lead, y.shape[-1])
         return y, (self.bias if self.skip_bias_add else None)
 
-    return forward
+    return forward if _traced(recipe, tp_size) else _eager(forward)
 
 
 def _bf16_layers(settings: Dict[str, Any], num_layers: int):
@@ -341,10 +346,12 @@ def apply(model, config, fp8_settings: Optional[Dict[str, Any]] = None) -> Dict[
                     from primus.backends.megatron.fp8 import delayed_scaling
 
                     delayed = mod.primus_fp8_delayed = delayed_scaling(fp8).linear_state()
+                tp_group = getattr(mod, "tp_group", None)
+                tp_size = tp_group.size() if tp_group is not None else 1
                 if isinstance(mod, ColumnParallelLinear):
-                    mod._forward_impl = _column_impl(None, r, fmt, chunks, delayed)
+                    mod._forward_impl = _column_impl(r, fmt, chunks, delayed, tp_size)
                 else:
-                    mod.forward = types.MethodType(_row_forward(r, fmt, chunks, delayed), mod)
+                    mod.forward = types.MethodType(_row_forward(r, fmt, chunks, delayed, tp_size), mod)
                 mod.primus_turbo_linear = r or "bf16"
                 n += 1
                 n_fp8 += bool(r)
