@@ -108,10 +108,14 @@ def checks():
         yield (f"qkv_rope bwd {dt}", RP._qkv_rope_bwd,
                {"DQ": dt, "DK": dt, "DV": dt, "CS": "*fp32", "DMIXED": dt, "NROWS": "i32", "B": "i32", "H6": "i32",
                 **{f"s{t}_{a}": "i32" for t in "qkv" for a in ("b", "s", "h")}}, rope)
-    for has_p in (False, True):  # MoE permute (E=8 -> BE=8, H=4096 -> BH=1024)
-        yield (f"permute has_p={has_p}", MO._permute_kernel,
-               {"X": "*bf16", "MAP": "*i32", "P": "*fp32", "Y": "*bf16", "PY": "*fp32", "T": "i32", "E": "i32",
-                "H": "i32", "s_x": "i32", "s_y": "i32"}, {"HAS_P": has_p, "BH": 1024, "BE": 8})
+    for has_p in (False, True):  # MoE permute / unpermute (E=8 -> BE=8, H=4096 -> BH=1024; E=256 -> BE=256, BH=32)
+        for be, bh in ((8, 1024), (256, 32)):
+            yield (f"permute has_p={has_p} BE={be}", MO._permute_kernel,
+                   {"X": "*bf16", "MAP": "*i32", "P": "*fp32", "Y": "*bf16", "PY": "*fp32", "T": "i32", "E": "i32",
+                    "H": "i32", "s_x": "i32", "s_y": "i32", "NCHUNK": "i32"}, {"HAS_P": has_p, "BH": bh, "BE": be})
+            yield (f"unpermute has_p={has_p} BE={be}", MO._unpermute_kernel,
+                   {"Y": "*bf16", "MAP": "*i32", "P": "*fp32", "OUT": "*bf16", "T": "i32", "E": "i32", "H": "i32",
+                    "s_y": "i32", "s_o": "i32", "NCHUNK": "i32"}, {"HAS_P": has_p, "BH": bh, "BE": be})
     rf = {"L": "*fp32", "P": "*fp32", "RMAP": "*i8", "A": "*fp32", "BIAS": "*fp32", "T": "i32", "E": "i32",
           "s_l": "i32", "SCALE": "fp32"}
     rb = {"L": "*fp32", "RMAP": "*i8", "GP": "*fp32", "GA": "*fp32", "DL": "*fp32", "T": "i32", "E": "i32",

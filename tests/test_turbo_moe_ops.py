@@ -61,7 +61,7 @@ def test_swiglu_with_probs(T, F, dtype):
     assert relerr(y, yr) < tol and relerr(h.grad, hd.grad) < tol and relerr(p.grad, pd.grad) < tol
 
 
-@pytest.mark.parametrize("T,E,k,H", [(11, 4, 2, 24), (7, 9, 3, 130), (5, 8, 2, 1100)])
+@pytest.mark.parametrize("T,E,k,H", [(11, 4, 2, 24), (7, 9, 3, 130), (5, 8, 2, 1100), (6, 256, 8, 40)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_permute_unpermute(T, E, k, H, dtype):
     logits = torch.randn(T, E, device=DEV)

@@ -227,41 +227,46 @@ from primus.turbo.swiglu import swiglu_with_probs, swiglu_with_probs_reference  
 
 
 @triton.jit
-def _permute_kernel(X, MAP, P, Y, PY, T, E, H, s_x, s_y, HAS_P: tl.constexpr, BH: tl.constexpr,
+def _permute_kernel(X, MAP, P, Y, PY, T, E, H, s_x, s_y, NCHUNK, HAS_P: tl.constexpr, BH: tl.constexpr,
                     BE: tl.constexpr):
-    """Scatter token t (one H chunk) to every expert row it is routed to; pid_h 0 also moves its probs.
-    All E destinations are loaded at once and the row goes out as one masked [BE, BH] store (unrouted experts
-    masked off: no traffic): no chain of dependent scalar loads and branches per expert (session 2's version ran
-    at 22% of copy bandwidth, 0.56x the nonzero + index reference)."""
+    """Scatter token t to every expert row it is routed to, and its probs. One program per token: all E
+    destinations are loaded once (not once per H chunk: with 256 experts that was more bytes than the row), then
+    each H chunk goes out as one masked [BE, BH] store (unrouted experts masked off: no traffic) - no chain of
+    dependent scalar loads and branches per expert (session 2's version ran at 22% of copy bandwidth)."""
     t = tl.program_id(0)
-    cols = tl.program_id(1) * BH + tl.arange(0, BH)
-    cm = cols < H
     es = tl.arange(0, BE)
     dst = tl.load(MAP + es * T + t, mask=es < E, other=-1)
     routed = dst >= 0
-    x = tl.load(X + t.to(tl.int64) * s_x + cols, mask=cm, other=0.0)
-    xs = tl.broadcast_to(x[None, :], (BE, BH))
-    tl.store(Y + dst.to(tl.int64)[:, None] * s_y + cols[None, :], xs, mask=routed[:, None] & cm[None, :])
+    drow = dst.to(tl.int64)[:, None] * s_y
+    for i in range(0, NCHUNK):
+        cols = i * BH + tl.arange(0, BH)
+        cm = cols < H
+        x = tl.load(X + t.to(tl.int64) * s_x + cols, mask=cm, other=0.0)
+        tl.store(Y + drow + cols[None, :], tl.broadcast_to(x[None, :], (BE, BH)), mask=routed[:, None] & cm[None, :])
     if HAS_P:
-        pm = routed & (tl.program_id(1) == 0)
-        tl.store(PY + dst, tl.load(P + t.to(tl.int64) * E + es, mask=pm, other=0.0), mask=pm)
+        tl.store(PY + dst, tl.load(P + t.to(tl.int64) * E + es, mask=routed, other=0.0), mask=routed)
 
 
 @triton.jit
-def _unpermute_kernel(Y, MAP, P, OUT, T, E, H, s_y, s_o, HAS_P: tl.constexpr, BH: tl.constexpr):
-    """out[t] = sum over experts e of token t: y[map[e, t]] (* probs[t, e])."""
+def _unpermute_kernel(Y, MAP, P, OUT, T, E, H, s_y, s_o, NCHUNK, HAS_P: tl.constexpr, BH: tl.constexpr,
+                      BE: tl.constexpr):
+    """out[t] = sum over experts e of token t: y[map[e, t]] (* probs[t, e]). One program per token, its sources
+    loaded once; each H chunk is one masked [BE, BH] gather summed over the experts (all loads in flight at once,
+    not a per-expert chain of scalar loads and branches)."""
     t = tl.program_id(0)
-    cols = tl.program_id(1) * BH + tl.arange(0, BH)
-    cm = cols < H
-    acc = tl.zeros((BH,), dtype=tl.float32)
-    for e in range(0, E):
-        src = tl.load(MAP + e * T + t)
-        if src >= 0:
-            v = tl.load(Y + src.to(tl.int64) * s_y + cols, mask=cm, other=0.0).to(tl.float32)
-            if HAS_P:
-                v = v * tl.load(P + t.to(tl.int64) * E + e).to(tl.float32)
-            acc += v
-    tl.store(OUT + t.to(tl.int64) * s_o + cols, acc.to(OUT.dtype.element_ty), mask=cm)
+    es = tl.arange(0, BE)
+    src = tl.load(MAP + es * T + t, mask=es < E, other=-1)
+    routed = src >= 0
+    srow = src.to(tl.int64)[:, None] * s_y
+    if HAS_P:
+        w = tl.load(P + t.to(tl.int64) * E + es, mask=routed, other=0.0).to(tl.float32)
+    for i in range(0, NCHUNK):
+        cols = i * BH + tl.arange(0, BH)
+        cm = cols < H
+        v = tl.load(Y + srow + cols[None, :], mask=routed[:, None] & cm[None, :], other=0.0).to(tl.float32)
+        if HAS_P:
+            v = v * w[:, None]
+        tl.store(OUT + t.to(tl.int64) * s_o + cols, tl.sum(v, axis=0).to(OUT.dtype.element_ty), mask=cm)
 
 
 @triton.jit
@@ -297,16 +302,21 @@ def _bh(H):
     return min(1024 if not _common.interpreting() else 256, triton.next_power_of_2(H))
 
 
+def _tile(E: int, H: int):
+    """(BE, BH) of the permute / unpermute [experts, H-chunk] tile: at most 8K elements."""
+    BE = triton.next_power_of_2(E)
+    return BE, max(16, min(_bh(H), 8192 // BE))
+
+
 def _permute_rows(x, row_id_map, n_out, probs=None):
     T, H = x.shape
     E = row_id_map.shape[0]
     y = _common.empty((n_out, H), x.dtype, x.device)
     py = _common.empty((n_out,), probs.dtype, x.device) if probs is not None else None
-    BE = triton.next_power_of_2(E)
-    BH = max(16, min(_bh(H), 8192 // BE))  # the [BE, BH] store tile at most 8K elements
-    _permute_kernel[(T, triton.cdiv(H, BH))](x, row_id_map, probs if probs is not None else x, y,
-                                            py if py is not None else y, T, E, H, x.stride(0), y.stride(0),
-                                            HAS_P=probs is not None, BH=BH, BE=BE, num_warps=4)
+    BE, BH = _tile(E, H)
+    _permute_kernel[(T,)](x, row_id_map, probs if probs is not None else x, y, py if py is not None else y, T, E, H,
+                          x.stride(0), y.stride(0), triton.cdiv(H, BH), HAS_P=probs is not None, BH=BH, BE=BE,
+                          num_warps=4)
     return y, py
 
 
@@ -314,10 +324,9 @@ def _unpermute_rows(y, row_id_map, T, probs=None, out_dtype=None):
     H = y.shape[1]
     E = row_id_map.shape[0]
     out = _common.empty((T, H), out_dtype or y.dtype, y.device)
-    BH = _bh(H)
-    _unpermute_kernel[(T, triton.cdiv(H, BH))](y, row_id_map, probs if probs is not None else y, out, T, E, H,
-                                              y.stride(0), out.stride(0), HAS_P=probs is not None, BH=BH,
-                                              num_warps=4)
+    BE, BH = _tile(E, H)
+    _unpermute_kernel[(T,)](y, row_id_map, probs if probs is not None else y, out, T, E, H, y.stride(0),
+                            out.stride(0), triton.cdiv(H, BH), HAS_P=probs is not None, BH=BH, BE=BE, num_warps=4)
     return out
 
 
