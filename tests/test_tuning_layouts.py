@@ -169,48 +169,23 @@ class FakeEvent:
 
 def test_tune_flow_picks_fastest_correct_candidate(monkeypatch):
     """The CUDA tuner's decision logic on CPU: GEMMs by a reference, time from a fake clock."""
-    from tuning.cuda_tuner import CudaLtTuner
     from tuning.gemm_problem import GemmProblem
     from tuning.tune_journal import TUNED
 
     heur = [_FakeAlgo({"algo_id": 10, "tile_id": 1, "stages_id": 7}), _FakeAlgo({"algo_id": 20, "tile_id": 1})]
-    lt = FakeTimedLt(heur)
-    tuner = object.__new__(CudaLtTuner)
-    tuner.__dict__.update(lt=lt, handle=1, device=0, buffer_device=torch.device("cpu"), max_candidates=40, warmup=1,
-                          iters=3, rotating_bytes=1 << 16, rotating_mb=1, min_gain=0.01, confirm_top=3,
-                          ws_bytes=1 << 25, seed=0, gpu_name="Fake GPU", sms=10, lib_version=1,
-                          spin_cycles_per_iter=0)
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    default_cfg = FakeLt().get_config(heur[0])
+
+    def wrong(cfg):  # a wrong result: must be rejected, however fast
+        return cfg["algo_id"] == 20 and cfg["stages_id"] == 8
 
     def cost(cfg):  # ms per call
-        if cfg.get("splitk_num") == 4:
+        if wrong(cfg):
+            return 0.1
+        if cfg["splitk_num"] == 4:
             return 0.7
-        return 1.0 if cfg == heur[0].cfg else 1.2
+        return 1.0 if cfg == default_cfg else 1.2
 
-    def runner(p, descs, sets):
-        def run(algo, i, out=None):
-            s = dict(sets[i])
-            if out is not None:
-                s["d"] = out
-            colmajor_gemm(p, s)
-            wrong = algo.cfg.get("algo_id") == 20 and algo.cfg.get("stages_id") == 8
-            if wrong:
-                s["d"].add_(1.0)  # a wrong result: must be rejected, however fast
-            FakeEvent.clock[0] += 0.1 if wrong else cost(algo.cfg)
-        return run
-
-    orig_views = CudaLtTuner._torch_views
-
-    def timed_views(p, s):
-        call = orig_views(p, s)
-
-        def run():
-            FakeEvent.clock[0] += 1.0  # torch's own call: as fast as the heuristic's first choice
-            return call()
-        return run
-
-    monkeypatch.setattr(tuner, "_lt_runner", runner)
-    monkeypatch.setattr(CudaLtTuner, "_torch_views", staticmethod(timed_views))
+    tuner = _flow_tuner(monkeypatch, heur, cost, {}, wrong=wrong)
     p = GemmProblem("T", "N", 32, 24, 16, 16, 16, 32, 32, a_type="f32_r", b_type="f32_r", c_type="f32_r",
                     d_type="f32_r", bias_vector=1, bias_type="f32_r")
     o = tuner._tune(p, None)
@@ -225,9 +200,10 @@ def test_tune_flow_picks_fastest_correct_candidate(monkeypatch):
     assert o.status == "default" and o.row is None and o.tuned_us == o.default_us
 
 
-def _flow_tuner(monkeypatch, heur, cost, calls, **attrs):
+def _flow_tuner(monkeypatch, heur, cost, calls, wrong=None, **attrs):
     """A CudaLtTuner on CPU: GEMMs by the reference, each call advances a fake clock by cost(full config) ms and
-    is counted in calls[config ident] (torch's own calls under "torch", 1 ms each)."""
+    is counted in calls[config ident] (torch's own calls under "torch", 1 ms each); configs `wrong(cfg)` accepts
+    return a corrupted result."""
     from tuning.cuda_tuner import CudaLtTuner
     lt = FakeTimedLt(heur)
     tuner = object.__new__(CudaLtTuner)
@@ -245,6 +221,8 @@ def _flow_tuner(monkeypatch, heur, cost, calls, **attrs):
                 s["d"] = out
             colmajor_gemm(p, s)
             cfg = lt.get_config(algo)
+            if wrong is not None and wrong(cfg):
+                s["d"].add_(1.0)
             ident = tuple(sorted(cfg.items()))
             calls[ident] = calls.get(ident, 0) + 1
             FakeEvent.clock[0] += cost(cfg)
