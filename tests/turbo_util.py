@@ -25,3 +25,19 @@ def relerr(out, ref) -> float:
 
 # relative-error bands (METHOD.md): fp32 arithmetic far under 1e-3; bf16 operands 1e-3..1e-2
 BAND = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def assert_compiles_like_eager(fn, *inputs):
+    """fn(*inputs) -> a scalar: under torch.compile(fullgraph=True; a graph break raises) equal to eager, and so are
+    the gradients of the inputs (leaf tensors that require grad)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(*inputs)
+    out.backward()
+    ref_inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    ref = fn(*ref_inputs)
+    ref.backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+    for t, r in zip(inputs, ref_inputs):
+        torch.testing.assert_close(t.grad, r.grad, rtol=1e-4, atol=1e-4)
