@@ -306,6 +306,7 @@ def test_blockwise_gemms_per_matmul(monkeypatch):
     """Where scaled_mm serves the device: every matmul with e4m3 operands and a contraction dim that is a multiple
     of 128 (wgrad's, the tokens, is padded to 128); e5m2 gradients (hybrid) keep dgrad and wgrad on Triton
     (PyTorch's check_deepseek_recipe takes float8_e4m3fn operands only)."""
+    monkeypatch.setattr(F8, "_PLANS", {})  # plans are decided once per shape: start from none
     monkeypatch.setattr(F8, "blockwise_gemm_provider", lambda device=None: "scaled_mm")
     allm = {"fprop": "scaled_mm", "dgrad": "scaled_mm", "wgrad": "scaled_mm"}
     assert F8.blockwise_gemms("cpu", "e4m3", 4096, 14336) == allm
@@ -314,6 +315,7 @@ def test_blockwise_gemms_per_matmul(monkeypatch):
     assert F8.blockwise_gemms("cpu", "e4m3", 144, 384) == {**allm, "fprop": "triton"}
     assert F8.blockwise_gemms("cpu", "e4m3", 256, 48) == {**allm, "dgrad": "triton"}
     monkeypatch.setattr(F8, "blockwise_gemm_provider", lambda device=None: "triton")
+    F8._PLANS.clear()
     assert set(F8.blockwise_gemms("cpu", "e4m3", 4096, 14336).values()) == {"triton"}
 
 

@@ -627,7 +627,8 @@ def blockwise_gemm_provider(device=None) -> str:
     `blockwise_gemms` says which GEMM each of the linear's three matmuls takes (dtypes and shapes too)."""
     forced = BLOCKWISE_GEMM_OVERRIDE
     if forced is not None and forced not in _GEMM_NAMES:
-        raise ValueError(f"blockwise GEMM override must be one of {_GEMM_NAMES}, not {forced!r}")
+        raise ValueError(f"blockwise GEMM override PRIMUS_TURBO_FP8_BLOCKWISE_GEMM (fp8_linear."
+                         f"BLOCKWISE_GEMM_OVERRIDE) must be one of {_GEMM_NAMES} or unset, not {forced!r}")
     if forced == "triton":
         return "triton"
     why = _scaled_mm_blockwise_missing(device)
@@ -645,19 +646,20 @@ def _blockwise_gemm(provider: str, a_dtype, b_dtype, k: int) -> str:
 
 
 def _blockwise_plan(device, f_dt, g_dt, in_features: int, out_features: int) -> dict:
-    p = blockwise_gemm_provider(device)
-    plan = {"fprop": _blockwise_gemm(p, f_dt, f_dt, in_features),  # x (M, K) @ W^T: contraction K
-            "dgrad": _blockwise_gemm(p, g_dt, f_dt, out_features),  # dy (M, N) @ W: contraction N
-            "wgrad": _blockwise_gemm(p, g_dt, f_dt, GROUP)}  # dy^T @ x: contraction M, padded to 128
-    key = (str(device), str(f_dt), str(g_dt), in_features, out_features)
-    if key not in _PLANS_LOGGED:
-        _PLANS_LOGGED.add(key)
+    """Decided (and logged) once per linear shape, device, dtypes and override: every fp8 forward and backward asks."""
+    key = (str(device), str(f_dt), str(g_dt), in_features, out_features, BLOCKWISE_GEMM_OVERRIDE)
+    plan = _PLANS.get(key)
+    if plan is None:
+        p = blockwise_gemm_provider(device)
+        plan = _PLANS[key] = {"fprop": _blockwise_gemm(p, f_dt, f_dt, in_features),  # x @ W^T: contraction K
+                              "dgrad": _blockwise_gemm(p, g_dt, f_dt, out_features),  # dy @ W: contraction N
+                              "wgrad": _blockwise_gemm(p, g_dt, f_dt, GROUP)}  # dy^T @ x: M, padded to 128
         log.info("fp8 blockwise %dx%d on %s: %s (provider %s)", out_features, in_features, device,
                  " ".join(f"{k}={v}" for k, v in plan.items()), p)
     return plan
 
 
-_PLANS_LOGGED: set = set()
+_PLANS: dict = {}
 
 
 def blockwise_gemms(device=None, fmt: str = "e4m3", in_features: int = 4096, out_features: int = 4096) -> dict:
