@@ -278,15 +278,17 @@ def plan_for(device, fmt: str, dims: Iterable[int], groups: int, dtype=torch.bfl
                 groups=groups)
 
 
-_LOGGED = set()
+_CHOICES: dict = {}
 
 
 def fp8_grouped_choice(x: torch.Tensor, w: torch.Tensor, fmt: str, trans_b: bool = False) -> Tuple[str, str]:
-    """The provider for this call and why; logged once per (provider, reason, shape)."""
-    out = plan_for(x.device, fmt, (x.shape[1], w.shape[1], w.shape[2]), w.shape[0], x.dtype, w.dtype)
-    key = (out, tuple(x.shape[1:]), tuple(w.shape), trans_b)
-    if key not in _LOGGED:
-        _LOGGED.add(key)
+    """The provider for this call and why: decided (and logged) once per device, format, dtypes and shapes - the
+    experts' GEMMs ask in every forward and backward."""
+    key = (str(x.device), fmt, x.dtype, w.dtype, x.shape[1], tuple(w.shape), trans_b)
+    out = _CHOICES.get(key)
+    if out is None:
+        out = _CHOICES[key] = plan_for(x.device, fmt, (x.shape[1], w.shape[1], w.shape[2]), w.shape[0], x.dtype,
+                                       w.dtype)
         log.info("fp8 grouped GEMM K=%d w=%s trans_b=%s: %s (%s)", x.shape[1], tuple(w.shape), trans_b, *out)
     return out
 
