@@ -1,28 +1,49 @@
 #!/usr/bin/env bash
-# What session 5 left for the H200, two device calls (<= 600 s each):
-#   bash bench/session6.sh 1   # issue 5 end to end: turbo on vs off (dense compiled: the turbo RMSNorm / attention
-#                              # no longer break the compiled graph; dense eager; MoE) - bench/turbo_e2e.sh; then
-#                              # TorchTitan turbo fp8 linear vs torchao float8 when the time is left
-#   bash bench/session6.sh 2   # every turbo kernel test on the GPU (never finished inside 100 s: each tuned config
-#                              # compiles), then the fp8 linear and the small kernels' GPU time
+# Session 6's H200 calls (<= 600 s each), each after `. bench/device_setup.sh` (carry .whl):
+#   bash bench/session6.sh 1   # issue 5 end to end, dense compiled: the bf16 and fp8 delayed presets with
+#                              # turbo=megatron vs without (the turbo RMSNorm / attention / tp=1 linears no longer
+#                              # break the compiled graph); then TorchTitan turbo fp8 linear vs torchao float8
+#   bash bench/session6.sh 2   # every turbo kernel test on the GPU, then the kernels' GPU time: the fp8 linear and
+#                              # each of its GEMMs alone (where blockwise loses), casts, SwiGLU, permute
+#   bash bench/session6.sh 3   # turbo on vs off eager (bf16) and MoE
 # $OUT: logs, bench_*.md/json, pytest_gpu.log, turbo_kernels.json
 set -u
 OUT=${OUT:-outputs/bench}
 LOGS=${LOGS:-/tmp/bench_logs}
 mkdir -p "$OUT" "$LOGS"
+B="training.train_iters=14"
 case "${1:-}" in
-  1) OUT=$OUT LOGS=$LOGS bash bench/turbo_e2e.sh
-     L=$((585 - SECONDS))  # then TorchTitan's fp8 linear: torchao float8 (stock) vs turbo=torchtitan_fp8, if it fits
-     [ $L -gt 150 ] && timeout $L python bench/e2e.py --suite none --tag tt_fp8 --timeout 90 --log-dir "$LOGS" \
+  1) timeout 330 python bench/e2e.py --suite none --tag turbo_dense --timeout 80 --log-dir "$LOGS" \
+       --ref "bf16 turbo off" \
+       --extra "bf16 turbo off=experiment=llama3_2_1b_megatron_bf16 $B" \
+       --extra "bf16 turbo on=experiment=llama3_2_1b_megatron_bf16 turbo=megatron $B" \
+       --extra "fp8 delayed turbo off=experiment=llama3_2_1b_megatron_fp8_delayed $B" \
+       --extra "fp8 delayed turbo on=experiment=llama3_2_1b_megatron_fp8_delayed turbo=megatron $B" \
+       > "$OUT/turbo_dense.log" 2>&1
+     grep -E "^\| " "$OUT/turbo_dense.log"
+     L=$((580 - SECONDS))
+     [ $L -gt 120 ] && timeout $L python bench/e2e.py --suite none --tag tt_fp8 --timeout 90 --log-dir "$LOGS" \
        --ref "torchtitan fp8 torchao" --extra "torchtitan fp8 torchao=experiment=llama3_2_1b_torchtitan_fp8" \
        --extra "torchtitan fp8 turbo=experiment=llama3_2_1b_torchtitan_fp8 turbo=torchtitan_fp8" \
        > "$OUT/tt_fp8.log" 2>&1
      grep -E "^\| " "$OUT/tt_fp8.log" ;;
-  2) timeout 330 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_*.py \
+  2) timeout 300 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_*.py \
        > "$OUT/pytest_gpu.log" 2>&1
      tail -25 "$OUT/pytest_gpu.log"
-     timeout 240 python bench/turbo_kernels.py --no-tests --gpu-time --budget 230 \
-       --only fp8_linear,rmsnorm,fp8_casts,router,permute > "$OUT/kernels.log" 2>&1
+     L=$((585 - SECONDS))
+     timeout $L python bench/turbo_kernels.py --no-tests --gpu-time --budget $((L - 10)) \
+       --only fp8_gemms,fp8_linear,fp8_casts,swiglu,permute > "$OUT/kernels.log" 2>&1
      grep -E "^\| |timing" "$OUT/kernels.log" ;;
-  *) echo "usage: bash bench/session6.sh 1|2" >&2; exit 2 ;;
+  3) E="experiment=llama3_2_1b_megatron_bf16 training.compile=false training.micro_batch_size=8"
+     E="$E training.global_batch_size=8 $B"  # micro batch 8: 16 does not fit eagerly without recompute
+     timeout 200 python bench/e2e.py --suite none --tag turbo_eager --timeout 90 --log-dir "$LOGS" \
+       --ref "bf16 eager turbo off" --extra "bf16 eager turbo off=$E" --extra "bf16 eager turbo on=$E turbo=megatron" \
+       > "$OUT/turbo_eager.log" 2>&1
+     grep -E "^\| " "$OUT/turbo_eager.log"
+     timeout 200 python bench/e2e.py --suite none --tag turbo_moe --timeout 90 --log-dir "$LOGS" --ref "moe turbo off" \
+       --extra "moe turbo off=experiment=mixtral_small_moe $B" \
+       --extra "moe turbo on=experiment=mixtral_small_moe turbo=megatron_moe moe.moe_permute_fusion=true $B" \
+       > "$OUT/turbo_moe.log" 2>&1
+     grep -E "^\| " "$OUT/turbo_moe.log" ;;
+  *) echo "usage: bash bench/session6.sh 1|2|3" >&2; exit 2 ;;
 esac

@@ -443,6 +443,55 @@ def b_fp8_linear():
                 note="target >= 1.4x bf16")
 
 
+@guarded("fp8_gemms")
+def b_fp8_gemms():
+    """Where the fp8 linear's time goes: each of its three GEMMs alone (operands already cast, in the layouts the
+    linear hands them over) at Llama-3-8B shapes, bf16 torch.mm vs tensorwise torch._scaled_mm vs the blockwise
+    GEMM (scaled_mm 1x128 x 128x128 for fprop / dgrad, 1x128 x 1x128 for wgrad)."""
+    from primus.turbo import fp8_linear as F8
+    if not F8.fp8_linear_available(DEV):
+        return
+    e4 = F8.fp8_dtypes(DEV)[0]
+    M = sz(8192, 128)
+    shapes = sz([(4096, 6144, "qkv"), (4096, 4096, "o"), (4096, 28672, "gate+up"), (14336, 4096, "down")],
+                [(256, 128, "tiny")])
+    prov = F8.blockwise_gemm_provider(DEV)
+    tot = {}
+    for K, N, name in shapes:
+        x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
+        w = (torch.randn(N, K, device=DEV) / K ** 0.5).to(torch.bfloat16)
+        dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+        xq, xqt, sx = F8.cast_tensorwise(x, e4, True, True)
+        wq, wqt, sw = F8.cast_tensorwise(w, e4, True, True, pad_t=False)
+        dq, dqt, sd = F8.cast_tensorwise(dy, e4, True, True)
+        bx, bsx, bxt, bsxt = F8.cast_blockwise(x, e4, want_t=True, pad_rows=True)
+        bw, bsw, bwt, bswt = F8.cast_blockwise(w, e4, tile=True, want_t=True)
+        bd, bsd, bdt, bsdt = F8.cast_blockwise(dy, e4, want_t=True, pad_rows=True)
+        gemms = {  # role: (bf16, tensorwise, blockwise)
+            "fprop": (lambda: x @ w.t(), lambda: F8._mm(xq, wq.t(), sx, sw, torch.bfloat16, fast=True),
+                      lambda: F8.blockwise_mm(bx, bsx, bw.t(), bsw, True, torch.bfloat16, prov)),
+            "dgrad": (lambda: dy @ w, lambda: F8._mm(dq, wqt.t(), sd, sw, torch.bfloat16, fast=True),
+                      lambda: F8.blockwise_mm(bd, bsd, bwt.t(), bswt, True, torch.bfloat16, prov)),
+            "wgrad": (lambda: dy.t() @ x, lambda: F8._mm(dqt, xqt.t(), sd, sx, torch.bfloat16, fast=True),
+                      lambda: F8.blockwise_mm(bdt, bsdt, bxt.t(), bsxt, False, torch.bfloat16, prov)),
+        }
+        for role, (fb, ft, fbw) in gemms.items():
+            t_b, t_t, t_w = ms(fb), try_ms(ft), try_ms(fbw)
+            fl = 2 * M * K * N
+            for k, v in (("bf16", t_b), ("tensorwise", t_t), ("blockwise", t_w)):
+                tot[(role, k)] = tot.get((role, k), 0) + (v or 0)
+            row(f"fp8 gemm {role}", f"{name} {M}x{K}->{N} tensorwise", t_t, eager_ms=t_b, flops=fl,
+                note="vs_eager = vs bf16 mm")
+            row(f"fp8 gemm {role}", f"{name} {M}x{K}->{N} blockwise ({prov})", t_w, eager_ms=t_b, flops=fl)
+        del x, w, dy
+        if not SMOKE:
+            torch.cuda.empty_cache()
+    for role in ("fprop", "dgrad", "wgrad"):
+        for k in ("tensorwise", "blockwise"):
+            row(f"fp8 gemm {role}", f"all 4 linears, {k}", tot[(role, k)], eager_ms=tot[(role, "bf16")],
+                note=f"bf16 {tot[(role, 'bf16')]:.3f} ms")
+
+
 @guarded("attention")
 def b_attention():
     from primus.turbo.attention import attention_reference, turbo_attention
@@ -601,7 +650,7 @@ def main():
     _common.POISON = False  # timing: no poison fills
     env_and_copy()
     run_tests()
-    benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_cross_entropy, b_qkv_rope, b_casts, b_fp8_linear, b_attention, b_grouped_gemm, b_router, b_permute]
+    benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_cross_entropy, b_qkv_rope, b_casts, b_fp8_linear, b_fp8_gemms, b_attention, b_grouped_gemm, b_router, b_permute]
     only = [s for s in ARGS.only.split(",") if s]
     for b in benches:
         if not only or b.__name__ in only:
