@@ -6,6 +6,7 @@
 #   bash bench/session6.sh 2   # every turbo kernel test on the GPU, then the kernels' GPU time: the fp8 linear and
 #                              # each of its GEMMs alone (where blockwise loses), casts, SwiGLU, permute
 #   bash bench/session6.sh 3   # turbo on vs off eager (bf16) and MoE
+#   bash bench/session6.sh 4   # the session's kernel changes on the GPU (tests, GPU time), blockwise end to end
 # $OUT: logs, bench_*.md/json, pytest_gpu.log, turbo_kernels.json
 set -u
 OUT=${OUT:-outputs/bench}
@@ -45,5 +46,19 @@ case "${1:-}" in
        --extra "moe turbo on=experiment=mixtral_small_moe turbo=megatron_moe moe.moe_permute_fusion=true $B" \
        > "$OUT/turbo_moe.log" 2>&1
      grep -E "^\| " "$OUT/turbo_moe.log" ;;
-  *) echo "usage: bash bench/session6.sh 1|2|3" >&2; exit 2 ;;
+  4) # after this session's kernel changes: the blockwise casts (tuned: 16 / 32 warps, sliced two-pass), the
+     # blockwise x^T cast moved into the forward, the tuned SwiGLU forward; then blockwise vs tensorwise end to end
+     timeout 200 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_fp8.py \
+       tests/test_turbo_swiglu.py > "$OUT/pytest_gpu4.log" 2>&1
+     tail -6 "$OUT/pytest_gpu4.log"
+     timeout 200 python bench/turbo_kernels.py --no-tests --gpu-time --budget 190 --only fp8_casts,swiglu,fp8_linear \
+       > "$OUT/kernels4.log" 2>&1
+     grep -E "^\| |breakdown|^     " "$OUT/kernels4.log"
+     L=$((585 - SECONDS))
+     [ $L -gt 100 ] && timeout $L python bench/e2e.py --suite none --tag fp8_blockwise --timeout 90 --log-dir "$LOGS" \
+       --ref "fp8 tensorwise" --extra "fp8 tensorwise=experiment=llama3_2_1b_megatron_fp8 $B" \
+       --extra "fp8 blockwise=experiment=llama3_2_1b_megatron_fp8 precision=fp8_blockwise $B" \
+       > "$OUT/fp8_blockwise.log" 2>&1
+     grep -E "^\| " "$OUT/fp8_blockwise.log" ;;
+  *) echo "usage: bash bench/session6.sh 1|2|3|4" >&2; exit 2 ;;
 esac

@@ -98,6 +98,25 @@ def kernel_ms(fn, grad_to_none=None, n=20) -> float:
     return us / n / 1e3
 
 
+def kernel_breakdown(fn, grad_to_none=None, n=10, top=12):
+    """[(kernel name, us per call)] of fn's kernels from a profiler trace, largest first (the L2 flush excluded)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    kernel_ms(fn, grad_to_none, n=1)  # warm up, and the flush buffer
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        for _ in range(n):
+            if grad_to_none is not None:
+                for x in grad_to_none:
+                    x.grad = None
+            fn()
+        sync()
+    tot = {}
+    for e in p.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.name not in _FLUSH["names"]:
+            tot[e.name] = tot.get(e.name, 0) + e.time_range.elapsed_us() / n
+    return sorted(tot.items(), key=lambda kv: -kv[1])[:top]
+
+
 def row(kernel, variant, t_ms, eager_ms=None, compile_ms=None, gbytes=None, flops=None, note=""):
     r = {"kernel": kernel, "variant": variant, "ms": t_ms, "eager_ms": eager_ms, "compile_ms": compile_ms,
          "vs_eager": (eager_ms / t_ms) if (eager_ms and t_ms) else None,
@@ -364,6 +383,12 @@ def b_casts():
     row("fp8 cast tensorwise", f"amax+cast+transpose {M}x{K}", ms(lambda: F8.cast_tensorwise(x, e4, True, True)),
         try_ms(lambda: eager_tw(x)), try_ms((lambda: ct(x)) if ct else None),
         gbytes=M * K * (2 + 1 + 1) / 1e9, note=f"elements != eager: {mism:.1e}; min bytes: read bf16 once, write 2 fp8")
+    hist = F8.DelayedScaling().history()
+    F8.cast_tensorwise(x, e4, True, True, history=hist)  # primes the history (the first cast takes its own amax)
+    row("fp8 cast delayed", f"cast + transpose + amax record {M}x{K}",
+        ms(lambda: F8.cast_tensorwise(x, e4, True, True, history=hist)), try_ms(lambda: eager_tw(x)),
+        try_ms((lambda: ct(x)) if ct else None), gbytes=M * K * (2 + 1 + 1) / 1e9,
+        note="one pass over x (scale from the amax history); eager / compile columns: the tensorwise reference")
     row("fp8 cast rowwise", f"amax+cast {M}x{K}", ms(lambda: F8.cast_rowwise(x, e4)), try_ms(lambda: eager_rw(x)),
         try_ms((lambda: cr(x)) if cr else None), gbytes=M * K * 3 / 1e9)
     row("fp8 cast rowwise", f"along M (transposed out) {M}x{K}", ms(lambda: F8.cast_rowwise(x, e4, transpose=True)),
@@ -430,6 +455,12 @@ def b_fp8_linear():
                 tot[label] = tot.get(label, 0) + t
                 row(f"fp8 linear {label}", f"fwd+bwd {name} {M}x{K}->{N}", t, eager_ms=t_bf, flops=fl,
                     note=f"vs_eager = vs bf16 linear; fwd {t_f:.3f} ms; relerr y {err:.3f} dx {errx:.3f}{gemms}")
+                if name == "gate+up" and force is None and not SMOKE:  # where the linear's time goes, per kernel
+                    parts = kernel_breakdown(lambda: F8.fp8_linear(x, w, None, recipe).backward(dy), [x, w])
+                    RESULTS.setdefault("breakdown", {})[label] = parts
+                    print(f"   breakdown {label} {name} (us per fwd+bwd):", flush=True)
+                    for kname, us in parts:
+                        print(f"     {us:9.1f}  {kname[:110]}", flush=True)
             except Exception:
                 traceback.print_exc()
                 ROWS.append({"kernel": f"fp8 linear {label}", "variant": name, "note": "FAILED"})

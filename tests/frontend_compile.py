@@ -21,6 +21,7 @@ from primus.turbo import grouped_gemm_fp8 as GF  # noqa: E402
 from primus.turbo import moe_ops as MO  # noqa: E402
 from primus.turbo import rmsnorm as RN  # noqa: E402
 from primus.turbo import rope as RP  # noqa: E402
+from primus.turbo import swiglu as SW  # noqa: E402
 
 
 def ttir(fn, signature, constexprs) -> str:
@@ -73,9 +74,10 @@ def checks():
               "s_tc": "i32", "SPAD": "i32", "STPAD": "i32", "FP8_MAX": "fp32"}
         for tile in (False, True):
             for wy, wt in ((True, True), (True, False), (False, True)):
-                br, bc = (128, 128) if tile or (wy and wt) else (32, 128) if wy else (128, 64)
-                yield (f"blockwise cast {x} tile={tile} y={wy} t={wt}", F8._cast_block, cb,
-                       {"BR": br, "BC": bc, "TILE": tile, "WRITE_Y": wy, "WRITE_T": wt})
+                space = F8._CAST_BLOCK.space(TILE=tile, WRITE_Y=wy, WRITE_T=wt)
+                for br, bc, sub in sorted({(c["BR"], c["BC"], c["SUB"]) for c in space}):
+                    yield (f"blockwise cast {x} tile={tile} y={wy} t={wt} BR={br} BC={bc} SUB={sub}", F8._cast_block,
+                           cb, {"BR": br, "BC": bc, "SUB": sub, "TILE": tile, "WRITE_Y": wy, "WRITE_T": wt})
     for b in ("*fp8e4nv", "*fp8e5"):  # the Triton blockwise GEMM (the fallback of torch's scaled_mm)
         gb = {"A": b, "B": "*fp8e4nv", "Cp": "*bf16", "SA": "*fp32", "SB": "*fp32", "M": "i32", "N": "i32", "K": "i32",
               **{s: "i32" for s in ("s_am", "s_ak", "s_bk", "s_bn", "s_cm", "s_cn", "s_sam", "s_sak", "s_sbk",
@@ -126,6 +128,11 @@ def checks():
                    {"TOPK": 8, "SIGMOID": sig_fn, "PRE_SOFTMAX": pre, "HAS_BIAS": sig_fn, "BT": bt, "BE": 64})
             yield (f"router bwd sigmoid={sig_fn} pre={pre} BT={bt}", MO._router_bwd, rb,
                    {"TOPK": 8, "SIGMOID": sig_fn, "PRE_SOFTMAX": pre, "HAS_GA": True, "BT": bt, "BE": 64})
+    sw = {"H": "*bf16", "P": "*fp32", "Y": "*bf16", "T": "i32", "F": "i32", "s_h": "i32", "s_y": "i32"}
+    for cfg in SW._FWD.configs:  # the tuned SwiGLU forward, with and without probs
+        for has_p in (False, True):
+            yield (f"swiglu fwd BT={cfg['BT']} BF={cfg['BF']} has_p={has_p}", SW._swiglu_fwd, sw,
+                   {"HAS_P": has_p, "BT": cfg["BT"], "BF": cfg["BF"]})
     yield ("rope cos/sin table", RP._cos_sin_table,
            {"QF": "*fp32", "KF": "*fp32", "CS": "*fp32", "stride_qf": "i32", "stride_kf": "i32"},
            {"D": 64, "BLOCK_D": 64})

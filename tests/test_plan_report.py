@@ -168,8 +168,8 @@ def test_torchtitan_compiled_loss_logits_are_counted_at_4_bytes():
 
 
 def test_portable_fp8_saves_one_byte_linear_inputs_and_transposed_weights():
-    """megatron without TE, fp8 tensorwise / delayed: each converted linear saves the 1-byte transposed fp8 input and
-    weight (primus.turbo.fp8_linear) instead of the bf16 input; rowwise keeps the bf16 input. The fp8 preset then
+    """megatron without TE, fp8 tensorwise / delayed / blockwise: each converted linear saves the 1-byte transposed
+    fp8 input and weight (primus.turbo.fp8_linear) instead of the bf16 input; rowwise keeps the bf16 input. The fp8 preset then
     plans near its measured peak (102.7 GiB on the H200; 120.0 planned when counted like bf16)."""
     from primus.plan.memory import backend_hints
 
@@ -180,3 +180,5 @@ def test_portable_fp8_saves_one_byte_linear_inputs_and_transposed_weights():
     rowwise = compose_cfg(["experiment=llama3_2_1b_megatron_fp8", "precision=fp8_rowwise"])
     assert not backend_hints(rowwise).portable_fp8_saves_fp8
     assert backend_hints(compose_cfg(["experiment=llama3_2_1b_megatron_fp8_delayed"])).portable_fp8_saves_fp8
+    blockwise = compose_cfg(["experiment=llama3_2_1b_megatron_fp8", "precision=fp8_blockwise"])
+    assert backend_hints(blockwise).portable_fp8_saves_fp8  # x^T cast in the forward (fp8_linear.fp8_forward)

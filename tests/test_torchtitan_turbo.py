@@ -213,7 +213,7 @@ import torch
 from primus.backends.torchtitan import turbo
 from primus.turbo.fp8_linear import FP8Linear
 torch.manual_seed(0)
-for recipe, fmt in (("tensorwise", "hybrid"), ("rowwise", "e4m3")):
+for recipe, fmt in (("tensorwise", "hybrid"), ("rowwise", "e4m3"), ("blockwise", "e4m3")):
     m = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(32, 16, bias=False))
     ref = FP8Linear.from_linear(m[0], recipe, fmt)
     names = turbo.swap_float8_linears(m, recipe, filter_fqns=["1"], fmt=fmt)

@@ -158,6 +158,30 @@ def test_cast_blockwise(tile, want_y, want_t, dtype):
         assert torch.equal(y.view(torch.uint8).t(), yt.view(torch.uint8))
 
 
+@pytest.mark.parametrize("want_y,want_t,tile", [(True, False, False), (False, True, False), (True, True, False),
+                                                (True, True, True)])
+def test_every_config_of_the_tuned_blockwise_cast_gives_the_same_bytes(want_y, want_t, tile):
+    """On a GPU the blockwise cast autotunes over _CAST_BLOCK's space (tile heights / widths and warps that span the
+    128-wide groups of the outputs written); the interpreter runs the space's first config. Every config the space
+    admits for these outputs writes the same fp8 bytes, scales and zero pads as that one (outputs poisoned), at a
+    shape that is no multiple of any tile."""
+    R, C = 150, 260
+    x = torch.randn(R, C, device=DEV, dtype=torch.bfloat16) * torch.rand(R, 1, device=DEV).to(torch.bfloat16) * 4
+    space = F8._CAST_BLOCK.space(TILE=tile, WRITE_Y=want_y, WRITE_T=want_t)
+    assert len(space) >= 3
+    assert all((c["BC"] == 128 or not (want_y or tile)) and (c["BR"] == 128 or not (want_t or tile)) for c in space)
+    first = F8.cast_blockwise(x, E4, tile=tile, want_y=want_y, want_t=want_t, pad_rows=not tile, config=space[0])
+    for cfg in space[1:]:
+        out = F8.cast_blockwise(x, E4, tile=tile, want_y=want_y, want_t=want_t, pad_rows=not tile, config=cfg)
+        for a, b in zip(first, out):
+            if a is None:
+                assert b is None
+            elif a.dtype == E4:
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), cfg
+            else:
+                assert torch.equal(a, b), cfg
+
+
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
 @pytest.mark.parametrize("fmt", ["e4m3", "hybrid"])
 @pytest.mark.parametrize("M,K,N", [(50, 64, 48), (33, 144, 32)])

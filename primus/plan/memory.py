@@ -75,8 +75,8 @@ class BackendHints:
     grad_reduce_in_fp32: bool = True  # megatron DDP grad buffer dtype (args.ddp_config_kwargs)
     swiglu_fused: bool = True  # megatron bias_activation_fusion on the GPU: SwiGLU saves only fc1's output
     te_linears: bool = False  # Transformer Engine linears: fp8 saves 1-byte inputs and keeps fp8 weight copies
-    # primus' portable fp8 linear (megatron without TE), tensorwise / delayed: saves the 1-byte transposed fp8 input
-    # and a transposed fp8 weight per forward in flight (rowwise / blockwise keep the bf16 input)
+    # primus' portable fp8 linear (megatron without TE), tensorwise / delayed / blockwise: saves the 1-byte
+    # transposed fp8 input and a transposed fp8 weight per forward in flight (rowwise keeps the bf16 input)
     portable_fp8_saves_fp8: bool = False
     v_keeps_qkv: bool = True  # megatron: v is a view of the fused QKV output, so SDPA's saved v keeps all of it
 
@@ -88,7 +88,7 @@ def backend_hints(cfg: PrimusConfig) -> BackendHints:
     spec = cfg.backend.layer_spec.value
     h.te_linears = spec == "te" or (spec == "auto" and importlib.util.find_spec("transformer_engine") is not None)
     h.portable_fp8_saves_fp8 = (cfg.precision.fp8 is not None and not h.te_linears
-                                and cfg.precision.fp8_recipe.value in ("tensorwise", "delayed"))
+                                and cfg.precision.fp8_recipe.value in ("tensorwise", "delayed", "blockwise"))
     try:  # the real settings of a GPU run (pure Python, no torch)
         from primus.backends.megatron import args as margs
         from primus.context import RunContext
@@ -233,8 +233,8 @@ def layer_activation_bytes(cfg: PrimusConfig, lay: Layout, hints: BackendHints, 
         hq, hk, hv, ho = m.num_attention_heads * dh, m.num_query_groups * dh, m.num_query_groups * dh, m.num_attention_heads * dh
         extra_attn = 0
     heads = m.num_attention_heads / t
-    # linear inputs: TE fp8 and the portable tensorwise / delayed fp8 linear save the 1-byte fp8 cast of the input
-    # (the bf16 input is freed when nothing else holds it); everything else saves the bf16 input
+    # linear inputs: TE fp8 and the portable tensorwise / delayed / blockwise fp8 linear save the 1-byte fp8 cast of
+    # the input (the bf16 input is freed when nothing else holds it); everything else saves the bf16 input
     lin = 1 if (cfg.precision.fp8 is not None and (hints.te_linears or hints.portable_fp8_saves_fp8)) else a
     autocast = _autocast(cfg, lay)
     resid = 4 if autocast else a  # autocast: embeddings and residual stream stay fp32, norms run in fp32

@@ -256,53 +256,109 @@ def _cast_cols_t(X, AMAX, Y, SINV, R, C, YR, YC, stride_xr, FP8_MAX, BM: tl.cons
 @triton.jit
 def _cast_block(X, Y, YT, S, ST, R, C, RP, stride_xr, stride_xc, s_sr, s_sc, s_tr, s_tc, SPAD, STPAD, FP8_MAX,
                 BR: tl.constexpr, BC: tl.constexpr, TILE: tl.constexpr, WRITE_Y: tl.constexpr,
-                WRITE_T: tl.constexpr):
+                WRITE_T: tl.constexpr, SUB: tl.constexpr):
     """Blockwise cast of X (R, C) (any strides) into Y (RP, C) and / or YT (C, RP) = its transpose, both row-major;
-    rows R..RP-1 are zero pad. One program per BR x BC tile of X, read once (coalesced along C). scale_inv stores:
+    rows R..RP-1 are zero pad. One program per BR x BC tile of X (coalesced along C). scale_inv stores:
       TILE=False  Y in 1xBC groups along C (BC = 128): S[r, g] at S + r*s_sr + g*s_sc
                   YT in 1xBR groups along R (BR = 128): ST[g, c] at ST + g*s_tr + c*s_tc
       TILE=True   one scale per tile (BR = BC = 128), tile (tr, tc): at S + tr*s_sr + tc*s_sc and ST + tc*s_tr +
                   tr*s_tc. S's tc in [C tiles, SPAD) and ST's tr in [R tiles, STPAD) are set to 0: the pad cuBLAS
                   wants on the contraction-block dim of 128x128 scales (see blockwise_scale_layout).
-    YT is stored from tl.trans of the fp8 tile, so that store is coalesced along R too (no column-view reads)."""
+    YT is stored from tl.trans of the fp8 tile, so that store is coalesced along R too (no column-view reads).
+    SUB = BR: the tile is loaded once and held (a 128x128 fp32 tile: 245-255 registers at 8 warps). SUB < BR: the
+    tile in BR/SUB slices of SUB rows, twice: a first pass takes the amaxes (and writes Y's 1x128 groups, which need
+    only their row), a second re-reads each slice (from L1 / L2) and writes what needs the column / tile scale."""
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
-    rows = pid_r * BR + tl.arange(0, BR)
-    cols = pid_c * BC + tl.arange(0, BC)
-    x = tl.load(X + rows[:, None].to(tl.int64) * stride_xr + cols[None, :].to(tl.int64) * stride_xc,
-                mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
-    ymask = (rows[:, None] < RP) & (cols[None, :] < C)
-    tmask = (cols[:, None] < C) & (rows[None, :] < RP)
-    ypt = Y + rows[:, None].to(tl.int64) * C + cols[None, :]
-    tpt = YT + cols[:, None].to(tl.int64) * RP + rows[None, :]
-    # each output is stored as soon as it is computed (fewer live 128x128 tiles)
-    if TILE:
-        scale = FP8_MAX / tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-12)
-        q = tl.clamp(x * scale, -FP8_MAX, FP8_MAX)
-        pad = tl.arange(0, 4)
+    r0 = pid_r * BR
+    c0 = pid_c * BC
+    lc = tl.arange(0, BC)
+    cols = c0 + lc
+    # 64-bit tile bases, 32-bit offsets inside the tile: per-element int64 offsets cost registers (sm90, 8 warps,
+    # both outputs: 255 registers and a 384-byte spill stack with them, none without; bench/kernel_resources.py)
+    xb = X + (r0.to(tl.int64) * stride_xr + c0.to(tl.int64) * stride_xc)
+    yb = Y + (r0.to(tl.int64) * C + c0)
+    tb = YT + (c0.to(tl.int64) * RP + r0)
+    pad = tl.arange(0, 4)
+    if SUB == BR:
+        lr = tl.arange(0, BR)
+        rows = r0 + lr
+        x = tl.load(xb + (lr[:, None] * stride_xr + lc[None, :] * stride_xc),
+                    mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
+        ymask = (rows[:, None] < RP) & (cols[None, :] < C)
+        tmask = (cols[:, None] < C) & (rows[None, :] < RP)
+        ypt = yb + (lr[:, None] * C + lc[None, :])
+        tpt = tb + (lc[:, None] * RP + lr[None, :])
+        # each output is stored as soon as it is computed (fewer live 128x128 tiles)
+        if TILE:
+            scale = FP8_MAX / tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-12)
+            q = tl.clamp(x * scale, -FP8_MAX, FP8_MAX)
+            if WRITE_Y:
+                tl.store(ypt, q.to(Y.dtype.element_ty), mask=ymask)
+            if WRITE_T:
+                tl.store(tpt, tl.trans(q.to(YT.dtype.element_ty)), mask=tmask)
+        else:
+            if WRITE_Y:  # one scale per row of the tile
+                rs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
+                q = tl.clamp(x * rs[:, None], -FP8_MAX, FP8_MAX)
+                tl.store(ypt, q.to(Y.dtype.element_ty), mask=ymask)
+                tl.store(S + rows * s_sr + pid_c * s_sc, 1.0 / rs, mask=rows < RP)
+            if WRITE_T:  # one scale per column of the tile
+                cs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12)
+                qt = tl.clamp(x * cs[None, :], -FP8_MAX, FP8_MAX)
+                tl.store(tpt, tl.trans(qt.to(YT.dtype.element_ty)), mask=tmask)
+                tl.store(ST + pid_r * s_tr + cols * s_tc, 1.0 / cs, mask=cols < C)
+    else:
+        cmax = tl.zeros((BC,), dtype=tl.float32)  # per column of the tile (YT's groups; the tile's amax)
+        for i in range(0, BR // SUB):
+            lr = i * SUB + tl.arange(0, SUB)
+            rows = r0 + lr
+            x = tl.load(xb + (lr[:, None] * stride_xr + lc[None, :] * stride_xc),
+                        mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
+            ax = tl.abs(x)
+            cmax = tl.maximum(cmax, tl.max(ax, axis=0))
+            if WRITE_Y and not TILE:
+                rs = FP8_MAX / tl.maximum(tl.max(ax, axis=1), 1e-12)
+                q = tl.clamp(x * rs[:, None], -FP8_MAX, FP8_MAX)
+                tl.store(yb + (lr[:, None] * C + lc[None, :]), q.to(Y.dtype.element_ty),
+                         mask=(rows[:, None] < RP) & (cols[None, :] < C))
+                tl.store(S + rows * s_sr + pid_c * s_sc, 1.0 / rs, mask=rows < RP)
+        if TILE:
+            scale = FP8_MAX / tl.maximum(tl.max(cmax, axis=0), 1e-12)
+        else:
+            cs = FP8_MAX / tl.maximum(cmax, 1e-12)
+            if WRITE_T:
+                tl.store(ST + pid_r * s_tr + cols * s_tc, 1.0 / cs, mask=cols < C)
+        if TILE or WRITE_T:
+            for i in range(0, BR // SUB):
+                lr = i * SUB + tl.arange(0, SUB)
+                rows = r0 + lr
+                x = tl.load(xb + (lr[:, None] * stride_xr + lc[None, :] * stride_xc),
+                            mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
+                tmask = (cols[:, None] < C) & (rows[None, :] < RP)
+                if TILE:
+                    q = tl.clamp(x * scale, -FP8_MAX, FP8_MAX)
+                    if WRITE_Y:
+                        tl.store(yb + (lr[:, None] * C + lc[None, :]), q.to(Y.dtype.element_ty),
+                                 mask=(rows[:, None] < RP) & (cols[None, :] < C))
+                    if WRITE_T:
+                        tl.store(tb + (lc[:, None] * RP + lr[None, :]), tl.trans(q.to(YT.dtype.element_ty)),
+                                 mask=tmask)
+                else:
+                    qt = tl.clamp(x * cs[None, :], -FP8_MAX, FP8_MAX)
+                    tl.store(tb + (lc[:, None] * RP + lr[None, :]), tl.trans(qt.to(YT.dtype.element_ty)),
+                             mask=tmask)
+    if TILE:  # the tile's scale in both layouts, and the zero pad of the contraction-block dim
         if WRITE_Y:
-            tl.store(ypt, q.to(Y.dtype.element_ty), mask=ymask)
             tl.store(S + pid_r * s_sr + pid_c * s_sc, 1.0 / scale)
             if pid_c == tl.num_programs(1) - 1:
                 tl.store(S + pid_r * s_sr + (pid_c + 1 + pad) * s_sc, tl.zeros((4,), tl.float32),
                          mask=pid_c + 1 + pad < SPAD)
         if WRITE_T:
-            tl.store(tpt, tl.trans(q.to(YT.dtype.element_ty)), mask=tmask)
             tl.store(ST + pid_c * s_tr + pid_r * s_tc, 1.0 / scale)
             if pid_r == tl.num_programs(0) - 1:
                 tl.store(ST + pid_c * s_tr + (pid_r + 1 + pad) * s_tc, tl.zeros((4,), tl.float32),
                          mask=pid_r + 1 + pad < STPAD)
-    else:
-        if WRITE_Y:  # one scale per row of the tile
-            rs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
-            q = tl.clamp(x * rs[:, None], -FP8_MAX, FP8_MAX)
-            tl.store(ypt, q.to(Y.dtype.element_ty), mask=ymask)
-            tl.store(S + rows * s_sr + pid_c * s_sc, 1.0 / rs, mask=rows < RP)
-        if WRITE_T:  # one scale per column of the tile
-            cs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12)
-            qt = tl.clamp(x * cs[None, :], -FP8_MAX, FP8_MAX)
-            tl.store(tpt, tl.trans(qt.to(YT.dtype.element_ty)), mask=tmask)
-            tl.store(ST + pid_r * s_tr + cols * s_tc, 1.0 / cs, mask=cols < C)
 
 
 @triton.jit
@@ -669,12 +725,37 @@ def blockwise_gemms(device=None, fmt: str = "e4m3", in_features: int = 4096, out
     return _blockwise_plan(device, f_dt, e5 if fmt == "hybrid" else f_dt, in_features, out_features)
 
 
+def _block_ok(cfg, TILE=False, WRITE_Y=True, WRITE_T=False, **_):
+    """A tile spans the 128-wide groups of every output it writes: along C for Y's 1x128 groups, along R for YT's,
+    both for 128x128 tiles. Slices (SUB < BR) only where a column / tile amax precedes a store (YT or tiles)."""
+    return ((cfg["BC"] == GROUP or not (TILE or WRITE_Y)) and (cfg["BR"] == GROUP or not (TILE or WRITE_T))
+            and (cfg.get("SUB", cfg["BR"]) == cfg["BR"] or TILE or WRITE_T))
+
+
+# The blockwise casts, autotuned on the GPU per (R, C) and outputs. Each output's default comes first in the space
+# _block_ok admits for it: Y alone (32, 128, 4 warps: 91% of copy bandwidth, session 5), YT alone (128, 64, 4:
+# 82%), both / 128x128 tiles (128, 128, 8: 60% / 78%). A 128x128 fp32 tile held at 8 warps takes 245-255
+# registers (one CTA per SM); hence 16 / 32 warps and the sliced two-pass configs (SUB rows at a time, 4-8 warps).
+_CAST_BLOCK = _common.Tuned(_cast_block, [
+    {"BR": 32, "BC": GROUP, "SUB": 32, "num_warps": 4}, {"BR": GROUP, "BC": 64, "SUB": GROUP, "num_warps": 4},
+    {"BR": GROUP, "BC": GROUP, "SUB": GROUP, "num_warps": 8},
+    {"BR": GROUP, "BC": GROUP, "SUB": GROUP, "num_warps": 16},
+    {"BR": GROUP, "BC": GROUP, "SUB": GROUP, "num_warps": 32},
+    {"BR": GROUP, "BC": GROUP, "SUB": 32, "num_warps": 4}, {"BR": GROUP, "BC": GROUP, "SUB": 32, "num_warps": 8},
+    {"BR": GROUP, "BC": GROUP, "SUB": 64, "num_warps": 8}, {"BR": GROUP, "BC": GROUP, "SUB": 16, "num_warps": 4},
+    {"BR": 64, "BC": GROUP, "SUB": 64, "num_warps": 8}, {"BR": 16, "BC": GROUP, "SUB": 16, "num_warps": 4},
+    {"BR": GROUP, "BC": 64, "SUB": GROUP, "num_warps": 8}, {"BR": GROUP, "BC": 32, "SUB": GROUP, "num_warps": 4},
+    {"BR": GROUP, "BC": 64, "SUB": 32, "num_warps": 4},
+], key=["R", "C"], valid=_block_ok)
+
+
 def cast_blockwise(x2: torch.Tensor, dtype, tile: bool = False, want_y: bool = True, want_t: bool = False,
-                   pad_rows: bool = False):
+                   pad_rows: bool = False, config=None):
     """x2 (R, C) -> (y (RP, C), sy, yt (C, RP), syt): fp8 and its transpose (None where not wanted), with fp32
     scale_inv tensors in blockwise_scale_layout (y's for outer RP / contraction C; yt's for outer C / contraction
     RP). tile=False: y in 1x128 groups along C, yt in 1x128 groups along R; tile=True: 128x128 tiles (one scale per
-    tile, in both layouts). pad_rows: RP = R rounded up to 128 with zero rows, else R. One read of x2 for both."""
+    tile, in both layouts). pad_rows: RP = R rounded up to 128 with zero rows, else R. One read of x2 for both.
+    config: one launch config of _CAST_BLOCK's space for these outputs (tests); None = tuned on a GPU."""
     if not (want_y or want_t):
         raise ValueError("cast_blockwise: want_y and / or want_t")
     R, C = x2.shape
@@ -689,17 +770,20 @@ def cast_blockwise(x2: torch.Tensor, dtype, tile: bool = False, want_y: bool = T
     passes = ([(True, False), (False, True)] if want_y and want_t and x2.dtype == torch.float32
               else [(want_y, want_t)])
     for wy, wt in passes:
-        if tile:
-            BR, BC, warps = GROUP, GROUP, 8
-        else:
-            BR, BC, warps = (GROUP, GROUP, 8) if wy and wt else (32, GROUP, 4) if wy else (GROUP, 64, 4)
         s_y = sy if sy is not None else syt
         s_t = syt if syt is not None else sy
         ssr, ssc = (s_y.stride(1), s_y.stride(0)) if tile else (s_y.stride(0), s_y.stride(1))
-        _cast_block[(triton.cdiv(RP, BR), triton.cdiv(C, BC))](
-            x2, y if y is not None else yt, yt if yt is not None else y, s_y, s_t, R, C, RP, x2.stride(0),
-            x2.stride(1), ssr, ssc, s_t.stride(1), s_t.stride(0), s_y.shape[0], s_t.shape[0], _fmax(dtype),
-            BR=BR, BC=BC, TILE=tile, WRITE_Y=wy, WRITE_T=wt, num_warps=warps)
+        args = (x2, y if y is not None else yt, yt if yt is not None else y, s_y, s_t, R, C, RP, x2.stride(0),
+                x2.stride(1), ssr, ssc, s_t.stride(1), s_t.stride(0), s_y.shape[0], s_t.shape[0], _fmax(dtype))
+        consts = dict(TILE=tile, WRITE_Y=wy, WRITE_T=wt)
+
+        def grid(meta):
+            return (triton.cdiv(RP, meta["BR"]), triton.cdiv(C, meta["BC"]))
+
+        if config is not None:
+            _CAST_BLOCK.run(config, grid, args, **consts)
+        else:
+            _CAST_BLOCK.launch(grid, args, **consts)
     return y, sy, yt, syt
 
 
@@ -807,15 +891,18 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     elif recipe == "blockwise":
         N, K = weight.shape
         gemms = _blockwise_plan(x2.device, f_dt, g_dt, K, N)
-        xq, sx, _, _ = cast_blockwise(x2, f_dt, pad_rows=True)  # (MP, K), 1x128 along K
+        # one read of x: x (MP, K) 1x128 along K for this GEMM and, for the wgrad, x^T (K, MP) 1x128 along the
+        # tokens (saved in fp8: the backward neither re-reads nor keeps the bf16 input)
+        xq, sx, xqt, sxt = cast_blockwise(x2, f_dt, want_t=need_wgrad, pad_rows=True)
         # 128x128 tiles, W (N, K) and W^T (K, N) from one read of the weight, with both scale layouts
         wq, sw, wqt, swt = cast_blockwise(weight, f_dt, tile=True, want_t=True)
         y = blockwise_mm(xq, sx, wq.t(), sw, True, out_dt, gemms["fprop"])[:x2.shape[0]]  # B = W^T col-major
         if bias is not None:
             y = y + bias.to(out_dt)
-        # for dgrad: W as an (N, K) column-major view of W^T, and its scales as the unpadded (N/128, K/128) view
-        # (the shapes the TorchTitan custom op declares; _tile_scales_padded restores the padded layout)
-        tensors = [x2 if need_wgrad else None, wqt.t(), swt[:_cdiv(N, GROUP)]]
+        # x^T's scales as their contiguous (MP/128, K) storage; for dgrad: W as an (N, K) column-major view of W^T,
+        # and its scales as the unpadded (N/128, K/128) view (the shapes the TorchTitan custom op declares;
+        # _tile_scales_padded restores the padded layout)
+        tensors = [xqt, sxt.t() if sxt is not None else None, wqt.t(), swt[:_cdiv(N, GROUP)]]
     else:
         raise ValueError(f"fp8 recipe must be one of {RECIPES}, not {recipe!r}")
     return y, FP8State(recipe, f_dt, g_dt, weight.dtype, bias is not None, tensors, delayed)
@@ -854,7 +941,9 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
             xqt, sxt = cast_rowwise(x2, f_dt, transpose=True, pad=True)  # x^T (K, MP) along M
             dw = _mm(dyqt, xqt.t(), sdyt, sxt.t(), torch.bfloat16 if w_dt == torch.float32 else w_dt).to(w_dt)
     else:  # blockwise
-        x2, wt, swt = st.tensors  # wt: W (N, K) fp8 (column-major view of W^T), swt: its tile scales (N/128, K/128)
+        # xqt: x^T (K, MP) fp8, sxt_t: its 1x128 scales transposed (MP/128, K); wt: W (N, K) fp8 (column-major view
+        # of W^T), swt: its tile scales (N/128, K/128)
+        xqt, sxt_t, wt, swt = st.tensors
         N, K = wt.shape
         gemms = _blockwise_plan(dy2.device, f_dt, g_dt, K, N)
         if need_dx or need_dw:  # one read of dy: (MP, N) 1x128 along N and dy^T (N, MP) 1x128 along M
@@ -865,8 +954,7 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
         if after_dgrad is not None:
             after_dgrad(dx)
         if need_dw:
-            _, _, xqt, sxt = cast_blockwise(x2, f_dt, want_y=False, want_t=True, pad_rows=True)  # x^T (K, MP)
-            dw = blockwise_mm(dyqt, sdyt, xqt.t(), sxt, False, w_dt, gemms["wgrad"])  # (N, MP) @ (MP, K)
+            dw = blockwise_mm(dyqt, sdyt, xqt.t(), sxt_t.t(), False, w_dt, gemms["wgrad"])  # (N, MP) @ (MP, K)
     if st.has_bias and need_db:
         db = dy2.float().sum(0).to(st.w_dtype)
     return dx, dw, db

@@ -123,12 +123,9 @@ def fp8_linear_fwd(x2: Tensor, weight: Tensor, recipe: str, fmt: str) -> Tuple[T
 
     y, st = fp8_forward(x2, weight, None, recipe, fmt, need_wgrad=True)
     empty = x2.new_empty(0)
-    if recipe == "tensorwise":
-        xqt, sx, wqt, sw = st.tensors
-        return y.contiguous(), xqt, sx, wqt, sw
-    if recipe == "blockwise":
-        _, wq, sw = st.tensors
-        return y.contiguous(), wq, sw, empty, empty.clone()
+    if recipe in ("tensorwise", "blockwise"):  # fp8 x^T and W^T / W with their scales (fp8_linear.fp8_forward)
+        a, b, c, d = st.tensors
+        return y.contiguous(), a, b, c, d
     return y.contiguous(), empty, empty.clone(), empty.clone(), empty.clone()  # rowwise saves the inputs
 
 
@@ -142,9 +139,11 @@ def _(x2, weight, recipe, fmt):
     if recipe == "tensorwise":
         return (y, x2.new_empty((K, _pad16(M)), dtype=f_dt), x2.new_empty((), dtype=torch.float32),
                 x2.new_empty((K, N), dtype=f_dt), x2.new_empty((), dtype=torch.float32))
-    if recipe == "blockwise":
-        return (y, x2.new_empty((N, K), dtype=f_dt), x2.new_empty(((N + 127) // 128, (K + 127) // 128),
-                                                                  dtype=torch.float32), e(), e())
+    if recipe == "blockwise":  # x^T (K, MP), its scales (MP/128, K), W (N, K), its tile scales (N/128, K/128)
+        mp = (M + 127) // 128 * 128
+        return (y, x2.new_empty((K, mp), dtype=f_dt), x2.new_empty((mp // 128, K), dtype=torch.float32),
+                x2.new_empty((N, K), dtype=f_dt), x2.new_empty(((N + 127) // 128, (K + 127) // 128),
+                                                               dtype=torch.float32))
     return y, e(), e(), e(), e()
 
 
@@ -154,7 +153,7 @@ def fp8_linear_bwd(dy2: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor, reci
     from primus.turbo.fp8_linear import FP8State, fp8_backward
 
     f_dt, g_dt = _fp8_dtypes(dy2.device, fmt)
-    saved = {"tensorwise": [a, b, c, d], "rowwise": [a, b], "blockwise": [a, b, c]}[recipe]
+    saved = {"tensorwise": [a, b, c, d], "rowwise": [a, b], "blockwise": [a, b, c, d]}[recipe]
     st = FP8State(recipe, f_dt, g_dt, w_dtype, False, saved)
     dx, dw, _ = fp8_backward(st, dy2, need_dx=True, need_dw=True, need_db=False)
     return dx.contiguous(), dw
@@ -165,8 +164,10 @@ def _(dy2, a, b, c, d, recipe, fmt, w_dtype):
     M = dy2.shape[0]
     if recipe == "tensorwise":
         K, N = c.shape  # W^T in fp8
+    elif recipe == "blockwise":
+        N, K = c.shape  # W in fp8
     else:
-        N, K = b.shape  # the weight (rowwise) or its fp8 copy (blockwise)
+        N, K = b.shape  # the weight
     w_dt = w_dtype if w_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
     return dy2.new_empty((M, K), dtype=_out_dtype(dy2)), dy2.new_empty((N, K), dtype=w_dt)
 
@@ -174,12 +175,7 @@ def _(dy2, a, b, c, d, recipe, fmt, w_dtype):
 def _fp8_setup(ctx, inputs, output):
     x2, weight, recipe, fmt = inputs
     _, a, b, c, d = output
-    if recipe == "rowwise":
-        saved = (x2, weight, a, b)
-    elif recipe == "blockwise":
-        saved = (x2, a, b, c)
-    else:
-        saved = (a, b, c, d)
+    saved = (x2, weight, a, b) if recipe == "rowwise" else (a, b, c, d)
     ctx.save_for_backward(*saved)
     ctx.recipe, ctx.fmt, ctx.w_dtype = recipe, fmt, weight.dtype
     ctx.mark_non_differentiable(a, b, c, d)
