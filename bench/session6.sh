@@ -7,6 +7,7 @@
 #                              # each of its GEMMs alone (where blockwise loses), casts, SwiGLU, permute
 #   bash bench/session6.sh 3   # turbo on vs off eager (bf16) and MoE
 #   bash bench/session6.sh 4   # the session's kernel changes on the GPU (tests, GPU time), blockwise end to end
+#   bash bench/session6.sh 5   # the rest of call 4's tests; autotune picks timed on the device vs every config
 # $OUT: logs, bench_*.md/json, pytest_gpu.log, turbo_kernels.json
 set -u
 OUT=${OUT:-outputs/bench}
@@ -60,5 +61,14 @@ case "${1:-}" in
        --extra "fp8 blockwise=experiment=llama3_2_1b_megatron_fp8 precision=fp8_blockwise $B" \
        > "$OUT/fp8_blockwise.log" 2>&1
      grep -E "^\| " "$OUT/fp8_blockwise.log" ;;
-  *) echo "usage: bash bench/session6.sh 1|2|3|4" >&2; exit 2 ;;
+  5) # call 4's pytest stopped at its 200 s limit after test_turbo_fp8.py (all passed) and 5 SwiGLU tests; the
+     # autotune of _common.Tuned now times on the device (queued_gpu_time): each tuned space's configs vs the pick
+     timeout 150 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_swiglu.py \
+       > "$OUT/pytest_gpu5.log" 2>&1
+     tail -4 "$OUT/pytest_gpu5.log"
+     L=$((560 - SECONDS))
+     timeout $L python bench/turbo_kernels.py --no-tests --gpu-time --budget $((L - 10)) \
+       --only tuned_spaces,fp8_casts,swiglu,fp8_linear > "$OUT/kernels5.log" 2>&1
+     grep -E "^\| |breakdown|^     " "$OUT/kernels5.log" ;;
+  *) echo "usage: bash bench/session6.sh 1|2|3|4|5" >&2; exit 2 ;;
 esac

@@ -523,6 +523,36 @@ def b_fp8_gemms():
                 note=f"bf16 {tot[(role, 'bf16')]:.3f} ms")
 
 
+@guarded("tuned_spaces")
+def b_tuned_spaces():
+    """Every launch config of the blockwise casts' and the SwiGLU forward's tuned spaces, timed alone (GPU time with
+    --gpu-time), and the config _common.Tuned picked for the same call (its autotune times on the device too:
+    _common.queued_gpu_time), so a pick that is not the fastest shows."""
+    from primus.turbo import fp8_linear as F8
+    from primus.turbo import swiglu as SW
+    e4 = F8.fp8_dtypes(DEV)[0]
+    M, K = sz((8192, 4096), (256, 256))
+    x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
+    for tile, wy, wt, case in ((False, True, True, "dy and dy^T 1x128"), (True, True, True, "W and W^T 128x128"),
+                               (False, False, True, "x^T 1x128"), (False, True, False, "x 1x128")):
+        kw = dict(tile=tile, want_y=wy, want_t=wt, pad_rows=not tile)
+        F8.cast_blockwise(x, e4, **kw)  # tunes (first call of this key), then the pick
+        picked = [v for k, v in F8._CAST_BLOCK.picked.items() if k[0] == (M, K) and (
+            ("TILE", tile) in k[1] and ("WRITE_Y", wy) in k[1] and ("WRITE_T", wt) in k[1])]
+        nb = M * K * (2 + (1 if wy else 0) + (1 if wt else 0))
+        for cfg in F8._CAST_BLOCK.space(TILE=tile, WRITE_Y=wy, WRITE_T=wt):
+            t = ms(lambda: F8.cast_blockwise(x, e4, config=cfg, **kw))
+            row("tuned blockwise cast", f"{case} {M}x{K} {cfg}", t, gbytes=nb / 1e9,
+                note="PICKED" if picked and picked[-1] == cfg else "")
+    T, F = sz((32768, 8192), (64, 256))
+    h = torch.randn(T, 2 * F, device=DEV, dtype=torch.bfloat16)
+    SW._fwd(h, None)
+    picked = [v for k, v in SW._FWD.picked.items() if k[0] == (T, F)]
+    for cfg in SW._FWD.space((h, None, None, T, F), HAS_P=False):
+        row("tuned swiglu fwd", f"T={T} F={F} {cfg}", ms(lambda: SW._fwd(h, None, config=cfg)),
+            gbytes=T * F * 3 * 2 / 1e9, note="PICKED" if picked and picked[-1] == cfg else "")
+
+
 @guarded("attention")
 def b_attention():
     from primus.turbo.attention import attention_reference, turbo_attention
@@ -681,7 +711,7 @@ def main():
     _common.POISON = False  # timing: no poison fills
     env_and_copy()
     run_tests()
-    benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_cross_entropy, b_qkv_rope, b_casts, b_fp8_linear, b_fp8_gemms, b_attention, b_grouped_gemm, b_router, b_permute]
+    benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_cross_entropy, b_qkv_rope, b_casts, b_fp8_linear, b_fp8_gemms, b_tuned_spaces, b_attention, b_grouped_gemm, b_router, b_permute]
     only = [s for s in ARGS.only.split(",") if s]
     for b in benches:
         if not only or b.__name__ in only:
