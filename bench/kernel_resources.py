@@ -55,10 +55,9 @@ def configs():
             yield ("blockwise_cast", case, F8._cast_block, cb,
                    {"BR": c["BR"], "BC": c["BC"], "SUB": c["SUB"], "TILE": tile, "WRITE_Y": wy, "WRITE_T": wt},
                    c["num_warps"])
-    sw = {"H": "*bf16", "P": "*fp32", "Y": "*bf16", "T": "i32", "F": "i32", "s_h": "i32", "s_y": "i32"}
+    sw = {"H": "*bf16", "P": "*fp32", "Y": "*bf16", "N": "i32", "F": "i32", "s_h": "i32"}
     for c in SW._FWD.configs:
-        yield "swiglu_fwd", "no probs", SW._swiglu_fwd, sw, {"HAS_P": False, "BT": c["BT"], "BF": c["BF"]}, \
-            c["num_warps"]
+        yield "swiglu_fwd", "no probs", SW._swiglu_fwd, sw, {"HAS_P": False, "BLOCK": c["BLOCK"]}, c["num_warps"]
     ct = {"X": "*bf16", "AMAX": "*fp32", "Y": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32", "YR": "i32",
           "YC": "i32", "stride_xr": "i32", "FP8_MAX": "fp32"}
     for c in F8._COLS_T.configs:

@@ -547,8 +547,8 @@ def b_tuned_spaces():
     T, F = sz((32768, 8192), (64, 256))
     h = torch.randn(T, 2 * F, device=DEV, dtype=torch.bfloat16)
     SW._fwd(h, None)
-    picked = [v for k, v in SW._FWD.picked.items() if k[0] == (T, F)]
-    for cfg in SW._FWD.space((h, None, None, T, F), HAS_P=False):
+    picked = [v for k, v in SW._FWD.picked.items() if k[0] == (T * F, F)]
+    for cfg in SW._FWD.space(HAS_P=False):
         row("tuned swiglu fwd", f"T={T} F={F} {cfg}", ms(lambda: SW._fwd(h, None, config=cfg)),
             gbytes=T * F * 3 * 2 / 1e9, note="PICKED" if picked and picked[-1] == cfg else "")
 

@@ -128,11 +128,11 @@ def checks():
                    {"TOPK": 8, "SIGMOID": sig_fn, "PRE_SOFTMAX": pre, "HAS_BIAS": sig_fn, "BT": bt, "BE": 64})
             yield (f"router bwd sigmoid={sig_fn} pre={pre} BT={bt}", MO._router_bwd, rb,
                    {"TOPK": 8, "SIGMOID": sig_fn, "PRE_SOFTMAX": pre, "HAS_GA": True, "BT": bt, "BE": 64})
-    sw = {"H": "*bf16", "P": "*fp32", "Y": "*bf16", "T": "i32", "F": "i32", "s_h": "i32", "s_y": "i32"}
+    sw = {"H": "*bf16", "P": "*fp32", "Y": "*bf16", "N": "i32", "F": "i32", "s_h": "i32"}
     for cfg in SW._FWD.configs:  # the tuned SwiGLU forward, with and without probs
         for has_p in (False, True):
-            yield (f"swiglu fwd BT={cfg['BT']} BF={cfg['BF']} has_p={has_p}", SW._swiglu_fwd, sw,
-                   {"HAS_P": has_p, "BT": cfg["BT"], "BF": cfg["BF"]})
+            yield (f"swiglu fwd BLOCK={cfg['BLOCK']} has_p={has_p}", SW._swiglu_fwd, sw,
+                   {"HAS_P": has_p, "BLOCK": cfg["BLOCK"]})
     yield ("rope cos/sin table", RP._cos_sin_table,
            {"QF": "*fp32", "KF": "*fp32", "CS": "*fp32", "stride_qf": "i32", "stride_kf": "i32"},
            {"D": 64, "BLOCK_D": 64})
