@@ -53,8 +53,7 @@ def configs():
                                (False, True, True, "dy and dy^T 1x128"), (True, True, True, "W and W^T 128x128")):
         for c in F8._CAST_BLOCK.space(TILE=tile, WRITE_Y=wy, WRITE_T=wt):
             yield ("blockwise_cast", case, F8._cast_block, cb,
-                   {"BR": c["BR"], "BC": c["BC"], "SUB": c["SUB"], "TILE": tile, "WRITE_Y": wy, "WRITE_T": wt},
-                   c["num_warps"])
+                   {"BR": c["BR"], "BC": c["BC"], "TILE": tile, "WRITE_Y": wy, "WRITE_T": wt}, c["num_warps"])
     sw = {"H": "*bf16", "P": "*fp32", "Y": "*bf16", "N": "i32", "F": "i32", "s_h": "i32"}
     for c in SW._FWD.configs:
         yield "swiglu_fwd", "no probs", SW._swiglu_fwd, sw, {"HAS_P": False, "BLOCK": c["BLOCK"]}, c["num_warps"]
@@ -79,7 +78,7 @@ def main():
         if only and kernel not in only:
             continue
         r = resources(fn, sig, consts, warps)
-        cfg = " ".join(f"{k}={v}" for k, v in consts.items() if k.startswith(("B", "SUB")))
+        cfg = " ".join(f"{k}={v}" for k, v in consts.items() if k.startswith("B"))
         print(f"| {kernel} | {case} | {cfg} | {warps} | {r['regs']} | {r['stack']} |", flush=True)
 
 

@@ -168,7 +168,7 @@ def test_every_config_of_the_tuned_blockwise_cast_gives_the_same_bytes(want_y, w
     R, C = 150, 260
     x = torch.randn(R, C, device=DEV, dtype=torch.bfloat16) * torch.rand(R, 1, device=DEV).to(torch.bfloat16) * 4
     space = F8._CAST_BLOCK.space(TILE=tile, WRITE_Y=want_y, WRITE_T=want_t)
-    assert len(space) >= 3
+    assert len(space) >= 2
     assert all((c["BC"] == 128 or not (want_y or tile)) and (c["BR"] == 128 or not (want_t or tile)) for c in space)
     first = F8.cast_blockwise(x, E4, tile=tile, want_y=want_y, want_t=want_t, pad_rows=not tile, config=space[0])
     for cfg in space[1:]:

@@ -256,109 +256,60 @@ def _cast_cols_t(X, AMAX, Y, SINV, R, C, YR, YC, stride_xr, FP8_MAX, BM: tl.cons
 @triton.jit
 def _cast_block(X, Y, YT, S, ST, R, C, RP, stride_xr, stride_xc, s_sr, s_sc, s_tr, s_tc, SPAD, STPAD, FP8_MAX,
                 BR: tl.constexpr, BC: tl.constexpr, TILE: tl.constexpr, WRITE_Y: tl.constexpr,
-                WRITE_T: tl.constexpr, SUB: tl.constexpr):
+                WRITE_T: tl.constexpr):
     """Blockwise cast of X (R, C) (any strides) into Y (RP, C) and / or YT (C, RP) = its transpose, both row-major;
-    rows R..RP-1 are zero pad. One program per BR x BC tile of X (coalesced along C). scale_inv stores:
+    rows R..RP-1 are zero pad. One program per BR x BC tile of X, read once (coalesced along C). scale_inv stores:
       TILE=False  Y in 1xBC groups along C (BC = 128): S[r, g] at S + r*s_sr + g*s_sc
                   YT in 1xBR groups along R (BR = 128): ST[g, c] at ST + g*s_tr + c*s_tc
       TILE=True   one scale per tile (BR = BC = 128), tile (tr, tc): at S + tr*s_sr + tc*s_sc and ST + tc*s_tr +
                   tr*s_tc. S's tc in [C tiles, SPAD) and ST's tr in [R tiles, STPAD) are set to 0: the pad cuBLAS
                   wants on the contraction-block dim of 128x128 scales (see blockwise_scale_layout).
-    YT is stored from tl.trans of the fp8 tile, so that store is coalesced along R too (no column-view reads).
-    SUB = BR: the tile is loaded once and held (a 128x128 fp32 tile: 245-255 registers at 8 warps). SUB < BR: the
-    tile in BR/SUB slices of SUB rows, twice: a first pass takes the amaxes (and writes Y's 1x128 groups, which need
-    only their row), a second re-reads each slice (from L1 / L2) and writes what needs the column / tile scale."""
+    YT is stored from tl.trans of the fp8 tile, so that store is coalesced along R too (no column-view reads)."""
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     r0 = pid_r * BR
     c0 = pid_c * BC
+    lr = tl.arange(0, BR)
     lc = tl.arange(0, BC)
+    rows = r0 + lr
     cols = c0 + lc
     # 64-bit tile bases, 32-bit offsets inside the tile: per-element int64 offsets cost registers (sm90, 8 warps,
     # both outputs: 255 registers and a 384-byte spill stack with them, none without; bench/kernel_resources.py)
-    xb = X + (r0.to(tl.int64) * stride_xr + c0.to(tl.int64) * stride_xc)
-    yb = Y + (r0.to(tl.int64) * C + c0)
-    tb = YT + (c0.to(tl.int64) * RP + r0)
-    pad = tl.arange(0, 4)
-    if SUB == BR:
-        lr = tl.arange(0, BR)
-        rows = r0 + lr
-        x = tl.load(xb + (lr[:, None] * stride_xr + lc[None, :] * stride_xc),
-                    mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
-        ymask = (rows[:, None] < RP) & (cols[None, :] < C)
-        tmask = (cols[:, None] < C) & (rows[None, :] < RP)
-        ypt = yb + (lr[:, None] * C + lc[None, :])
-        tpt = tb + (lc[:, None] * RP + lr[None, :])
-        # each output is stored as soon as it is computed (fewer live 128x128 tiles)
-        if TILE:
-            scale = FP8_MAX / tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-12)
-            q = tl.clamp(x * scale, -FP8_MAX, FP8_MAX)
-            if WRITE_Y:
-                tl.store(ypt, q.to(Y.dtype.element_ty), mask=ymask)
-            if WRITE_T:
-                tl.store(tpt, tl.trans(q.to(YT.dtype.element_ty)), mask=tmask)
-        else:
-            if WRITE_Y:  # one scale per row of the tile
-                rs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
-                q = tl.clamp(x * rs[:, None], -FP8_MAX, FP8_MAX)
-                tl.store(ypt, q.to(Y.dtype.element_ty), mask=ymask)
-                tl.store(S + rows * s_sr + pid_c * s_sc, 1.0 / rs, mask=rows < RP)
-            if WRITE_T:  # one scale per column of the tile
-                cs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12)
-                qt = tl.clamp(x * cs[None, :], -FP8_MAX, FP8_MAX)
-                tl.store(tpt, tl.trans(qt.to(YT.dtype.element_ty)), mask=tmask)
-                tl.store(ST + pid_r * s_tr + cols * s_tc, 1.0 / cs, mask=cols < C)
-    else:
-        cmax = tl.zeros((BC,), dtype=tl.float32)  # per column of the tile (YT's groups; the tile's amax)
-        for i in range(0, BR // SUB):
-            lr = i * SUB + tl.arange(0, SUB)
-            rows = r0 + lr
-            x = tl.load(xb + (lr[:, None] * stride_xr + lc[None, :] * stride_xc),
-                        mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
-            ax = tl.abs(x)
-            cmax = tl.maximum(cmax, tl.max(ax, axis=0))
-            if WRITE_Y and not TILE:
-                rs = FP8_MAX / tl.maximum(tl.max(ax, axis=1), 1e-12)
-                q = tl.clamp(x * rs[:, None], -FP8_MAX, FP8_MAX)
-                tl.store(yb + (lr[:, None] * C + lc[None, :]), q.to(Y.dtype.element_ty),
-                         mask=(rows[:, None] < RP) & (cols[None, :] < C))
-                tl.store(S + rows * s_sr + pid_c * s_sc, 1.0 / rs, mask=rows < RP)
-        if TILE:
-            scale = FP8_MAX / tl.maximum(tl.max(cmax, axis=0), 1e-12)
-        else:
-            cs = FP8_MAX / tl.maximum(cmax, 1e-12)
-            if WRITE_T:
-                tl.store(ST + pid_r * s_tr + cols * s_tc, 1.0 / cs, mask=cols < C)
-        if TILE or WRITE_T:
-            for i in range(0, BR // SUB):
-                lr = i * SUB + tl.arange(0, SUB)
-                rows = r0 + lr
-                x = tl.load(xb + (lr[:, None] * stride_xr + lc[None, :] * stride_xc),
-                            mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
-                tmask = (cols[:, None] < C) & (rows[None, :] < RP)
-                if TILE:
-                    q = tl.clamp(x * scale, -FP8_MAX, FP8_MAX)
-                    if WRITE_Y:
-                        tl.store(yb + (lr[:, None] * C + lc[None, :]), q.to(Y.dtype.element_ty),
-                                 mask=(rows[:, None] < RP) & (cols[None, :] < C))
-                    if WRITE_T:
-                        tl.store(tb + (lc[:, None] * RP + lr[None, :]), tl.trans(q.to(YT.dtype.element_ty)),
-                                 mask=tmask)
-                else:
-                    qt = tl.clamp(x * cs[None, :], -FP8_MAX, FP8_MAX)
-                    tl.store(tb + (lc[:, None] * RP + lr[None, :]), tl.trans(qt.to(YT.dtype.element_ty)),
-                             mask=tmask)
-    if TILE:  # the tile's scale in both layouts, and the zero pad of the contraction-block dim
+    x = tl.load(X + (r0.to(tl.int64) * stride_xr + c0.to(tl.int64) * stride_xc)
+                + (lr[:, None] * stride_xr + lc[None, :] * stride_xc),
+                mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
+    ymask = (rows[:, None] < RP) & (cols[None, :] < C)
+    tmask = (cols[:, None] < C) & (rows[None, :] < RP)
+    ypt = Y + (r0.to(tl.int64) * C + c0) + (lr[:, None] * C + lc[None, :])
+    tpt = YT + (c0.to(tl.int64) * RP + r0) + (lc[:, None] * RP + lr[None, :])
+    # each output is stored as soon as it is computed (fewer live 128x128 tiles)
+    if TILE:
+        scale = FP8_MAX / tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-12)
+        q = tl.clamp(x * scale, -FP8_MAX, FP8_MAX)
+        pad = tl.arange(0, 4)
         if WRITE_Y:
+            tl.store(ypt, q.to(Y.dtype.element_ty), mask=ymask)
             tl.store(S + pid_r * s_sr + pid_c * s_sc, 1.0 / scale)
             if pid_c == tl.num_programs(1) - 1:
                 tl.store(S + pid_r * s_sr + (pid_c + 1 + pad) * s_sc, tl.zeros((4,), tl.float32),
                          mask=pid_c + 1 + pad < SPAD)
         if WRITE_T:
+            tl.store(tpt, tl.trans(q.to(YT.dtype.element_ty)), mask=tmask)
             tl.store(ST + pid_c * s_tr + pid_r * s_tc, 1.0 / scale)
             if pid_r == tl.num_programs(0) - 1:
                 tl.store(ST + pid_c * s_tr + (pid_r + 1 + pad) * s_tc, tl.zeros((4,), tl.float32),
                          mask=pid_r + 1 + pad < STPAD)
+    else:
+        if WRITE_Y:  # one scale per row of the tile
+            rs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
+            q = tl.clamp(x * rs[:, None], -FP8_MAX, FP8_MAX)
+            tl.store(ypt, q.to(Y.dtype.element_ty), mask=ymask)
+            tl.store(S + rows * s_sr + pid_c * s_sc, 1.0 / rs, mask=rows < RP)
+        if WRITE_T:  # one scale per column of the tile
+            cs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12)
+            qt = tl.clamp(x * cs[None, :], -FP8_MAX, FP8_MAX)
+            tl.store(tpt, tl.trans(qt.to(YT.dtype.element_ty)), mask=tmask)
+            tl.store(ST + pid_r * s_tr + cols * s_tc, 1.0 / cs, mask=cols < C)
 
 
 @triton.jit
@@ -727,25 +678,21 @@ def blockwise_gemms(device=None, fmt: str = "e4m3", in_features: int = 4096, out
 
 def _block_ok(cfg, TILE=False, WRITE_Y=True, WRITE_T=False, **_):
     """A tile spans the 128-wide groups of every output it writes: along C for Y's 1x128 groups, along R for YT's,
-    both for 128x128 tiles. Slices (SUB < BR) only where a column / tile amax precedes a store (YT or tiles)."""
-    return ((cfg["BC"] == GROUP or not (TILE or WRITE_Y)) and (cfg["BR"] == GROUP or not (TILE or WRITE_T))
-            and (cfg.get("SUB", cfg["BR"]) == cfg["BR"] or TILE or WRITE_T))
+    both for 128x128 tiles."""
+    return (cfg["BC"] == GROUP or not (TILE or WRITE_Y)) and (cfg["BR"] == GROUP or not (TILE or WRITE_T))
 
 
-# The blockwise casts, autotuned on the GPU per (R, C) and outputs. Each output's default comes first in the space
-# _block_ok admits for it: Y alone (32, 128, 4 warps: 91% of copy bandwidth, session 5), YT alone (128, 64, 4:
-# 82%), both / 128x128 tiles (128, 128, 8: 60% / 78%). A 128x128 fp32 tile held at 8 warps takes 245-255
-# registers (one CTA per SM); hence 16 / 32 warps and the sliced two-pass configs (SUB rows at a time, 4-8 warps).
+# The blockwise casts, autotuned per (R, C) and outputs; each output's default first in the space _block_ok admits
+# for it. H200, 8192x4096 bf16, GPU time, every config alone (session 6, docs/benchmarks.md): Y alone (32, 128, 4
+# warps) 0.026 ms, 92% of copy bandwidth, the others within 10%; YT alone (128, 64, 4) 0.032 ms, 77%, next best
+# (128, 32, 4) 0.036; Y and YT / 128x128 tiles (128, 128, 8) 0.056 / 0.039 ms, 57% / 81%, 16 warps 0.072 / 0.058
+# (32 warps, and a sliced two-pass walk that held fewer registers, were slower still and are gone). The space is
+# kept for other GPUs (ROCm's 64-wide wavefronts): the autotune costs one compile per config at the first call.
 _CAST_BLOCK = _common.Tuned(_cast_block, [
-    {"BR": 32, "BC": GROUP, "SUB": 32, "num_warps": 4}, {"BR": GROUP, "BC": 64, "SUB": GROUP, "num_warps": 4},
-    {"BR": GROUP, "BC": GROUP, "SUB": GROUP, "num_warps": 8},
-    {"BR": GROUP, "BC": GROUP, "SUB": GROUP, "num_warps": 16},
-    {"BR": GROUP, "BC": GROUP, "SUB": GROUP, "num_warps": 32},
-    {"BR": GROUP, "BC": GROUP, "SUB": 32, "num_warps": 4}, {"BR": GROUP, "BC": GROUP, "SUB": 32, "num_warps": 8},
-    {"BR": GROUP, "BC": GROUP, "SUB": 64, "num_warps": 8}, {"BR": GROUP, "BC": GROUP, "SUB": 16, "num_warps": 4},
-    {"BR": 64, "BC": GROUP, "SUB": 64, "num_warps": 8}, {"BR": 16, "BC": GROUP, "SUB": 16, "num_warps": 4},
-    {"BR": GROUP, "BC": 64, "SUB": GROUP, "num_warps": 8}, {"BR": GROUP, "BC": 32, "SUB": GROUP, "num_warps": 4},
-    {"BR": GROUP, "BC": 64, "SUB": 32, "num_warps": 4},
+    {"BR": 32, "BC": GROUP, "num_warps": 4}, {"BR": GROUP, "BC": 64, "num_warps": 4},
+    {"BR": GROUP, "BC": GROUP, "num_warps": 8}, {"BR": GROUP, "BC": GROUP, "num_warps": 16},
+    {"BR": 64, "BC": GROUP, "num_warps": 8}, {"BR": 16, "BC": GROUP, "num_warps": 4},
+    {"BR": GROUP, "BC": 32, "num_warps": 4}, {"BR": GROUP, "BC": 64, "num_warps": 8},
 ], key=["R", "C"], valid=_block_ok)
 
 
