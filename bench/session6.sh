@@ -15,14 +15,7 @@ LOGS=${LOGS:-/tmp/bench_logs}
 mkdir -p "$OUT" "$LOGS"
 B="training.train_iters=14"
 case "${1:-}" in
-  1) timeout 330 python bench/e2e.py --suite none --tag turbo_dense --timeout 80 --log-dir "$LOGS" \
-       --ref "bf16 turbo off" \
-       --extra "bf16 turbo off=experiment=llama3_2_1b_megatron_bf16 $B" \
-       --extra "bf16 turbo on=experiment=llama3_2_1b_megatron_bf16 turbo=megatron $B" \
-       --extra "fp8 delayed turbo off=experiment=llama3_2_1b_megatron_fp8_delayed $B" \
-       --extra "fp8 delayed turbo on=experiment=llama3_2_1b_megatron_fp8_delayed turbo=megatron $B" \
-       > "$OUT/turbo_dense.log" 2>&1
-     grep -E "^\| " "$OUT/turbo_dense.log"
+  1) OUT=$OUT LOGS=$LOGS bash bench/turbo_e2e.sh dense
      L=$((580 - SECONDS))
      [ $L -gt 120 ] && timeout $L python bench/e2e.py --suite none --tag tt_fp8 --timeout 90 --log-dir "$LOGS" \
        --ref "torchtitan fp8 torchao" --extra "torchtitan fp8 torchao=experiment=llama3_2_1b_torchtitan_fp8" \
@@ -36,17 +29,8 @@ case "${1:-}" in
      timeout $L python bench/turbo_kernels.py --no-tests --gpu-time --budget $((L - 10)) \
        --only fp8_gemms,fp8_linear,fp8_casts,swiglu,permute > "$OUT/kernels.log" 2>&1
      grep -E "^\| |timing" "$OUT/kernels.log" ;;
-  3) E="experiment=llama3_2_1b_megatron_bf16 training.compile=false training.micro_batch_size=8"
-     E="$E training.global_batch_size=8 $B"  # micro batch 8: 16 does not fit eagerly without recompute
-     timeout 200 python bench/e2e.py --suite none --tag turbo_eager --timeout 90 --log-dir "$LOGS" \
-       --ref "bf16 eager turbo off" --extra "bf16 eager turbo off=$E" --extra "bf16 eager turbo on=$E turbo=megatron" \
-       > "$OUT/turbo_eager.log" 2>&1
-     grep -E "^\| " "$OUT/turbo_eager.log"
-     timeout 200 python bench/e2e.py --suite none --tag turbo_moe --timeout 90 --log-dir "$LOGS" --ref "moe turbo off" \
-       --extra "moe turbo off=experiment=mixtral_small_moe $B" \
-       --extra "moe turbo on=experiment=mixtral_small_moe turbo=megatron_moe moe.moe_permute_fusion=true $B" \
-       > "$OUT/turbo_moe.log" 2>&1
-     grep -E "^\| " "$OUT/turbo_moe.log" ;;
+  3) OUT=$OUT LOGS=$LOGS bash bench/turbo_e2e.sh eager
+     OUT=$OUT LOGS=$LOGS bash bench/turbo_e2e.sh moe ;;
   4) # after this session's kernel changes: the blockwise casts (tuned: 16 / 32 warps, sliced two-pass), the
      # blockwise x^T cast moved into the forward, the tuned SwiGLU forward; then blockwise vs tensorwise end to end
      timeout 200 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_fp8.py \

@@ -4,8 +4,10 @@
 
 The forward reads 0.97x torch.compile at T=32768, F=8192 bf16 with every config of its tuned space (all at
 99-100% of the copy bandwidth; inductor at 104%: a 2:1 read:write stream beats the 1:1 copy). Variants: the tuned
-kernel, the same with streaming cache hints (loads evict_first, stores .cs), and a flat 1D kernel (inductor's
-shape: a program per BLOCK output elements, row / column from the flat index).
+kernel, the same with streaming cache hints (loads evict_first, stores .cs), and a flat 1D walk (inductor's
+shape: a program per BLOCK output elements, row / column from the flat index). Session 6 call 6 measured the flat
+walk as its own kernel here (1.000x compile); it became primus.turbo.swiglu's forward, whose configs these rows
+now time, with the tuned pick first (the 2-D tile kernel is gone).
 """
 from __future__ import annotations
 
@@ -37,17 +39,6 @@ def _fwd_stream(H, Y, T, F, s_h, s_y, BT: tl.constexpr, BF: tl.constexpr):
     tl.store(Y + r64 * s_y + cols[None, :], y.to(Y.dtype.element_ty), mask=m, cache_modifier=".cs")
 
 
-@triton.jit
-def _fwd_flat(H, Y, N, F, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = i < N
-    r = i // F
-    c = i % F
-    gate = tl.load(H + r * (2 * F) + c, mask=m, other=0.0).to(tl.float32)
-    up = tl.load(H + r * (2 * F) + F + c, mask=m, other=0.0).to(tl.float32)
-    tl.store(Y + i, (gate / (1.0 + tl.exp(-gate)) * up).to(Y.dtype.element_ty), mask=m)
-
-
 def main():
     TK.ARGS = argparse.Namespace(gpu_time=True, budget=1e9, no_compile=False)
     T, F = 32768, 8192
@@ -77,14 +68,8 @@ def main():
     for bt, bf, w in ((1, 2048, 8), (2, 1024, 4), (4, 1024, 8)):
         add(f"streaming hints BT={bt} BF={bf} warps={w}", stream(bt, bf, w))
 
-    def flat(block, w):
-        def fn():
-            _fwd_flat[(triton.cdiv(T * F, block),)](h, y, T * F, F, BLOCK=block, num_warps=w)
-            return y
-        return fn
-
-    for block, w in ((1024, 4), (2048, 8), (4096, 8)):
-        add(f"flat 1D BLOCK={block} warps={w}", flat(block, w))
+    for cfg in SW._FWD.configs:  # the flat walk: the production kernel, each config of its space
+        add(f"flat 1D BLOCK={cfg['BLOCK']} warps={cfg['num_warps']}", lambda cfg=cfg: SW._fwd(h, None, config=cfg))
     base = rows[0][1]
     print("| variant | GPU ms | % copy | vs compile | relerr |\n|---|---:|---:|---:|---:|")
     for name, t, pc, err in rows:
