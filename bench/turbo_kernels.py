@@ -525,7 +525,8 @@ def b_fp8_gemms():
 
 @guarded("tuned_spaces")
 def b_tuned_spaces():
-    """Every launch config of the blockwise casts' and the SwiGLU forward's tuned spaces, timed alone (GPU time with
+    """Every launch config of the blockwise casts', the rowwise transposed cast's and the SwiGLU forward's tuned
+    spaces, timed alone (GPU time with
     --gpu-time), and the config _common.Tuned picked for the same call (its autotune times on the device too:
     _common.queued_gpu_time), so a pick that is not the fastest shows."""
     from primus.turbo import fp8_linear as F8
@@ -543,6 +544,20 @@ def b_tuned_spaces():
         for cfg in F8._CAST_BLOCK.space(TILE=tile, WRITE_Y=wy, WRITE_T=wt):
             t = ms(lambda: F8.cast_blockwise(x, e4, config=cfg, **kw))
             row("tuned blockwise cast", f"{case} {M}x{K} {cfg}", t, gbytes=nb / 1e9,
+                note="PICKED" if picked and picked[-1] == cfg else "")
+    # the rowwise recipe's transposed cast: its column amax pass and the cast with the transposed store, at the
+    # gate+up dy (8192 x 28672) and x (8192 x 4096) shapes
+    for R, C in (sz((8192, 28672), (256, 384)), (M, K)):
+        xr = torch.randn(R, C, device=DEV, dtype=torch.bfloat16)
+        F8.cast_rowwise(xr, e4, transpose=True, pad=True)  # tunes both spaces for this shape
+        picked = [v for k, v in F8._COLMAX.picked.items() if k[0] == (R, C)]
+        for cfg in F8._COLMAX.space((xr, None, R, C)):
+            row("tuned column amax", f"{R}x{C} {cfg}", ms(lambda: F8.column_amax(xr, config=cfg)),
+                gbytes=R * C * 2 / 1e9, note="PICKED" if picked and picked[-1] == cfg else "")
+        picked = [v for k, v in F8._COLS_T.picked.items() if k[0] == (R, C)]
+        for cfg in F8._COLS_T.configs:
+            row("tuned rowwise cast along M", f"{R}x{C} {cfg} (amax pass included)",
+                ms(lambda: F8.cast_rowwise(xr, e4, transpose=True, pad=True, config=cfg)), gbytes=R * C * 3 / 1e9,
                 note="PICKED" if picked and picked[-1] == cfg else "")
     T, F = sz((32768, 8192), (64, 256))
     h = torch.randn(T, 2 * F, device=DEV, dtype=torch.bfloat16)

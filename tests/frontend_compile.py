@@ -54,9 +54,10 @@ def checks():
     for cfg in F8._ROWWISE_ROWS.configs:
         yield f"rowwise BR={cfg['BR']} BC={cfg['BC']}", F8._cast_rowwise, rowwise, {"BR": cfg["BR"], "BC": cfg["BC"]}
     for x in ("*bf16", "*fp32"):  # quantised along a column view: x^T / dy^T, and fp32 weights (TorchTitan)
-        yield (f"rowwise transposed: column amax {x}", F8._colmax,
-               {"X": x, "AMAX": "*fp32", "R": "i32", "C": "i32", "stride_xr": "i32", "ROWS_PER": "i32"},
-               {"BM": F8._COLMAX_BM, "BK": F8._COLMAX_BK})
+        for cfg in F8._COLMAX.configs:
+            yield (f"rowwise transposed: column amax {x} " + " ".join(f"{k}={v}" for k, v in cfg.items()),
+                   F8._colmax, {"X": x, "AMAX": "*fp32", "R": "i32", "C": "i32", "stride_xr": "i32"},
+                   {k: v for k, v in cfg.items() if k != "num_warps"})
         for cfg in F8._COLS_T.configs:
             yield (f"rowwise transposed cast {x} BM={cfg['BM']} BK={cfg['BK']}", F8._cast_cols_t,
                    {"X": x, "AMAX": "*fp32", "Y": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32", "YR": "i32",

@@ -99,6 +99,20 @@ def test_transposed_rowwise_cast_every_config_matches_the_column_view_kernel_bit
         assert torch.equal(s, s0), cfg
 
 
+@pytest.mark.parametrize("R,C,dtype", [(70, 40, torch.bfloat16), (600, 300, torch.bfloat16),
+                                       (150, 24, torch.float32)])
+def test_column_amax_every_config(R, C, dtype):
+    """The transposed rowwise cast's column amax pass: every config of its tuned space gives max |x| per column
+    exactly (a max is exact in any dtype), sizes not multiples of any tile, the first / last row holding a column's
+    max (the programs' row edges)."""
+    x = (torch.randn(R, C, device=DEV) * torch.rand(1, C, device=DEV) * 5).to(dtype)
+    x[0, 0], x[R - 1, C - 1] = -1e3, 2e3
+    ref = x.float().abs().amax(0)
+    for cfg in F8._COLMAX.configs:
+        got = F8.column_amax(x, config=cfg)
+        assert got.shape == (C,) and torch.equal(got, ref), cfg
+
+
 def _block_ref(t, br, bc):
     """float64 blockwise quantisation of t (R, C) in br x bc blocks: (dequantised (R, C), scale_inv per block)."""
     t = t.double()

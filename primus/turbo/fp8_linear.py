@@ -222,18 +222,19 @@ def _cast_rowwise(X, Y, SINV, R, C, RP, CP, stride_xr, stride_xc, stride_yr, str
 
 
 @triton.jit
-def _colmax(X, AMAX, R, C, stride_xr, ROWS_PER, BM: tl.constexpr, BK: tl.constexpr):
-    """AMAX[c] = max(AMAX[c], max |X[r, c]| over this program's ROWS_PER rows): row-major X read along its rows."""
+def _colmax(X, AMAX, R, C, stride_xr, BM: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr):
+    """AMAX[c] = max(AMAX[c], max |X[r, c]| over this program's ROWS rows): row-major X read along its rows, BM rows
+    at a time; the tile-shaped running max is reduced over rows once, after the loop, then one atomic per column."""
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
     cmask = cols < C
-    r0 = tl.program_id(0) * ROWS_PER
-    acc = tl.zeros((BK,), dtype=tl.float32)
-    for i in range(0, tl.cdiv(ROWS_PER, BM)):
+    r0 = tl.program_id(0) * ROWS
+    acc = tl.zeros((BM, BK), dtype=tl.float32)
+    for i in range(0, ROWS // BM):
         rows = r0 + i * BM + tl.arange(0, BM)
-        m = ((rows < R) & (rows < r0 + ROWS_PER))[:, None] & cmask[None, :]
-        x = tl.load(X + rows[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=m, other=0.0)
-        acc = tl.maximum(acc, tl.max(tl.abs(x.to(tl.float32)), axis=0))
-    tl.atomic_max(AMAX + cols, acc, mask=cmask)
+        x = tl.load(X + rows[:, None].to(tl.int64) * stride_xr + cols[None, :],
+                    mask=(rows < R)[:, None] & cmask[None, :], other=0.0)
+        acc = tl.maximum(acc, tl.abs(x.to(tl.float32)))
+    tl.atomic_max(AMAX + cols, tl.max(acc, axis=0), mask=cmask)
 
 
 @triton.jit
@@ -274,7 +275,8 @@ def _cast_block(X, Y, YT, S, ST, R, C, RP, stride_xr, stride_xc, s_sr, s_sc, s_t
     rows = r0 + lr
     cols = c0 + lc
     # 64-bit tile bases, 32-bit offsets inside the tile: per-element int64 offsets cost registers (sm90, 8 warps,
-    # both outputs: 255 registers and a 384-byte spill stack with them, none without; bench/kernel_resources.py)
+    # both outputs, compiled without the alignment hints a launch adds: 255 registers and a 384-byte spill stack
+    # with them, none without; with the hints, 113 registers, no spill: bench/kernel_resources.py, session 7)
     x = tl.load(X + (r0.to(tl.int64) * stride_xr + c0.to(tl.int64) * stride_xc)
                 + (lr[:, None] * stride_xr + lc[None, :] * stride_xc),
                 mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
@@ -489,9 +491,43 @@ _ROWWISE_ROWS = _common.Tuned(_cast_rowwise, [
 _COLS_T = _common.Tuned(_cast_cols_t, [
     {"BM": 64, "BK": 128, "num_warps": 8}, {"BM": 128, "BK": 64, "num_warps": 8},
     {"BM": 64, "BK": 64, "num_warps": 4}, {"BM": 128, "BK": 128, "num_warps": 8},
-    {"BM": 32, "BK": 128, "num_warps": 4},
+    {"BM": 32, "BK": 128, "num_warps": 4}, {"BM": 128, "BK": 64, "num_warps": 4},
+    {"BM": 128, "BK": 32, "num_warps": 4},
 ], key=["R", "C"])
-_COLMAX_BM, _COLMAX_BK, _COLMAX_ROWS = 32, 128, 256
+
+
+def _colmax_ok(cfg, R=1, C=1, **_):
+    """No program spans more rows, nor a tile more columns, than x has (rounded up to a power of two)."""
+    return (cfg["ROWS"] <= max(cfg["BM"], triton.next_power_of_2(R))
+            and cfg["BK"] <= max(64, triton.next_power_of_2(C)))
+
+
+# The column amax pass was the largest cast of a rowwise gate+up linear (532 of 1,123 us: 1.45 TB/s for a pure
+# read, session 6) with one fixed config (the first); autotuned per (R, C) since session 7. ROWS rows per program
+# (one atomic per column each): more rows, fewer atomics but fewer programs.
+_COLMAX = _common.Tuned(_colmax, [
+    {"BM": 32, "BK": 128, "ROWS": 256, "num_warps": 4}, {"BM": 64, "BK": 128, "ROWS": 512, "num_warps": 4},
+    {"BM": 32, "BK": 256, "ROWS": 256, "num_warps": 4}, {"BM": 64, "BK": 256, "ROWS": 512, "num_warps": 8},
+    {"BM": 16, "BK": 512, "ROWS": 256, "num_warps": 4}, {"BM": 32, "BK": 512, "ROWS": 512, "num_warps": 8},
+    {"BM": 32, "BK": 256, "ROWS": 128, "num_warps": 4}, {"BM": 64, "BK": 128, "ROWS": 256, "num_warps": 8},
+], key=["R", "C"], valid=_colmax_ok)
+
+
+def column_amax(x: torch.Tensor, config=None) -> torch.Tensor:
+    """max |x[:, c]| for each column of a row-major x (R, C), fp32 (C,). config: one of _COLMAX's (tests)."""
+    R, C = x.shape
+    amax = torch.zeros(C, dtype=torch.float32, device=x.device)
+    if R and C:
+        args = (x, amax, R, C, x.stride(0))
+
+        def grid(meta):
+            return (triton.cdiv(R, meta["ROWS"]), triton.cdiv(C, meta["BK"]))
+
+        if config is not None:
+            _COLMAX.run(config, grid, args)
+        else:
+            _COLMAX.launch(grid, args)
+    return amax
 
 
 def _cast_along_rows_t(x: torch.Tensor, dtype, YR: int, YC: int, config=None):
@@ -500,10 +536,7 @@ def _cast_along_rows_t(x: torch.Tensor, dtype, YR: int, YC: int, config=None):
     R, C = x.shape
     y = _common.empty((YR, YC), dtype, x.device)
     sinv = _common.empty((YR, 1), torch.float32, x.device)
-    amax = torch.zeros(C, dtype=torch.float32, device=x.device)
-    if R and C:
-        _colmax[(triton.cdiv(R, _COLMAX_ROWS), triton.cdiv(C, _COLMAX_BK))](
-            x, amax, R, C, x.stride(0), _COLMAX_ROWS, BM=_COLMAX_BM, BK=_COLMAX_BK, num_warps=4)
+    amax = column_amax(x)
     args = (x, amax, y, sinv, R, C, YR, YC, x.stride(0), _fmax(dtype))
 
     def grid(meta):
