@@ -1,8 +1,10 @@
 """The portable fp8 path (no Transformer Engine) wires megatron's parallel linears correctly.
 
 The fp8 GEMM itself is primus.turbo's (tested there, on GPUs). Here it is replaced by a plain linear that counts its
-calls, so a CPU run checks the wiring: which linears are converted (first/last layers kept in bf16), and that the
+calls, so a CPU run checks the wiring: which linears are converted (first/last layers kept in bf16), which entry
+point serves them (the custom ops at tp=1 for a stateless recipe, the autograd.Function otherwise), and that the
 tensor-parallel communication around the converted GEMMs is right (tp=2 with sequence parallel matches 1 process).
+The last test runs the real fp8 kernels (Triton's interpreter) under training.compile: no graph break.
 """
 
 import pytest
@@ -18,7 +20,7 @@ import torch
 import primus.turbo.fp8_linear as f8
 from primus.backends.megatron import args as margs
 
-calls = {"n": 0, "states": set(), "recipes": set()}
+calls = {"n": 0, "traced": 0, "states": set(), "recipes": set()}
 def plain_linear(x, weight, bias=None, recipe="tensorwise", fmt="e4m3", delayed=None):
     calls["n"] += 1
     calls["recipes"].add(recipe)
@@ -28,13 +30,18 @@ def plain_linear(x, weight, bias=None, recipe="tensorwise", fmt="e4m3", delayed=
                              delayed.settings.algo))
     return torch.nn.functional.linear(x, weight, bias)
 f8.fp8_linear = plain_linear
+import primus.turbo.fp8_ops as f8ops
+def plain_traced(x, weight, bias, recipe, fmt):
+    calls["traced"] += 1
+    return plain_linear(x, weight, bias, recipe, fmt)
+f8ops.fp8_linear_traced = plain_traced
 margs.portable_fp8_available = lambda recipe=None: True  # a CPU has no fp8: pretend, the GEMM is plain anyway
 
 from primus.backends.megatron.testing import train_steps
 
 # check=False: not validate(), fp8 on CPU is (rightly) refused there
 ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=3, check=False)
-print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "calls": calls["n"],
+print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "calls": calls["n"], "traced": calls["traced"],
                               "recipes": sorted(calls["recipes"]), "states": sorted(calls["states"]),
                               "converted": info.get("fp8_linears_on_this_rank", 0)}), flush=True)
 '''
@@ -53,6 +60,7 @@ def test_portable_fp8_converts_decoder_linears_and_keeps_the_math(tmp_path):
     assert plain["converted"] == 0 and plain["calls"] == 0
     assert fp8["converted"] == 4 * 4  # 4 layers x (qkv, proj, fc1, fc2); the output layer stays bf16
     assert fp8["calls"] == 16 * 3 * 2  # every converted linear, every micro batch (3 steps x 2)
+    assert fp8["traced"] == fp8["calls"]  # tp=1, tensorwise: all through the custom ops (compile keeps them)
     assert fp8["losses"] == pytest.approx(plain["losses"], abs=1e-6)
     kept = run(tmp_path, ["precision=fp8", "precision.first_last_layers_bf16=true",
                           "precision.num_layers_at_start_in_bf16=1", "precision.num_layers_at_end_in_bf16=2"])[0]
@@ -64,6 +72,7 @@ def test_portable_fp8_tensor_parallel_communication(tmp_path):
     r0, r1 = run(tmp_path, ["precision=fp8", "launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2",
                             "parallel.sequence_parallel=true"], nproc=2)
     assert r0["converted"] == r1["converted"] == 16
+    assert r0["traced"] == r1["traced"] == 0 and r0["calls"] > 0  # tp > 1: the autograd.Function, eagerly
     assert r0["losses"] == pytest.approx(one["losses"], abs=2e-3)
 
 
@@ -73,6 +82,37 @@ def test_portable_fp8_delayed_gives_each_linear_its_own_amax_histories(tmp_path)
     r = run(tmp_path, ["precision=fp8_delayed", "precision.fp8_amax_history_len=16", "precision.fp8_margin=1",
                        "precision.fp8_amax_compute_algo=most_recent"])[0]
     assert r["converted"] == 16 and r["recipes"] == ["delayed"]
+    assert r["traced"] == 0  # the histories are state the custom ops do not declare
     assert len({tuple(s[:2]) for s in r["states"]}) == 16  # 16 states, each always with its own weight
     assert len({s[0] for s in r["states"]}) == 16
     assert {tuple(s[2:]) for s in r["states"]} == {(16, 1, "most_recent")}
+
+
+REAL = r'''
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from primus.backends.megatron import args as margs
+margs.portable_fp8_available = lambda recipe=None: True  # a CPU has no fp8 GEMM check to pass; the kernels run
+from primus.backends.megatron.testing import train_steps
+from primus.train_loop import compile_stats
+ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=2, check=False)
+print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "compile": compile_stats(),
+                              "converted": info.get("fp8_linears_on_this_rank", 0)}), flush=True)
+'''
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise"])
+def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
+    """precision=fp8 with training.compile at tp=1: the real fp8 linears (casts and GEMMs in Triton's interpreter /
+    torch._scaled_mm) are custom ops dynamo keeps inside each compiled layer, so the run has no graph break (each
+    was one before); the losses are the eager fp8 run's."""
+    over = [*BASE, "model.num_layers=2", "precision=fp8", f"precision.fp8_recipe={recipe}", "precision.fp8=e4m3"]
+    (tmp_path / "eager").mkdir()
+    (tmp_path / "compiled").mkdir()
+    eager = run_ranks(tmp_path / "eager", "fp8_real.py", REAL, over, 1)[0]
+    comp = run_ranks(tmp_path / "compiled", "fp8_real.py", REAL, [*over, "training.compile=true"], 1)[0]
+    assert eager["converted"] == comp["converted"] == 8
+    assert comp["compile"]["graph_breaks"] == 0, comp["compile"]
+    assert comp["compile"]["unique_graphs"] >= 1
+    assert comp["losses"] == pytest.approx(eager["losses"], abs=2e-2)

@@ -163,6 +163,13 @@ def fp8_backward(st, dy2, need_dx=True, need_dw=True, need_db=False, after_dgrad
         after_dgrad(dx)
     return dx, ((dy2.t() @ x2).to(w.dtype) if need_dw else None), None
 F8.fp8_forward, F8.fp8_backward = fp8_forward, fp8_backward
+import primus.turbo.fp8_ops as f8ops
+calls["traced"] = 0
+def traced(x, w, b, recipe, fmt):  # the tp=1 custom-op entry point, plain and counted
+    calls["n"] += 1
+    calls["traced"] += 1
+    return torch.nn.functional.linear(x, w, b)
+f8ops.fp8_linear_traced = traced
 margs.portable_fp8_available = lambda recipe=None, planned=False: True  # a CPU has no fp8: pretend
 mturbo.resolve = lambda cfg, ctx: {"turbo.use_turbo_parallel_linear": "test"}
 
@@ -170,7 +177,7 @@ from primus.backends.megatron.testing import train_steps
 
 # check=False: not validate(), fp8 on CPU is (rightly) refused there
 ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=3, check=False)
-print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "calls": calls["n"],
+print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "calls": calls["n"], "traced": calls["traced"],
                               "states": len(calls["states"]), "swaps": info.get("turbo_swaps", {})}), flush=True)
 """
 
@@ -192,6 +199,7 @@ def test_turbo_parallel_linear_runs_the_fp8_gemms_under_precision_fp8(tmp_path):
     assert bf16["calls"] == 0 and bf16["swaps"]["use_turbo_parallel_linear"] == 16
     assert fp8["swaps"]["use_turbo_parallel_linear_fp8"] == 16
     assert fp8["calls"] == 16 * 3 * 2  # every linear, every micro batch (3 steps x 2)
+    assert fp8["traced"] == fp8["calls"]  # tp=1, tensorwise: the fp8_ops custom ops (compiled layers keep them)
     assert fp8["losses"] == pytest.approx(bf16["losses"], abs=1e-5)
     kept = run_fp8_script(tmp_path, ["precision=fp8", "precision.first_last_layers_bf16=true",
                                      "precision.num_layers_at_start_in_bf16=1",
@@ -201,8 +209,10 @@ def test_turbo_parallel_linear_runs_the_fp8_gemms_under_precision_fp8(tmp_path):
                                        "parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"],
                             nproc=2)
     assert r0["losses"] == pytest.approx(fp8["losses"], abs=2e-3)
+    assert r0["traced"] == 0 and r0["calls"] > 0  # tp > 1: the overlapping autograd functions
     delayed = run_fp8_script(tmp_path, ["precision=fp8_delayed"])[0]
     assert delayed["swaps"]["use_turbo_parallel_linear_fp8"] == 16 and delayed["states"] == 16  # one per linear
+    assert delayed["traced"] == 0
     assert fp8["states"] == 0
 
 
@@ -291,10 +301,11 @@ def test_gmm_entry_point_routes_fp8(monkeypatch):
         mturbo.reset({})
 
 
-def test_only_tp1_bf16_turbo_linears_are_traced_under_compile():
-    """fp8 turbo linears (Triton casts) and tp > 1 ones (collectives with async handles) stay out of dynamo."""
+def test_only_tp1_stateless_turbo_linears_are_traced_under_compile():
+    """tp=1 turbo linears stay inside compiled layers (bf16: torch GEMMs; fp8: the fp8_ops custom ops); the delayed
+    recipe (histories updated in place) and tp > 1 (collectives with async handles) stay out of dynamo."""
     from primus.backends.megatron import turbo as mturbo
 
-    assert mturbo._traced(None, 1)
-    assert not mturbo._traced("tensorwise", 1) and not mturbo._traced("delayed", 1)
-    assert not mturbo._traced(None, 2)
+    assert mturbo._traced(None, 1) and mturbo._traced("tensorwise", 1) and mturbo._traced("blockwise", 1)
+    assert not mturbo._traced("delayed", 1)
+    assert not mturbo._traced(None, 2) and not mturbo._traced("tensorwise", 2)

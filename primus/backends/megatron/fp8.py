@@ -6,7 +6,9 @@ TransformerConfig (trainer.py) and, once the model is built, each Column/RowPara
 - row-parallel: the fp8 GEMM alone (megatron reduces the output outside `_forward_impl`);
 - column-parallel: the same input communication megatron would do (all-gather over the sequence under sequence
   parallel, else the identity whose backward all-reduces the input gradient), then the fp8 GEMM.
-Gradients land in `weight.grad` as with megatron's non-fused path, so DDP's main_grad hooks work unchanged (the
+At tp = 1 with a stateless recipe the GEMM is primus.turbo.fp8_ops' custom-op pair, traced by training.compile (no
+graph break); delayed or tp > 1 run eagerly (one graph break per linear). Gradients land in `weight.grad` as with
+megatron's non-fused path, so DDP's main_grad hooks work unchanged (the
 async dgrad all-reduce overlap of the bf16 path is given up). Recipe "delayed" (TE's DelayedScaling, the portable
 version): each converted linear gets its own amax histories (`mod.primus_fp8_delayed`). Kept in bf16: the output
 layer, linears whose dims are not multiples of 16, and, with first_last_layers_bf16, the first/last N decoder layers
@@ -69,6 +71,7 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
     from primus.turbo.fp8_linear import fp8_linear, fp8_shape_ok
+    from primus.turbo.fp8_ops import fp8_linear_traced
 
     recipe, fmt = settings.get("fp8_recipe", "tensorwise"), settings.get("fp8", "e4m3")
     keep_first = keep_last = 0
@@ -79,7 +82,15 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
 
     delayed = delayed_scaling(settings) if recipe == "delayed" else None
 
+    # tp = 1 and a stateless recipe: the GEMM is primus.turbo.fp8_ops' custom-op pair, which training.compile keeps
+    # inside the compiled layer (no graph break). delayed (amax histories updated in place) or tp > 1 (megatron's
+    # collectives around it): the autograd.Function, run eagerly.
+    traced = delayed is None and getattr(config, "tensor_model_parallel_size", 1) == 1
+
     def gemm_for(state):
+        if traced:
+            return lambda input, weight, bias: fp8_linear_traced(input, weight, bias, recipe, fmt)
+
         def gemm(input, weight, bias):
             return fp8_linear(input, weight, bias, recipe, fmt, state)
         return gemm
@@ -101,7 +112,7 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
             # delayed: each linear keeps its own amax histories (x, weight, dy)
             mod.primus_fp8_delayed = delayed.linear_state() if delayed is not None else None
             impl = column_impl if isinstance(mod, ColumnParallelLinear) else row_impl
-            mod._forward_impl = impl(gemm_for(mod.primus_fp8_delayed))
+            mod._forward_impl = impl(gemm_for(mod.primus_fp8_delayed), eager=not traced)
             mod.primus_gemm = "fp8"
             converted.append(full)
     log.info("portable fp8 (%s, %s): %d linears converted, %d kept in bf16", recipe, fmt, len(converted), len(kept))

@@ -22,7 +22,7 @@ A converter that finds nothing to swap raises (a turbo flag is never a silent no
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -97,101 +97,9 @@ def count_turbo_attention(model: nn.Module) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ fp8 linear
-# Custom ops around primus.turbo.fp8_linear's forward / backward: dynamo sees one opaque node each (the Triton cast
-# kernels and torch._scaled_mm run inside), shapes come from the fake kernels. Outputs are fixed 5-/2-tuples; the
-# unused slots of a recipe are empty tensors.
-
-
-def _fp8_dtypes(device, fmt: str):
-    from primus.turbo.fp8_linear import fp8_dtypes
-
-    f_dt, e5 = fp8_dtypes(device)
-    return f_dt, (e5 if fmt == "hybrid" else f_dt)
-
-
-def _out_dtype(t: Tensor):
-    return t.dtype if t.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
-
-
-def _pad16(n: int) -> int:
-    return (n + 15) // 16 * 16
-
-
-@torch.library.custom_op("primus_turbo_tt::fp8_linear_fwd", mutates_args=())
-def fp8_linear_fwd(x2: Tensor, weight: Tensor, recipe: str, fmt: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    from primus.turbo.fp8_linear import fp8_forward
-
-    y, st = fp8_forward(x2, weight, None, recipe, fmt, need_wgrad=True)
-    empty = x2.new_empty(0)
-    if recipe in ("tensorwise", "blockwise"):  # fp8 x^T and W^T / W with their scales (fp8_linear.fp8_forward)
-        a, b, c, d = st.tensors
-        return y.contiguous(), a, b, c, d
-    return y.contiguous(), empty, empty.clone(), empty.clone(), empty.clone()  # rowwise saves the inputs
-
-
-@fp8_linear_fwd.register_fake
-def _(x2, weight, recipe, fmt):
-    M, K = x2.shape
-    N = weight.shape[0]
-    f_dt, _ = _fp8_dtypes(x2.device, fmt)
-    y = x2.new_empty((M, N), dtype=_out_dtype(x2))
-    e = lambda: x2.new_empty(0)  # noqa: E731
-    if recipe == "tensorwise":
-        return (y, x2.new_empty((K, _pad16(M)), dtype=f_dt), x2.new_empty((), dtype=torch.float32),
-                x2.new_empty((K, N), dtype=f_dt), x2.new_empty((), dtype=torch.float32))
-    if recipe == "blockwise":  # x^T (K, MP), its scales (MP/128, K), W (N, K), its tile scales (N/128, K/128)
-        mp = (M + 127) // 128 * 128
-        return (y, x2.new_empty((K, mp), dtype=f_dt), x2.new_empty((mp // 128, K), dtype=torch.float32),
-                x2.new_empty((N, K), dtype=f_dt), x2.new_empty(((N + 127) // 128, (K + 127) // 128),
-                                                               dtype=torch.float32))
-    return y, e(), e(), e(), e()
-
-
-@torch.library.custom_op("primus_turbo_tt::fp8_linear_bwd", mutates_args=())
-def fp8_linear_bwd(dy2: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor, recipe: str, fmt: str,
-                   w_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-    from primus.turbo.fp8_linear import FP8State, fp8_backward
-
-    f_dt, g_dt = _fp8_dtypes(dy2.device, fmt)
-    saved = {"tensorwise": [a, b, c, d], "rowwise": [a, b], "blockwise": [a, b, c, d]}[recipe]
-    st = FP8State(recipe, f_dt, g_dt, w_dtype, False, saved)
-    dx, dw, _ = fp8_backward(st, dy2, need_dx=True, need_dw=True, need_db=False)
-    return dx.contiguous(), dw
-
-
-@fp8_linear_bwd.register_fake
-def _(dy2, a, b, c, d, recipe, fmt, w_dtype):
-    M = dy2.shape[0]
-    if recipe == "tensorwise":
-        K, N = c.shape  # W^T in fp8
-    elif recipe == "blockwise":
-        N, K = c.shape  # W in fp8
-    else:
-        N, K = b.shape  # the weight
-    w_dt = w_dtype if w_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
-    return dy2.new_empty((M, K), dtype=_out_dtype(dy2)), dy2.new_empty((N, K), dtype=w_dt)
-
-
-def _fp8_setup(ctx, inputs, output):
-    x2, weight, recipe, fmt = inputs
-    _, a, b, c, d = output
-    saved = (x2, weight, a, b) if recipe == "rowwise" else (a, b, c, d)
-    ctx.save_for_backward(*saved)
-    ctx.recipe, ctx.fmt, ctx.w_dtype = recipe, fmt, weight.dtype
-    ctx.mark_non_differentiable(a, b, c, d)
-
-
-def _fp8_backward(ctx, dy, *_):
-    a, b, c, d = ctx.saved_tensors
-    dx, dw = fp8_linear_bwd(dy.contiguous(), a, b, c, d, ctx.recipe, ctx.fmt, ctx.w_dtype)
-    return dx, dw, None, None
-
-
-fp8_linear_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
-
-
 def _fp8_linear_cls():
     from primus.turbo.fp8_linear import FP8Linear
+    from primus.turbo.fp8_ops import fp8_linear_traced
 
     global _TURBO_FP8_CLS
     if _TURBO_FP8_CLS is None:
@@ -199,11 +107,7 @@ def _fp8_linear_cls():
             if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
                 x = x.to(torch.get_autocast_dtype(x.device.type))
             shape = x.shape
-            y = fp8_linear_fwd(x.reshape(-1, shape[-1]), self.weight, self.recipe, self.fmt)[0]
-            y = y.view(*shape[:-1], y.shape[-1])
-            if self.bias is not None:
-                y = y + self.bias.to(y.dtype)
-            return y
+            return fp8_linear_traced(x, self.weight, self.bias, self.recipe, self.fmt)
 
         _TURBO_FP8_CLS = type("TurboFP8Linear", (FP8Linear,), {"forward": forward, "__module__": __name__})
     return _TURBO_FP8_CLS

@@ -1,0 +1,121 @@
+"""The fp8 linear (primus.turbo.fp8_linear) as a pair of torch custom ops, so torch.compile keeps it in the graph.
+
+    y = fp8_linear_traced(x, weight, bias, recipe, fmt)     # recipe: tensorwise | rowwise | blockwise
+
+dynamo sees one opaque node for the forward and one for the backward (the Triton casts and the fp8 GEMMs run
+inside; shapes come from the fake kernels), where the autograd.Function of fp8_linear.py is a graph break. Used by
+TorchTitan's TurboFP8Linear (fullgraph per-block compile) and by megatron's portable fp8 linears at tp = 1 under
+training.compile. The delayed recipe updates amax histories in place (state the custom ops do not declare): it
+keeps the autograd.Function.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from primus.turbo import fp8_linear as F8
+
+RECIPES = ("tensorwise", "rowwise", "blockwise")
+
+
+# Custom ops around primus.turbo.fp8_linear's forward / backward: dynamo sees one opaque node each (the Triton cast
+# kernels and torch._scaled_mm run inside), shapes come from the fake kernels. Outputs are fixed 5-/2-tuples; the
+# unused slots of a recipe are empty tensors.
+
+
+def _fp8_dtypes(device, fmt: str):
+    f_dt, e5 = F8.fp8_dtypes(device)
+    return f_dt, (e5 if fmt == "hybrid" else f_dt)
+
+
+_out_dtype, _pad16 = F8._out_dtype, F8._pad16
+
+
+@torch.library.custom_op("primus::fp8_linear_fwd", mutates_args=())
+def fp8_linear_fwd(x2: Tensor, weight: Tensor, recipe: str, fmt: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    y, st = F8.fp8_forward(x2, weight, None, recipe, fmt, need_wgrad=True)
+    empty = x2.new_empty(0)
+    if recipe in ("tensorwise", "blockwise"):  # fp8 x^T and W^T / W with their scales (fp8_linear.fp8_forward)
+        a, b, c, d = st.tensors
+        return y.contiguous(), a, b, c, d
+    return y.contiguous(), empty, empty.clone(), empty.clone(), empty.clone()  # rowwise saves the inputs
+
+
+@fp8_linear_fwd.register_fake
+def _(x2, weight, recipe, fmt):
+    M, K = x2.shape
+    N = weight.shape[0]
+    f_dt, _ = _fp8_dtypes(x2.device, fmt)
+    y = x2.new_empty((M, N), dtype=_out_dtype(x2))
+    e = lambda: x2.new_empty(0)  # noqa: E731
+    if recipe == "tensorwise":
+        return (y, x2.new_empty((K, _pad16(M)), dtype=f_dt), x2.new_empty((), dtype=torch.float32),
+                x2.new_empty((K, N), dtype=f_dt), x2.new_empty((), dtype=torch.float32))
+    if recipe == "blockwise":
+        # x^T (K, MP) and its scales (MP/128, K), row-major; W (N, K) as the column-major view of the cast's W^T,
+        # and its tile scales (N/128, K/128) as a view of their padded (L4, K/128) layout: strides as fp8_forward
+        # returns them (inductor asserts every custom-op output's strides against these)
+        mp = (M + 127) // 128 * 128
+        n128, k128 = (N + 127) // 128, (K + 127) // 128
+        _, sw_strides = F8.blockwise_scale_layout(K, N, tile=True)
+        return (y, x2.new_empty((K, mp), dtype=f_dt), x2.new_empty((mp // 128, K), dtype=torch.float32),
+                x2.new_empty_strided((N, K), (1, N), dtype=f_dt),
+                x2.new_empty_strided((n128, k128), sw_strides, dtype=torch.float32))
+    return y, e(), e(), e(), e()
+
+
+@torch.library.custom_op("primus::fp8_linear_bwd", mutates_args=())
+def fp8_linear_bwd(dy2: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor, recipe: str, fmt: str,
+                   w_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    f_dt, g_dt = _fp8_dtypes(dy2.device, fmt)
+    saved = {"tensorwise": [a, b, c, d], "rowwise": [a, b], "blockwise": [a, b, c, d]}[recipe]
+    st = F8.FP8State(recipe, f_dt, g_dt, w_dtype, False, saved)
+    dx, dw, _ = F8.fp8_backward(st, dy2, need_dx=True, need_dw=True, need_db=False)
+    return dx.contiguous(), dw.contiguous()
+
+
+@fp8_linear_bwd.register_fake
+def _(dy2, a, b, c, d, recipe, fmt, w_dtype):
+    M = dy2.shape[0]
+    if recipe == "tensorwise":
+        K, N = c.shape  # W^T in fp8
+    elif recipe == "blockwise":
+        N, K = c.shape  # W in fp8
+    else:
+        N, K = b.shape  # the weight
+    w_dt = w_dtype if w_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    return dy2.new_empty((M, K), dtype=_out_dtype(dy2)), dy2.new_empty((N, K), dtype=w_dt)
+
+
+def _fp8_setup(ctx, inputs, output):
+    x2, weight, recipe, fmt = inputs
+    _, a, b, c, d = output
+    saved = (x2, weight, a, b) if recipe == "rowwise" else (a, b, c, d)
+    ctx.save_for_backward(*saved)
+    ctx.recipe, ctx.fmt, ctx.w_dtype = recipe, fmt, weight.dtype
+    ctx.mark_non_differentiable(a, b, c, d)
+
+
+def _fp8_backward(ctx, dy, *_):
+    a, b, c, d = ctx.saved_tensors
+    dx, dw = fp8_linear_bwd(dy.contiguous(), a, b, c, d, ctx.recipe, ctx.fmt, ctx.w_dtype)
+    return dx, dw, None, None
+
+
+fp8_linear_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
+
+
+def fp8_linear_traced(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, fmt: str) -> Tensor:
+    """y = x @ weight.T (+ bias) through the custom ops: x (..., K), weight (N, K). The bias is added outside the
+    op (autograd gives its gradient)."""
+    if recipe not in RECIPES:
+        raise ValueError(f"fp8_linear_traced: recipe must be one of {RECIPES} (delayed keeps fp8_linear.fp8_linear, "
+                         f"its histories are state), not {recipe!r}")
+    shape = x.shape
+    y = fp8_linear_fwd(x.reshape(-1, shape[-1]), weight, recipe, fmt)[0]
+    y = y.view(*shape[:-1], y.shape[-1])
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y
