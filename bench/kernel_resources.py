@@ -31,8 +31,15 @@ from primus.turbo import swiglu as SW  # noqa: E402
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
-def resources(fn, signature: dict, constexprs: dict, num_warps: int) -> dict:
-    src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs)
+def resources(fn, signature: dict, constexprs: dict, num_warps: int, aligned: bool = True) -> dict:
+    """aligned: every pointer and integer argument carries the divisible-by-16 hint a real launch attaches when the
+    value is a multiple of 16 (Llama shapes: all of them); without it loads and stores compile to scalar accesses,
+    a different kernel from the one that runs. A stride of 1 is specialised by a launch too: pass it in
+    `constexprs`."""
+    sig = {**signature, **{k: "constexpr" for k in constexprs}}
+    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, t in signature.items()
+             if aligned and (t.startswith("*") or t == "i32")}
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
         f.write(k.asm["cubin"])
@@ -47,13 +54,14 @@ def resources(fn, signature: dict, constexprs: dict, num_warps: int) -> dict:
 def configs():
     """(kernel, case, fn, signature, constexprs, num_warps) for every config of the tuned spaces looked at here."""
     cb = {"X": "*bf16", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "S": "*fp32", "ST": "*fp32", "R": "i32", "C": "i32",
-          "RP": "i32", "stride_xr": "i32", "stride_xc": "i32", "s_sr": "i32", "s_sc": "i32", "s_tr": "i32",
-          "s_tc": "i32", "SPAD": "i32", "STPAD": "i32", "FP8_MAX": "fp32"}
+          "RP": "i32", "stride_xr": "i32", "s_sr": "i32", "s_sc": "i32", "s_tr": "i32",
+          "s_tc": "i32", "SPAD": "i32", "STPAD": "i32", "FP8_MAX": "fp32"}  # stride_xc: 1, a constexpr below
     for tile, wy, wt, case in ((False, True, False, "x 1x128"), (False, False, True, "x^T 1x128"),
                                (False, True, True, "dy and dy^T 1x128"), (True, True, True, "W and W^T 128x128")):
         for c in F8._CAST_BLOCK.space(TILE=tile, WRITE_Y=wy, WRITE_T=wt):
             yield ("blockwise_cast", case, F8._cast_block, cb,
-                   {"BR": c["BR"], "BC": c["BC"], "TILE": tile, "WRITE_Y": wy, "WRITE_T": wt}, c["num_warps"])
+                   {"stride_xc": 1, "BR": c["BR"], "BC": c["BC"], "TILE": tile, "WRITE_Y": wy, "WRITE_T": wt},
+                   c["num_warps"])
     sw = {"H": "*bf16", "P": "*fp32", "Y": "*bf16", "N": "i32", "F": "i32", "s_h": "i32"}
     for c in SW._FWD.configs:
         yield "swiglu_fwd", "no probs", SW._swiglu_fwd, sw, {"HAS_P": False, "BLOCK": c["BLOCK"]}, c["num_warps"]
