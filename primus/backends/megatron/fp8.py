@@ -8,8 +8,8 @@ TransformerConfig (trainer.py) and, once the model is built, each Column/RowPara
   parallel, else the identity whose backward all-reduces the input gradient), then the fp8 GEMM.
 At tp = 1 with a stateless recipe the GEMM is primus.turbo.fp8_ops' custom-op pair, traced by training.compile (no
 graph break); delayed or tp > 1 run eagerly (one graph break per linear). Gradients land in `weight.grad` as with
-megatron's non-fused path, so DDP's main_grad hooks work unchanged (the
-async dgrad all-reduce overlap of the bf16 path is given up). Recipe "delayed" (TE's DelayedScaling, the portable
+megatron's non-fused path, so DDP's main_grad hooks work unchanged (the async dgrad all-reduce overlap of the bf16
+path is given up). Recipe "delayed" (TE's DelayedScaling, the portable
 version): each converted linear gets its own amax histories (`mod.primus_fp8_delayed`). Kept in bf16: the output
 layer, linears whose dims are not multiples of 16, and, with first_last_layers_bf16, the first/last N decoder layers
 (global numbering).
