@@ -69,6 +69,13 @@ def fp8_dtypes(device=None):
     return torch.float8_e4m3fn, torch.float8_e5m2
 
 
+def fp8_formats(device, fmt: str):
+    """(forward dtype, gradient dtype) of an fp8 format on this device: "e4m3" everywhere, or "hybrid" (e5m2
+    gradients)."""
+    f_dt, e5 = fp8_dtypes(device)
+    return f_dt, (e5 if fmt == "hybrid" else f_dt)
+
+
 def _gpu_has_fp8(dev: torch.device) -> bool:
     if dev.type != "cuda" or not torch.cuda.is_available():
         return False
@@ -705,8 +712,7 @@ _PLANS: dict = {}
 def blockwise_gemms(device=None, fmt: str = "e4m3", in_features: int = 4096, out_features: int = 4096) -> dict:
     """{"fprop" | "dgrad" | "wgrad": "scaled_mm" | "triton"}: the GEMM each matmul of a blockwise fp8 linear takes
     on `device` (the hybrid format's e5m2 gradients keep dgrad and wgrad on Triton)."""
-    f_dt, e5 = fp8_dtypes(device)
-    return _blockwise_plan(device, f_dt, e5 if fmt == "hybrid" else f_dt, in_features, out_features)
+    return _blockwise_plan(device, *fp8_formats(device, fmt), in_features, out_features)
 
 
 def _block_ok(cfg, TILE=False, WRITE_Y=True, WRITE_T=False, **_):
@@ -848,8 +854,7 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     delayed: this linear's amax histories (recipe "delayed" only; `DelayedScaling(...).linear_state()`)."""
     if (recipe == "delayed") != (delayed is not None):
         raise ValueError("the delayed recipe needs this linear's DelayedLinearState (and other recipes take none)")
-    f_dt, e5 = fp8_dtypes(x2.device)
-    g_dt = e5 if fmt == "hybrid" else f_dt
+    f_dt, g_dt = fp8_formats(x2.device, fmt)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     out_dt = _out_dtype(x2)

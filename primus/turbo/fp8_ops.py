@@ -20,17 +20,15 @@ from primus.turbo import fp8_linear as F8
 RECIPES = ("tensorwise", "rowwise", "blockwise")
 
 
-# Custom ops around primus.turbo.fp8_linear's forward / backward: dynamo sees one opaque node each (the Triton cast
-# kernels and torch._scaled_mm run inside), shapes come from the fake kernels. Outputs are fixed 5-/2-tuples; the
-# unused slots of a recipe are empty tensors.
+def compiles(recipe: str, tp_size: int = 1) -> bool:
+    """Whether an fp8 linear of `recipe` goes through these ops, inside a compiled graph: tp = 1 (no collective
+    around the GEMM) and a stateless recipe. The one rule megatron's portable fp8 and turbo linears follow."""
+    return tp_size == 1 and recipe in RECIPES
 
 
-def _fp8_dtypes(device, fmt: str):
-    f_dt, e5 = F8.fp8_dtypes(device)
-    return f_dt, (e5 if fmt == "hybrid" else f_dt)
+_fp8_dtypes, _out_dtype, _pad16 = F8.fp8_formats, F8._out_dtype, F8._pad16
 
-
-_out_dtype, _pad16 = F8._out_dtype, F8._pad16
+# Outputs are fixed 5-/2-tuples; the unused slots of a recipe are empty tensors.
 
 
 @torch.library.custom_op("primus::fp8_linear_fwd", mutates_args=())

@@ -163,15 +163,15 @@ class _Fp8GroupedGemm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, ends, trans_b, fmt):
-        from primus.turbo.fp8_linear import cast_tensorwise, fp8_dtypes
+        from primus.turbo.fp8_linear import cast_tensorwise, fp8_formats
 
-        f_dt, e5 = fp8_dtypes(x.device)
+        f_dt, g_dt = fp8_formats(x.device, fmt)
         xq, _, sx = cast_tensorwise(x, f_dt, want_y=True, want_t=False, pad_t=False)
         wq, sw = _quantize_experts(w, f_dt)
         w_kn = wq.transpose(1, 2) if trans_b else wq
         K, N = w_kn.shape[1], w_kn.shape[2]
         ctx.save_for_backward(xq, sx, wq, sw, ends)
-        ctx.trans_b, ctx.g_dt, ctx.x_dtype, ctx.w_dtype = trans_b, (e5 if fmt == "hybrid" else f_dt), x.dtype, w.dtype
+        ctx.trans_b, ctx.g_dt, ctx.x_dtype, ctx.w_dtype = trans_b, g_dt, x.dtype, w.dtype
         return _triton_fwd(xq, w_kn, ends, N, K, out_dtype=x.dtype, sx=sx, sw=sw)
 
     @staticmethod

@@ -71,7 +71,7 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
     from primus.turbo.fp8_linear import fp8_linear, fp8_shape_ok
-    from primus.turbo.fp8_ops import fp8_linear_traced
+    from primus.turbo.fp8_ops import compiles, fp8_linear_traced
 
     recipe, fmt = settings.get("fp8_recipe", "tensorwise"), settings.get("fp8", "e4m3")
     keep_first = keep_last = 0
@@ -85,7 +85,7 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
     # tp = 1 and a stateless recipe: the GEMM is primus.turbo.fp8_ops' custom-op pair, which training.compile keeps
     # inside the compiled layer (no graph break). delayed (amax histories updated in place) or tp > 1 (megatron's
     # collectives around it): the autograd.Function, run eagerly.
-    traced = delayed is None and getattr(config, "tensor_model_parallel_size", 1) == 1
+    traced = compiles(recipe, getattr(config, "tensor_model_parallel_size", 1))
 
     def gemm_for(state):
         if traced:

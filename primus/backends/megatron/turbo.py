@@ -33,9 +33,9 @@ A flag that finds nothing to swap in the model raises (never a silent no-op). `S
 
 Under training.compile (perf.py compiles each TransformerLayer) the attention (SDPA under an sdpa_kernel
 priority, which dynamo traces), the RMSNorm (a torch custom op pair) and tp=1 parallel linears (bf16: torch GEMMs;
-fp8 but delayed: primus.turbo.fp8_ops' custom ops) stay inside the compiled graph; the other entry points here run eagerly (`torch.compiler.disable`: one graph break
-each): dynamo must not trace into their Triton launchers or the TP collectives. result.json's `compile` counts the
-run's graph breaks.
+fp8 other than delayed: primus.turbo.fp8_ops' custom ops) stay inside the compiled graph; the other entry points
+here run eagerly (`torch.compiler.disable`: one graph break each): dynamo must not trace into their Triton
+launchers or the TP collectives. result.json's `compile` counts the run's graph breaks.
 """
 from __future__ import annotations
 
@@ -267,27 +267,35 @@ def install() -> None:
 
 
 def _traced(recipe: Optional[str], tp_size: int):
-    """A tp=1 turbo linear has no collective: bf16 is two torch GEMMs that dynamo traces, fp8 (a stateless recipe)
-    primus.turbo.fp8_ops' custom-op pair; either stays inside a compiled layer. The delayed recipe (amax histories
-    updated in place) or tp > 1 (collectives with async handles) runs eagerly."""
-    return tp_size == 1 and recipe != "delayed"
+    """A tp=1 turbo linear has no collective: bf16 is two torch GEMMs that dynamo traces, fp8 primus.turbo.fp8_ops'
+    custom-op pair where fp8_ops.compiles says so (not the delayed recipe: amax histories updated in place); either
+    stays inside a compiled layer. tp > 1 (collectives with async handles) runs eagerly."""
+    if recipe is None:
+        return tp_size == 1
+    from primus.turbo.fp8_ops import compiles
+
+    return compiles(recipe, tp_size)
 
 
-def _tp1_fp8(x, weight, bias, recipe: str, fmt: str):
-    """The tp=1 fp8 linear in a compiled layer: the custom ops (the same fp8_forward / fp8_backward as _ColumnFn /
-    _RowFn without a group)."""
+def _fp8_op(recipe: Optional[str], tp_size: int):
+    """primus.turbo.fp8_ops.fp8_linear_traced when this fp8 linear runs through the custom ops, else None (bf16
+    turbo linears import no Triton)."""
+    if not (recipe and _traced(recipe, tp_size)):
+        return None
     from primus.turbo.fp8_ops import fp8_linear_traced
 
-    return fp8_linear_traced(x, weight, bias, recipe, fmt)
+    return fp8_linear_traced
 
 
 def _column_impl(recipe: Optional[str], fmt: str, chunks: int, delayed=None, tp_size: int = 1):
     from primus.turbo.parallel_linear import _ColumnFn
 
+    fp8_op = _fp8_op(recipe, tp_size)
+
     def forward_impl(input, weight, bias, gradient_accumulation_fusion=False, allreduce_dgrad=False,
                      sequence_parallel=False, tp_group=None, **_unused):
-        if recipe and _traced(recipe, tp_size):
-            return _tp1_fp8(input, weight, bias, recipe, fmt)
+        if fp8_op is not None:
+            return fp8_op(input, weight, bias, recipe, fmt)
         group = tp_group if (sequence_parallel or allreduce_dgrad) else None
         lead = list(input.shape[:-1])
         y = _ColumnFn.apply(input.reshape(-1, input.shape[-1]), weight, bias, group, bool(sequence_parallel),
@@ -302,12 +310,14 @@ def _column_impl(recipe: Optional[str], fmt: str, chunks: int, delayed=None, tp_
 def _row_forward(recipe: Optional[str], fmt: str, chunks: int, delayed=None, tp_size: int = 1):
     from primus.turbo.parallel_linear import _RowFn
 
+    fp8_op = _fp8_op(recipe, tp_size)
+
     def forward(self, input_):
         if not self.input_is_parallel:
             raise NotImplementedError("turbo row-parallel linear expects a parallel input (megatron's default)")
         bias = self.bias if not self.skip_bias_add else None
-        if recipe and _traced(recipe, tp_size):
-            return _tp1_fp8(input_, self.weight, bias, recipe, fmt), (self.bias if self.skip_bias_add else None)
+        if fp8_op is not None:
+            return fp8_op(input_, self.weight, bias, recipe, fmt), (self.bias if self.skip_bias_add else None)
         group = self.tp_group if self.tp_group.size() > 1 else None
         lead = list(input_.shape[:-1])
         y = _RowFn.apply(input_.reshape(-1, input_.shape[-1]), self.weight, bias, group, bool(self.sequence_parallel),
