@@ -74,3 +74,34 @@ def test_maps_scan_of_this_process_finds_nothing_on_cpu():
     if torch.cuda.is_available():
         pytest.skip("GPU machine")
     assert mapped_paths(CUBLASLT) == [] and mapped_paths(HIPBLASLT) == []
+
+
+def test_block_scaled_fp8_problem_maps_each_scale_to_its_cublas_operand():
+    """torch.nn.functional.scaled_mm's blockwise recipes as cuBLASLt problems: cuBLAS A is torch's right-hand
+    operand, so scaleA describes b's scales. The enum values are the ones the H200's cublasLt.h (CUDA 13.0)
+    spells (bench/lt_blockwise_probe.py printed them: VEC128_32F 4, BLK128x128_32F 5, A/B_SCALE_MODE 31/32)."""
+    from tuning.gemm_problem import SCALE_1X128, SCALE_128X128, problem_from_matmul
+    from tuning.lt_bindings import LtError
+
+    e4 = torch.float8_e4m3fn
+    M, K, N = 256, 512, 384
+    a = torch.empty(M, K, dtype=e4)
+    b = torch.empty(N, K, dtype=e4).t()  # column-major, as the sm90 GEMM takes it
+    sa, sb = torch.empty(K // 128, M).t(), torch.empty(N // 128, K // 128).t()
+    p = problem_from_matmul(a, b, out_dtype=torch.bfloat16, scale_a=sa, scale_b=sb, block_a="1x128",
+                            block_b="128x128")
+    assert (p.transA, p.transB, p.m, p.n, p.k) == ("T", "N", N, M, K)
+    assert (p.scaleA, p.scaleB) == (SCALE_128X128, SCALE_1X128)
+    assert (p.a_type, p.d_type) == ("f8_r", "bf16_r")
+    assert Lt(CUBLASLT, None, "cublasLt")._scale_modes(p) == (5, 4)
+    assert (CUBLASLT.desc_attr["A_SCALE_MODE"], CUBLASLT.desc_attr["B_SCALE_MODE"]) == (31, 32)
+    # tensorwise / rowwise: the scale's size says which (hipblaslt-bench's codes 1 and 2)
+    pt = problem_from_matmul(a, b, out_dtype=torch.bfloat16, scale_a=torch.ones(()), scale_b=torch.ones(()))
+    assert (pt.scaleA, pt.scaleB) == (1, 1) and Lt(CUBLASLT, None, "cublasLt")._scale_modes(pt) == (0, 0)
+    with pytest.raises(LtError, match="not bound for hipBLASLt"):
+        Lt(HIPBLASLT, None, "hipblaslt")._scale_modes(p)
+    with pytest.raises(LtError, match="scales both operands"):
+        Lt(CUBLASLT, None, "cublasLt")._scale_modes(problem_from_matmul(a, b, scale_a=sa, block_a="1x128"))
+    with pytest.raises(ValueError, match="block scaling must be one of"):
+        problem_from_matmul(a, b, scale_a=sa, scale_b=sb, block_a="1x32", block_b="1x128")
+    assert p.tune_key() != pt.tune_key()  # an algorithm tuned for one scale mode never serves another

@@ -139,8 +139,10 @@ def _batch_stride(t) -> int:
 
 
 def problem_from_matmul(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0, out_dtype=None,
-                        scale_a=None, scale_b=None, source="") -> GemmProblem:
-    """The cuBLAS problem torch runs for a @ b (2D mm or 3D bmm), row-major torch operands."""
+                        scale_a=None, scale_b=None, block_a=None, block_b=None, source="") -> GemmProblem:
+    """The cuBLAS problem torch runs for a @ b (2D mm or 3D bmm), row-major torch operands. block_a / block_b:
+    "1x128" / "128x128" when scale_a / scale_b are block scales (torch.nn.functional.scaled_mm's BlockWise
+    recipes), else the scale's size says scalar or vector."""
     la, lda_torch = _layout(a)  # a is cuBLAS B
     lb, ldb_torch = _layout(b)  # b is cuBLAS A
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
@@ -162,15 +164,27 @@ def problem_from_matmul(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0, out_dty
         stride_d=M * N if batch > 1 else 0,
         alpha=float(alpha), beta=float(beta) if c is not None else 0.0,
         bias_vector=int(bias_vec), bias_type=type_name(bias.dtype) if bias_vec else "f32_r",
-        scaleA=_scale_mode(scale_a), scaleB=_scale_mode(scale_b),
+        scaleA=_scale_mode(scale_b, block_b), scaleB=_scale_mode(scale_a, block_a),
         source=source,
     )
 
 
-def _scale_mode(scale) -> int:
+# GemmProblem.scaleA / scaleB: hipblaslt-bench's codes (0 none, 1 one scalar per tensor, 2 a vector: one scale per
+# row of A / column of B), and this project's codes for the block modes of torch.nn.functional.scaled_mm on CUDA
+# (cuBLASLt's VEC128_32F and BLK128x128_32F; hipBLASLt logs never carry them).
+SCALE_NONE, SCALE_SCALAR, SCALE_VECTOR, SCALE_1X128, SCALE_128X128 = 0, 1, 2, 3, 4
+BLOCK_SCALES = {"1x128": SCALE_1X128, "128x128": SCALE_128X128}
+
+
+def _scale_mode(scale, block: str | None = None) -> int:
     if scale is None:
-        return 0
-    return 1 if scale.numel() == 1 else 2  # 1: one scalar per tensor, 2: per row/column vector
+        return SCALE_NONE
+    if block is not None:
+        try:
+            return BLOCK_SCALES[block]
+        except KeyError:
+            raise ValueError(f"block scaling must be one of {sorted(BLOCK_SCALES)}, not {block!r}") from None
+    return SCALE_SCALAR if scale.numel() == 1 else SCALE_VECTOR
 
 
 def is_bias_vector(bias, n: int) -> bool:

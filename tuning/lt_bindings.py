@@ -136,8 +136,7 @@ class Lt:
     def create_descs(self, p: GemmProblem) -> ProblemDescs:
         if p.compute_type != "f32_r":
             raise LtError(f"compute type {p.compute_type} is not bound (only f32_r)")
-        if p.scaleA or p.scaleB:
-            raise LtError("scaled (fp8) GEMMs are not bound")
+        modes = self._scale_modes(p)
         d = c_void_p()
         self._call("MatmulDescCreate", [c_void_p, c_int, c_int], ctypes.addressof(d), self.spec.compute_32f,
                    self._dtype("f32_r"))
@@ -145,6 +144,9 @@ class Lt:
         set_desc = "MatmulDescSetAttribute"
         self._set_attr(set_desc, d.value, attr["TRANSA"], c_int32(self.spec.op[p.transA]))
         self._set_attr(set_desc, d.value, attr["TRANSB"], c_int32(self.spec.op[p.transB]))
+        if modes is not None:  # the scale tensors' pointers are set per call (set_scale_pointers)
+            self._set_attr(set_desc, d.value, attr["A_SCALE_MODE"], c_int32(modes[0]))
+            self._set_attr(set_desc, d.value, attr["B_SCALE_MODE"], c_int32(modes[1]))
         if p.bias_vector:
             self._set_attr(set_desc, d.value, attr["EPILOGUE"], c_uint32(self.spec.epilogue["BIAS"]))
             self._set_attr(set_desc, d.value, attr["BIAS_DATA_TYPE"], c_int32(self._dtype(p.bias_type)))
@@ -159,6 +161,25 @@ class Lt:
             d=self._layout(p.d_type, p.m, p.n, p.ldd, bt, p.stride_d),
             problem=p,
         )
+
+    def _scale_modes(self, p: GemmProblem) -> tuple[int, int] | None:
+        """The library's (A, B) scale-mode enums of a scaled (fp8) problem; None when it is not scaled."""
+        if not (p.scaleA or p.scaleB):
+            return None
+        if not (p.scaleA and p.scaleB):
+            raise LtError(f"{p.label()}: a scaled GEMM scales both operands (scaleA={p.scaleA}, "
+                          f"scaleB={p.scaleB})")
+        table = self.spec.scale_modes
+        missing = [c for c in (p.scaleA, p.scaleB) if c not in table]
+        if missing or "A_SCALE_MODE" not in self.spec.desc_attr:
+            raise LtError(f"scale mode(s) {missing or [p.scaleA, p.scaleB]} are not bound for {self.name}")
+        return table[p.scaleA], table[p.scaleB]
+
+    def set_scale_pointers(self, descs: ProblemDescs, a_scale: int, b_scale: int) -> None:
+        """Device pointers of A's and B's scale tensors (cuBLAS terms: A is torch's right-hand operand)."""
+        attr = self.spec.desc_attr
+        self._set_attr("MatmulDescSetAttribute", descs.desc, attr["A_SCALE_POINTER"], c_void_p(a_scale))
+        self._set_attr("MatmulDescSetAttribute", descs.desc, attr["B_SCALE_POINTER"], c_void_p(b_scale))
 
     def destroy_descs(self, descs: ProblemDescs) -> None:
         for lay in (descs.a, descs.b, descs.c, descs.d):

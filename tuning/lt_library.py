@@ -40,6 +40,9 @@ class LibrarySpec:
     # attributes used to enumerate candidates. hipBLASLt's equivalents are C++ only.
     algo_config: tuple = ()
     algo_caps: dict = field(default_factory=dict)
+    # GemmProblem.scaleA / scaleB code -> the library's scale-mode enum (set as A/B_SCALE_MODE); codes not here
+    # are not bound for this library
+    scale_modes: dict = field(default_factory=dict)
 
 
 CUBLASLT = LibrarySpec(
@@ -51,7 +54,8 @@ CUBLASLT = LibrarySpec(
     dtypes={"f32_r": 0, "f16_r": 2, "bf16_r": 14, "f8_r": 28, "bf8_r": 29},
     desc_attr={"COMPUTE_TYPE": 0, "SCALE_TYPE": 1, "POINTER_MODE": 2, "TRANSA": 3, "TRANSB": 4, "EPILOGUE": 7,
                "BIAS_POINTER": 8, "A_SCALE_POINTER": 17, "B_SCALE_POINTER": 18, "D_SCALE_POINTER": 20,
-               "AMAX_D_POINTER": 21, "FAST_ACCUM": 25, "BIAS_DATA_TYPE": 26},
+               "AMAX_D_POINTER": 21, "FAST_ACCUM": 25, "BIAS_DATA_TYPE": 26, "A_SCALE_MODE": 31,
+               "B_SCALE_MODE": 32},
     layout_attr={"TYPE": 0, "ORDER": 1, "ROWS": 2, "COLS": 3, "LD": 4, "BATCH_COUNT": 5,
                  "STRIDED_BATCH_OFFSET": 6},
     pref_attr={"SEARCH_MODE": 0, "MAX_WORKSPACE_BYTES": 1, "MIN_ALIGNMENT_A_BYTES": 5,
@@ -66,6 +70,8 @@ CUBLASLT = LibrarySpec(
     algo_caps={"SPLITK_SUPPORT": 0, "REDUCTION_SCHEME_MASK": 1, "CTA_SWIZZLING_SUPPORT": 2, "TILE_IDS": 6,
                "CUSTOM_OPTION_MAX": 7, "STAGES_IDS": 13, "MIN_ALIGNMENT_A_BYTES": 16,
                "MIN_ALIGNMENT_B_BYTES": 17, "MIN_ALIGNMENT_C_BYTES": 18, "MIN_ALIGNMENT_D_BYTES": 19},
+    # cublasLtMatmulMatrixScale_t: SCALAR_32F 0, OUTER_VEC_32F 3, VEC128_32F 4, BLK128x128_32F 5 (CUDA >= 12.9)
+    scale_modes={1: 0, 2: 3, 3: 4, 4: 5},
 )
 
 HIPBLASLT = LibrarySpec(
