@@ -7,6 +7,7 @@ one read), timed in GPU time against the production kernel's configs, outputs ch
 `trans16` transposes the bf16 input tile before dy^T's amax and cast (call 4: 1.04x; now the production kernel's
 way), `hold16` keeps the tile in the input dtype (amax is exact there; fp32 only per product), `tma` stores Y / YT
 through tensor descriptors (TMA on sm90), `tma_load` also loads x through one (call 1: slower); docs/benchmarks.md.
+`--persistent` (session 8): the dy / dy^T cast as a persistent kernel whose tile loop's loads are pipelined.
 """
 from __future__ import annotations
 
@@ -141,6 +142,46 @@ def _tma(X, XD, YD, YTD, S, ST, R, C, RP, stride_xr, s_sr, s_sc, s_tr, s_tc, SPA
             tl.store(ST + pid_r * s_tr + cols * s_tc, 1.0 / cs, mask=cols < C)
 
 
+@triton.jit
+def _persist(X, Y, YT, S, ST, R, C, RP, stride_xr, s_sr, s_sc, s_tr, s_tc, FP8_MAX, NTC, NT,
+             BR: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
+    """The both-ways 1x128 cast as a persistent kernel: each program walks tiles pid, pid + nprog, ... with the
+    loop's loads pipelined STAGES deep (the next tile is in flight while this one is cast and stored)."""
+    lr = tl.arange(0, BR)
+    lc = tl.arange(0, BC)
+    for t in tl.range(tl.program_id(0), NT, tl.num_programs(0), num_stages=STAGES):
+        pid_r = t // NTC
+        pid_c = t % NTC
+        r0 = pid_r * BR
+        c0 = pid_c * BC
+        rows = r0 + lr
+        cols = c0 + lc
+        x = tl.load(X + (r0.to(tl.int64) * stride_xr + c0) + (lr[:, None] * stride_xr + lc[None, :]),
+                    mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
+        rs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
+        q = tl.clamp(x * rs[:, None], -FP8_MAX, FP8_MAX)
+        tl.store(Y + (r0.to(tl.int64) * C + c0) + (lr[:, None] * C + lc[None, :]), q.to(Y.dtype.element_ty),
+                 mask=(rows[:, None] < RP) & (cols[None, :] < C))
+        tl.store(S + rows * s_sr + pid_c * s_sc, 1.0 / rs, mask=rows < RP)
+        cs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12)
+        qt = tl.clamp(x * cs[None, :], -FP8_MAX, FP8_MAX)
+        tl.store(YT + (c0.to(tl.int64) * RP + r0) + (lc[:, None] * RP + lr[None, :]),
+                 tl.trans(qt.to(YT.dtype.element_ty)), mask=(cols[:, None] < C) & (rows[None, :] < RP))
+        tl.store(ST + pid_r * s_tr + cols * s_tc, 1.0 / cs, mask=cols < C)
+
+
+def run_persist(x, dt, warps, stages, per_sm):
+    R, C = x.shape
+    RP, y, sy, yt, syt = outputs(x, dt, False, True, True)
+    ntc = triton.cdiv(C, 128)
+    nt = (RP // 128) * ntc
+    nprog = min(nt, per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count)
+    _persist[(nprog,)](
+        x, y, yt, sy, syt, R, C, RP, x.stride(0), sy.stride(0), sy.stride(1), syt.stride(1), syt.stride(0),
+        F8._fmax(dt), ntc, nt, BR=128, BC=128, STAGES=stages, num_warps=warps)
+    return y, sy, yt, syt
+
+
 def outputs(x, dt, tile, wy, wt):
     R, C = x.shape
     RP = R if tile else F8._round_up(R, 128)
@@ -199,6 +240,7 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--baseline", help="an older primus/turbo/fp8_linear.py: its cast_blockwise (autotuned) is "
                                        "timed next to this tree's, outputs checked bit-equal")
+    ap.add_argument("--persistent", action="store_true", help="the dy / dy^T cast as a persistent, pipelined kernel")
     ap.add_argument("--variants", action="store_true", help="also the probe's own variants (hold16, trans16, tma)")
     args = ap.parse_args()
     base = None
@@ -231,6 +273,12 @@ def main():
             if base is not None:
                 cands.append(("baseline (autotuned)", "", 0, lambda: base.cast_blockwise(
                     x, dt, tile=tile, want_y=wy, want_t=wt, pad_rows=not tile)))
+            if args.persistent and case.startswith("dy"):
+                for w in (4, 8):
+                    for stages in (1, 2, 3):
+                        for per_sm in (1, 2, 4):
+                            cands.append((f"persistent {per_sm}/SM, {stages} stages", "128x128", w,
+                                          lambda w=w, st=stages, ps=per_sm: run_persist(x, dt, w, st, ps)))
             if args.variants and case.startswith("dy"):
                 for w in (4, 8, 16):
                     cands.append(("input tile transposed (bf16)", "128x128", w, lambda w=w: run_trans16(x, dt, w)))

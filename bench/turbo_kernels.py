@@ -525,7 +525,8 @@ def b_fp8_gemms():
 
 @guarded("tuned_spaces")
 def b_tuned_spaces():
-    """Every launch config of the blockwise casts', the rowwise transposed cast's and the SwiGLU forward's tuned
+    """Every launch config of the blockwise casts', the rowwise transposed cast's, the tensorwise cast's and the
+    SwiGLU forward's tuned
     spaces, timed alone (GPU time with
     --gpu-time), and the config _common.Tuned picked for the same call (its autotune times on the device too:
     _common.queued_gpu_time), so a pick that is not the fastest shows."""
@@ -558,6 +559,17 @@ def b_tuned_spaces():
         for cfg in F8._COLS_T.configs:
             row("tuned rowwise cast along M", f"{R}x{C} {cfg} (amax pass included)",
                 ms(lambda: F8.cast_rowwise(xr, e4, transpose=True, pad=True, config=cfg)), gbytes=R * C * 3 / 1e9,
+                note="PICKED" if picked and picked[-1] == cfg else "")
+    # the tensorwise / delayed cast pass (session 8: autotuned; a 64x64 tile before), y and y^T, with its amax pass
+    for R, C in (sz((8192, 28672), (256, 384)), (M, K)):
+        xr = torch.randn(R, C, device=DEV, dtype=torch.bfloat16)
+        F8.cast_tensorwise(xr, e4, True, True)
+        row("tensorwise amax pass", f"{R}x{C} (partial maxima)", ms(lambda: F8._amax_partials(xr.view(-1))),
+            gbytes=R * C * 2 / 1e9, note="a pure read: its share of the cast")
+        picked = [v for k, v in F8._TENSORWISE.picked.items() if k[0] == (R, C) and ("DELAYED", False) in k[1]]
+        for cfg in F8._TENSORWISE.configs:
+            row("tuned tensorwise cast", f"{R}x{C} {cfg} (amax pass included)",
+                ms(lambda: F8.cast_tensorwise(xr, e4, True, True, config=cfg)), gbytes=R * C * 4 / 1e9,
                 note="PICKED" if picked and picked[-1] == cfg else "")
     T, F = sz((32768, 8192), (64, 256))
     h = torch.randn(T, 2 * F, device=DEV, dtype=torch.bfloat16)

@@ -47,6 +47,40 @@ def test_cast_tensorwise(R, C):
     assert (yt[:, R:].float() == 0).all()
 
 
+@pytest.mark.parametrize("R,C,dtype,outs", [
+    (37, 50, torch.bfloat16, (True, True)), (130, 200, torch.bfloat16, (True, True)),
+    (130, 200, torch.bfloat16, (True, False)), (130, 200, torch.bfloat16, (False, True)),
+    (130, 200, torch.float32, (True, True)),
+])
+def test_every_config_of_the_tuned_tensorwise_cast_gives_the_same_bytes(R, C, dtype, outs):
+    """On a GPU the tensorwise cast pass autotunes over _TENSORWISE's tiles: each config must write every element
+    (outputs poisoned) with the bytes of the quantisation, the same for all, with and without the delayed recipe's
+    history (its atomic amax per tile)."""
+    wy, wt = outs
+    x = torch.randn(R, C, device=DEV, dtype=dtype) * 3
+    x[R // 2, C // 3] = -20.0
+    RP = (R + 15) // 16 * 16
+    first = None
+    for cfg in F8._TENSORWISE.configs:
+        y, yt, sinv = F8.cast_tensorwise(x, E4, want_y=wy, want_t=wt, config=cfg)
+        got = [t.view(torch.uint8).clone() for t in (y, yt) if t is not None]
+        if first is None:
+            first = got
+            q = y[:R] if wy else yt[:, :R].t()
+            assert relerr(q.double() * sinv.double(), _emul_tensorwise(x)) < 0.02
+            assert sinv.item() == pytest.approx(20.0 / 448.0, rel=1e-6)
+            if wy and wt:
+                assert torch.equal(y.view(torch.uint8).t(), yt.view(torch.uint8))
+            assert (y is None or y.shape == (RP, C)) and (yt is None or yt.shape == (C, RP))
+        assert all(torch.equal(a, b) for a, b in zip(got, first)), cfg
+        hist = F8.DelayedScaling(history_len=4).history()
+        yd, ytd, sd = F8.cast_tensorwise(x, E4, want_y=wy, want_t=wt, history=hist, config=cfg)
+        assert all(torch.equal(a, b) for a, b in zip([t.view(torch.uint8) for t in (yd, ytd) if t is not None],
+                                                     first)), cfg  # first call: the scale of its own amax
+        _, _, sd2 = F8.cast_tensorwise(x * 0.5, E4, want_y=wy, want_t=wt, history=hist, config=cfg)
+        assert sd2.item() == pytest.approx(20.0 / 448.0, rel=1e-6), cfg  # the recorded amax (of call 1) per tile
+
+
 @pytest.mark.parametrize("R,C", [(37, 50), (9, 130)])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_cast_rowwise(R, C, transpose):

@@ -158,10 +158,9 @@ def _delayed_scale(HIST, AMAX, META, SCALE, SINV, PART, NPART, L, FP8_MAX, MARGI
 
 
 @triton.jit
-def _cast_tensorwise(X, PART, Y, YT, SINV, R, C, RP, stride_xr, NPART, FP8_MAX,
+def _cast_tensorwise(X, PART, Y, YT, SINV, AMAX, META, R, C, RP, stride_xr, NPART, FP8_MAX,
                      NP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                     WRITE_Y: tl.constexpr, WRITE_T: tl.constexpr, AMAX, META,
-                     DELAYED: tl.constexpr, NS: tl.constexpr):
+                     WRITE_Y: tl.constexpr, WRITE_T: tl.constexpr, DELAYED: tl.constexpr, NS: tl.constexpr):
     if DELAYED:  # PART is the scale _delayed_scale computed from the history
         scale = tl.load(PART)
     else:  # scale from the amax partials (reduced here: no separate amax-reduce / scale kernel, no host sync)
@@ -430,10 +429,11 @@ def _amax_partials(flat: torch.Tensor):
 
 
 def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool = False, pad_t: bool = True,
-                    history: Optional[AmaxHistory] = None):
+                    history: Optional[AmaxHistory] = None, config=None):
     """x2 (R, C) -> (y (RP, C) fp8 | None, yT (C, RP) fp8 | None, scale_inv fp32 scalar).
     RP = R padded to a multiple of 16 (fp8 GEMM operand rule) when pad_t, with zero rows; else R.
-    history: delayed scaling (the scale from earlier calls; this call's amax recorded in the same pass)."""
+    history: delayed scaling (the scale from earlier calls; this call's amax recorded in the same pass).
+    config: one launch config of _TENSORWISE's space (tests); None = tuned on a GPU / the space's first."""
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     R, C = x2.shape
@@ -459,22 +459,39 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
                              num_warps=4)
         history.primed = True
         nprog = 1
-    BR, BC = 64, 64
     # fp32 input (TorchTitan's fp32 weights on one GPU) with both outputs from one kernel: on the H200 (Triton 3.6,
     # ptxas 12.9) the transposed fp8 store leaves elements unwritten whenever the plain store is in the same
     # kernel (bench/fp8_cast_probe.py: 260 of 3072 for a 48x64 weight; none with the transpose alone, none for
     # bf16 input up to 8192x2048; storing the bytes as int8 did not help). The likely upstream bug:
     # triton-lang/triton#11111. This was the intermittent NaN gradient norm of TorchTitan + turbo fp8 linear.
     # So fp32 input gets one launch per output (one more read of a weight-sized tensor).
-    grid = (triton.cdiv(RP, BR), triton.cdiv(C, BC))
     passes = ([(True, False), (False, True)] if want_y and want_t and x2.dtype == torch.float32
               else [(want_y, want_t)])
+
+    def grid(meta):
+        return (triton.cdiv(RP, meta["BR"]), triton.cdiv(C, meta["BC"]))
+
     for wy, wt in passes:
-        _cast_tensorwise[grid](
-            x2, part, y if wy else sinv, yt if wt else sinv, sinv, R, C, RP, x2.stride(0), nprog, _fmax(dtype),
-            NP=_PARTS, BR=BR, BC=BC, WRITE_Y=wy, WRITE_T=wt, AMAX=amax_rows, META=meta,
-            DELAYED=history is not None, NS=AmaxHistory.SPREAD, num_warps=4)
+        args = (x2, part, y if wy else sinv, yt if wt else sinv, sinv, amax_rows, meta, R, C, RP, x2.stride(0),
+                nprog, _fmax(dtype))
+        consts = dict(NP=_PARTS, WRITE_Y=wy, WRITE_T=wt, DELAYED=history is not None, NS=AmaxHistory.SPREAD)
+        if config is not None:
+            _TENSORWISE.run(config, grid, args, **consts)
+        else:
+            _TENSORWISE.launch(grid, args, **consts)
     return y, yt, sinv
+
+
+# The tensorwise (and delayed) cast pass ran one fixed 64x64 tile, 4 warps, since session 1 (55% of its minimum
+# bytes with the amax pass, session 7); autotuned per (R, C) and outputs since session 8. Wider tiles store Y and
+# YT in whole 128-byte lines. Autotuning re-runs the pass: its outputs and the delayed recipe's atomic amax are the
+# same on every run.
+_TENSORWISE = _common.Tuned(_cast_tensorwise, [
+    {"BR": 64, "BC": 64, "num_warps": 4}, {"BR": 128, "BC": 64, "num_warps": 4},
+    {"BR": 64, "BC": 128, "num_warps": 4}, {"BR": 128, "BC": 128, "num_warps": 8},
+    {"BR": 128, "BC": 128, "num_warps": 4}, {"BR": 32, "BC": 128, "num_warps": 4},
+    {"BR": 128, "BC": 32, "num_warps": 4}, {"BR": 64, "BC": 128, "num_warps": 8},
+], key=["R", "C"])
 
 
 def _rowwise_ok(cfg, CP=1, **_):
