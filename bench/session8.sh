@@ -4,9 +4,10 @@
 #                              # the dy / dy^T cast as a persistent pipelined kernel (blockcast_probe --persistent)
 #   bash bench/session8.sh 2   # the tensorwise cast pass autotuned: its GPU tests, every config alone vs the pick
 #                              # (the first config is the old fixed 64x64 tile), casts, the fp8 linear per recipe
-#   bash bench/session8.sh 3   # call 2 again with the amax pass autotuned too (bigger blocks), its GPU tests
-#   bash bench/session8.sh 4 BASE   # end to end, the fp8 presets (tensorwise, delayed) with this tree's casts vs
-#                              # BASE/fp8_linear.py (session 7's, carried; swapped in for the "before" runs)
+#   bash bench/session8.sh 3   # call 2 again with the amax pass autotuned too (bigger blocks: slower, reverted)
+#   bash bench/session8.sh 4 BASE   # the delayed recipe as custom ops inside the compiled layers: its GPU tests, the
+#                              # fp8 presets end to end, then the delayed preset with BASE's fp8_linear.py,
+#                              # fp8_ops.py and megatron fp8.py / turbo.py (the graph-break code, carried; swapped in)
 # $OUT: logs
 set -u
 OUT=${OUT:-outputs/bench}
@@ -25,17 +26,24 @@ case "${1:-}" in
        --only fp8_casts,tuned_spaces,fp8_linear > "$OUT/kernels2.log" 2>&1
      grep -E "^\| |breakdown|^     " "$OUT/kernels2.log" | grep -v "tuned blockwise\|tuned swiglu\|tuned column\|along M" ;;
   4) BASE=${2:?usage: session8.sh 4 BASELINE_DIR}
-     F=primus/turbo/fp8_linear.py
+     timeout 150 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_fp8.py \
+       -k "delayed" > "$OUT/pytest_gpu4.log" 2>&1
+     tail -3 "$OUT/pytest_gpu4.log"
+     FILES="primus/turbo/fp8_linear.py primus/turbo/fp8_ops.py primus/backends/megatron/fp8.py primus/backends/megatron/turbo.py"
      B="training.train_iters=14"
-     runs() {  # $1: tag
-       timeout 270 python bench/e2e.py --suite none --tag "fp8_casts_$1" --timeout 88 --log-dir /tmp/bench_logs \
-         --ref "fp8 tensorwise $1" --extra "fp8 tensorwise $1=experiment=llama3_2_1b_megatron_fp8 $B" \
-         --extra "fp8 delayed $1=experiment=llama3_2_1b_megatron_fp8_delayed $B" > "$OUT/fp8_casts_$1.log" 2>&1
-       grep -E "^\| " "$OUT/fp8_casts_$1.log"
+     runs() {  # $1: tag, then "name=overrides" pairs
+       local tag=$1; shift
+       local args=()
+       for e in "$@"; do args+=(--extra "$e"); done
+       timeout 400 python bench/e2e.py --suite none --tag "fp8_$tag" --timeout 88 --log-dir /tmp/bench_logs \
+         --ref "${1%%=*}" "${args[@]}" > "$OUT/fp8_$tag.log" 2>&1
+       grep -E "^\| " "$OUT/fp8_$tag.log"
      }
-     runs after
-     cp $F /tmp/fp8_linear_after.py && cp "$BASE/fp8_linear.py" $F
-     runs before
-     cp /tmp/fp8_linear_after.py $F ;;
+     runs after "fp8 delayed after=experiment=llama3_2_1b_megatron_fp8_delayed $B" \
+       "fp8 tensorwise after=experiment=llama3_2_1b_megatron_fp8 $B" \
+       "fp8 delayed turbo after=experiment=llama3_2_1b_megatron_fp8_delayed turbo=megatron $B"
+     mkdir -p /tmp/after && for f in $FILES; do cp $f /tmp/after/$(basename $f); cp "$BASE/$(basename $f)" $f; done
+     runs before "fp8 delayed before=experiment=llama3_2_1b_megatron_fp8_delayed $B"
+     for f in $FILES; do cp /tmp/after/$(basename $f) $f; done ;;
   *) echo "usage: session8.sh 1|2|3|4 BASE" >&2; exit 2 ;;
 esac

@@ -63,7 +63,6 @@ def checks():
                    {"X": x, "AMAX": "*fp32", "Y": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32", "YR": "i32",
                     "YC": "i32", "stride_xr": "i32", "FP8_MAX": "fp32"}, {"BM": cfg["BM"], "BK": cfg["BK"]})
     for x in ("*bf16", "*fp32"):
-    for x in ("*bf16", "*fp32"):
         tw = {"X": x, "PART": "*fp32", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32",
               "RP": "i32", "stride_xr": "i32", "NPART": "i32", "FP8_MAX": "fp32", "AMAX": "*fp32", "META": "*i32"}
         for delayed in (False, True):
@@ -98,10 +97,14 @@ def checks():
             "s_xc": "i32", "s_ym": "i32", "FP8_MAX": "fp32"}, {"BM": 64, "BC": 64})
     ds = {"HIST": "*fp32", "AMAX": "*fp32", "META": "*i32", "SCALE": "*fp32", "SINV": "*fp32", "PART": "*fp32",
           "NPART": "i32", "L": "i32", "FP8_MAX": "fp32", "MARGIN_MULT": "fp32"}
-    for first in (False, True):
-        for most_recent in (False, True):
-            yield (f"delayed scale first={first} most_recent={most_recent}", F8._delayed_scale, ds,
-                   {"FIRST": first, "MOST_RECENT": most_recent, "LB": 1024, "NS": 64, "NP": 1024})
+    for most_recent in (False, True):
+        yield (f"delayed scale most_recent={most_recent}", F8._delayed_scale, ds,
+               {"MOST_RECENT": most_recent, "LB": 1024, "NS": 64, "NP": 1024})
+    for x in ("*bf16", "*fp32"):
+        for first_only in (False, True):
+            yield (f"amax pass {x} first_only={first_only}", F8._absmax_partial,
+                   {"X": x, "PART": "*fp32", "n": "i32", "ITERS": "i32", "META": "*i32"},
+                   {"BLOCK": 4096, "FIRST_ONLY": first_only})
     rn = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32", "M": "i32", "N": "i32", "stride_x": "i32",
           "stride_y": "i32", "eps": "fp32"}
     for cfg in RN._FWD.configs:

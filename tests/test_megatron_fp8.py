@@ -31,9 +31,11 @@ def plain_linear(x, weight, bias=None, recipe="tensorwise", fmt="e4m3", delayed=
     return torch.nn.functional.linear(x, weight, bias)
 f8.fp8_linear = plain_linear
 import primus.turbo.fp8_ops as f8ops
-def plain_traced(x, weight, bias, recipe, fmt):
+def plain_traced(x, weight, bias, recipe, fmt, delayed=None):
     calls["traced"] += 1
-    return plain_linear(x, weight, bias, recipe, fmt)
+    if delayed is not None:
+        assert delayed.x.buf is not None and delayed.x.buf.device == weight.device  # allocated when built
+    return plain_linear(x, weight, bias, recipe, fmt, delayed)
 f8ops.fp8_linear_traced = plain_traced
 margs.portable_fp8_available = lambda recipe=None: True  # a CPU has no fp8: pretend, the GEMM is plain anyway
 
@@ -82,7 +84,7 @@ def test_portable_fp8_delayed_gives_each_linear_its_own_amax_histories(tmp_path)
     r = run(tmp_path, ["precision=fp8_delayed", "precision.fp8_amax_history_len=16", "precision.fp8_margin=1",
                        "precision.fp8_amax_compute_algo=most_recent"])[0]
     assert r["converted"] == 16 and r["recipes"] == ["delayed"]
-    assert r["traced"] == 0  # the histories are state the custom ops do not declare
+    assert r["traced"] == r["calls"]  # tp=1: the delayed pair of custom ops (they declare the histories mutated)
     assert len({tuple(s[:2]) for s in r["states"]}) == 16  # 16 states, each always with its own weight
     assert len({s[0] for s in r["states"]}) == 16
     assert {tuple(s[2:]) for s in r["states"]} == {(16, 1, "most_recent")}
@@ -94,19 +96,29 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch
 from primus.backends.megatron import args as margs
 margs.portable_fp8_available = lambda recipe=None: True  # a CPU has no fp8 GEMM check to pass; the kernels run
+from primus.backends.megatron import fp8 as mfp8
+states = []
+_apply = mfp8.apply
+def apply(model, settings, config):  # records the delayed recipe's per-linear states
+    out = _apply(model, settings, config)
+    states.extend(m.primus_fp8_delayed for m in model.modules() if getattr(m, "primus_fp8_delayed", None))
+    return out
+mfp8.apply = apply
 from primus.backends.megatron.testing import train_steps
 from primus.train_loop import compile_stats
 ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=2, check=False)
-print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "compile": compile_stats(),
+hist = [[h.calls, h.amax_history.sum().item()] for s in states for h in (s.x, s.w, s.dy)]
+print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "compile": compile_stats(), "histories": hist,
                               "converted": info.get("fp8_linears_on_this_rank", 0)}), flush=True)
 '''
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise"])
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "delayed"])
 def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
     """precision=fp8 with training.compile at tp=1: the real fp8 linears (casts and GEMMs in Triton's interpreter /
     torch._scaled_mm) are custom ops dynamo keeps inside each compiled layer, so the run has no graph break (each
-    was one before); the losses are the eager fp8 run's."""
+    was one before); the losses are the eager fp8 run's. delayed: its amax histories, updated in place by the ops
+    (declared mutated), come out of the compiled run as out of the eager one."""
     over = [*BASE, "model.num_layers=2", "precision=fp8", f"precision.fp8_recipe={recipe}", "precision.fp8=e4m3"]
     (tmp_path / "eager").mkdir()
     (tmp_path / "compiled").mkdir()
@@ -116,3 +128,7 @@ def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
     assert comp["compile"]["graph_breaks"] == 0, comp["compile"]
     assert comp["compile"]["unique_graphs"] >= 1
     assert comp["losses"] == pytest.approx(eager["losses"], abs=2e-2)
+    if recipe == "delayed":  # 2 steps x 2 micro batches: 4 casts of every x, weight and dy, amaxes recorded
+        assert len(comp["histories"]) == 3 * 8 and {c for c, _ in comp["histories"]} == {4}
+        assert all(a > 0 for _, a in comp["histories"])
+        assert [a for _, a in comp["histories"]] == pytest.approx([a for _, a in eager["histories"]], rel=0.05)

@@ -165,9 +165,13 @@ def fp8_backward(st, dy2, need_dx=True, need_dw=True, need_db=False, after_dgrad
 F8.fp8_forward, F8.fp8_backward = fp8_forward, fp8_backward
 import primus.turbo.fp8_ops as f8ops
 calls["traced"] = 0
-def traced(x, w, b, recipe, fmt):  # the tp=1 custom-op entry point, plain and counted
+def traced(x, w, b, recipe, fmt, delayed=None):  # the tp=1 custom-op entry point, plain and counted
     calls["n"] += 1
     calls["traced"] += 1
+    assert (recipe == "delayed") == isinstance(delayed, F8.DelayedLinearState)
+    if delayed is not None:
+        assert delayed.x.buf is not None and delayed.x.buf.device == w.device  # allocated when built
+        calls["states"].add(id(delayed))
     return torch.nn.functional.linear(x, w, b)
 f8ops.fp8_linear_traced = traced
 margs.portable_fp8_available = lambda recipe=None, planned=False: True  # a CPU has no fp8: pretend
@@ -212,7 +216,7 @@ def test_turbo_parallel_linear_runs_the_fp8_gemms_under_precision_fp8(tmp_path):
     assert r0["traced"] == 0 and r0["calls"] > 0  # tp > 1: the overlapping autograd functions
     delayed = run_fp8_script(tmp_path, ["precision=fp8_delayed"])[0]
     assert delayed["swaps"]["use_turbo_parallel_linear_fp8"] == 16 and delayed["states"] == 16  # one per linear
-    assert delayed["traced"] == 0
+    assert delayed["traced"] == delayed["calls"]  # tp=1: the delayed pair of custom ops (histories declared)
     assert fp8["states"] == 0
 
 
@@ -301,11 +305,11 @@ def test_gmm_entry_point_routes_fp8(monkeypatch):
         mturbo.reset({})
 
 
-def test_only_tp1_stateless_turbo_linears_are_traced_under_compile():
-    """tp=1 turbo linears stay inside compiled layers (bf16: torch GEMMs; fp8: the fp8_ops custom ops); the delayed
-    recipe (histories updated in place) and tp > 1 (collectives with async handles) stay out of dynamo."""
+def test_only_tp1_turbo_linears_are_traced_under_compile():
+    """tp=1 turbo linears stay inside compiled layers (bf16: torch GEMMs; fp8: the fp8_ops custom ops, the delayed
+    recipe's pair declaring its histories mutated); tp > 1 (collectives with async handles) stays out of dynamo."""
     from primus.backends.megatron import turbo as mturbo
 
     assert mturbo._traced(None, 1) and mturbo._traced("tensorwise", 1) and mturbo._traced("blockwise", 1)
-    assert not mturbo._traced("delayed", 1)
-    assert not mturbo._traced(None, 2) and not mturbo._traced("tensorwise", 2)
+    assert mturbo._traced("delayed", 1) and mturbo._traced("rowwise", 1)
+    assert not mturbo._traced(None, 2) and not mturbo._traced("tensorwise", 2) and not mturbo._traced("delayed", 2)

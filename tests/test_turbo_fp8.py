@@ -630,7 +630,7 @@ def test_fp8_linear_delayed_trains_within_the_fp8_band(fmt):
         assert relerr(y, xd @ wd.t()) < 0.08
         assert relerr(x.grad, dy.double() @ wd) < gband
         assert relerr(w.grad, dy.double().t() @ xd) < gband
-    assert all(h.primed for h in (state.x, state.w, state.dy))
+    assert [h.calls for h in (state.x, state.w, state.dy)] == [3, 3, 3]
     assert (state.dy.amax_history > 0).sum().item() == 2  # two earlier backward casts recorded
 
 
@@ -677,3 +677,51 @@ def test_fp8_custom_ops_fake_kernels_match_the_real_outputs(recipe, M):
     assert torch.library.opcheck(fp8_ops.fp8_linear_bwd, (torch.randn_like(y), *saved, recipe, "e4m3",
                                                           torch.bfloat16), test_utils=checks) == \
         {"test_faketensor": "SUCCESS"}
+
+
+@pytest.mark.parametrize("M", [72])
+def test_fp8_delayed_custom_ops_match_the_eager_linear_and_declare_their_mutations(M):
+    """The delayed recipe's custom-op pair (fp8_ops): a linear run through it gives the eager autograd.Function's
+    outputs, gradients and amax histories bit for bit, call after call (the first call's own amax, then the
+    history); the fakes match the real outputs (opcheck); and the only inputs the ops change are the ones they
+    declare mutated: the x and weight state in the forward, dy's in the backward."""
+    from primus.turbo import fp8_ops
+
+    K, N = 128, 96
+    settings = F8.DelayedScaling(history_len=4, margin=1, algo="max")
+    s_ops, s_ref = settings.linear_state().allocate(DEV), settings.linear_state()
+    w0 = (torch.randn(N, K, device=DEV) / 16).to(torch.bfloat16)
+    w, w_ref = w0.clone().requires_grad_(), w0.clone().requires_grad_()
+    for call in range(4):
+        x0 = torch.randn(M, K, device=DEV, dtype=torch.bfloat16) * (1 + call)
+        dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16) / (1 + call)
+        x, x_ref = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+        y_ref = F8.fp8_linear(x_ref, w_ref, None, "delayed", "e4m3", s_ref)
+        y = fp8_ops.fp8_linear_traced(x, w, None, "delayed", "e4m3", delayed=s_ops)
+        y_ref.backward(dy)
+        y.backward(dy)
+        assert torch.equal(y, y_ref) and torch.equal(x.grad, x_ref.grad) and torch.equal(w.grad, w_ref.grad), call
+        w.grad = w_ref.grad = None
+    for h, r in ((s_ops.x, s_ref.x), (s_ops.w, s_ref.w), (s_ops.dy, s_ref.dy)):
+        assert torch.equal(h.buf, r.buf) and torch.equal(h.meta, r.meta) and h.calls == 4
+    checks = ("test_faketensor",)
+    fwd_in = (x0, w0, s_ops.x.buf, s_ops.x.meta, s_ops.w.buf, s_ops.w.meta, "e4m3", 4, 1, "max")
+    assert torch.library.opcheck(fp8_ops.fp8_linear_delayed_fwd, fwd_in, test_utils=checks) == \
+        {"test_faketensor": "SUCCESS"}
+    before = [t.clone() for t in fwd_in[:6]]
+    y, a, b, c, d = fp8_ops.fp8_linear_delayed_fwd(*fwd_in)
+    changed = [not torch.equal(t0, t) for t0, t in zip(before, fwd_in[:6])]
+    assert changed == [False, False, True, True, True, True]  # x, w untouched; both histories and call counts
+    bwd_in = (torch.randn_like(y), a, b, c, d, s_ops.dy.buf, s_ops.dy.meta, "e4m3", torch.bfloat16, 4, 1, "max")
+    assert torch.library.opcheck(fp8_ops.fp8_linear_delayed_bwd, bwd_in, test_utils=checks) == \
+        {"test_faketensor": "SUCCESS"}
+    before = [t.clone() for t in bwd_in[:7]]
+    fp8_ops.fp8_linear_delayed_bwd(*bwd_in)
+    changed = [not (torch.equal(t0, t) if t.dtype.is_floating_point and t.dtype.itemsize > 1
+                    else torch.equal(t0.view(torch.uint8), t.view(torch.uint8)) if t.dtype.itemsize == 1
+                    else torch.equal(t0, t)) for t0, t in zip(before, bwd_in[:7])]
+    assert changed == [False, False, False, False, False, True, True]
+    with pytest.raises(ValueError, match="DelayedLinearState"):
+        fp8_ops.fp8_linear_traced(x0, w0, None, "delayed", "e4m3")
+    with pytest.raises(ValueError, match="take none"):
+        fp8_ops.fp8_linear_traced(x0, w0, None, "tensorwise", "e4m3", delayed=s_ops)

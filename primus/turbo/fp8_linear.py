@@ -14,9 +14,11 @@ Recipes ("current scaling": the scale comes from this tensor's own amax, except 
               margin, "max" | "most_recent"), so the cast is ONE pass: it writes fp8 (and the transpose) and feeds
               this tensor's amax into the history in the same kernel (atomic max into a few spread slots). A
               one-program kernel before it turns history + last amax into the scale; all on the device, no host
-              sync, no host-side counter (CUDA-graph safe). The first call of each operand takes its scale from
-              its own amax (two passes, as tensorwise) instead of TE's initial scale 1, which would flush the
-              first step's gradients to zero. Saves the amax pass of tensorwise (one read of every operand).
+              sync, no host-side counter or flag (CUDA-graph safe; the same launches every call, so it runs as a
+              custom op inside compiled graphs: fp8_ops). The first call of each operand takes its scale from
+              its own amax (the amax pass reads the tensor at call 0 only) instead of TE's initial scale 1, which
+              would flush the first step's gradients to zero. Saves the amax pass of tensorwise (one read of every
+              operand).
   rowwise     one scale per row of each GEMM operand along the contraction dim (torchao's "rowwise"): each
               operand is quantised once per GEMM it feeds (x along K for fprop, along M for wgrad...). One kernel
               per cast: amax and cast in the same program (the row chunk is re-read from L2). torch._scaled_mm
@@ -117,24 +119,31 @@ def fp8_shape_ok(in_features: int, out_features: int) -> bool:
 
 
 @triton.jit
-def _absmax_partial(X, PART, n, ITERS, BLOCK: tl.constexpr):
+def _absmax_partial(X, PART, n, ITERS, META, BLOCK: tl.constexpr, FIRST_ONLY: tl.constexpr):
+    """PART[pid] = max |X| over this program's blocks. FIRST_ONLY (delayed scaling): only while META[0] (the
+    operand's call count) is 0; later calls read nothing (their scale comes from the history)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    todo = n
+    if FIRST_ONLY:
+        todo = tl.where(tl.load(META) == 0, n, 0)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for i in range(0, ITERS):
         offs = (pid + i * nprog).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        x = tl.load(X + offs, mask=offs < n, other=0.0).to(tl.float32)
+        x = tl.load(X + offs, mask=offs < todo, other=0.0).to(tl.float32)
         acc = tl.maximum(acc, tl.abs(x))
     tl.store(PART + pid, tl.max(acc, axis=0))
 
 
 @triton.jit
 def _delayed_scale(HIST, AMAX, META, SCALE, SINV, PART, NPART, L, FP8_MAX, MARGIN_MULT,
-                   FIRST: tl.constexpr, MOST_RECENT: tl.constexpr, LB: tl.constexpr, NS: tl.constexpr,
-                   NP: tl.constexpr):
+                   MOST_RECENT: tl.constexpr, LB: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr):
     """One program, before each delayed-scaling cast. META = [calls so far, amax slot of this call].
     AMAX: 3 rotating rows of NS slots (the casts' atomic maxima): call n writes row n%3, reads row (n-1)%3 (the
-    previous call's amax, pushed into the history here) and this kernel zeroes row (n+1)%3 for the next call."""
+    previous call's amax, pushed into the history here) and this kernel zeroes row (n+1)%3 for the next call.
+    Call 0 (no history yet) takes this tensor's own amax: the partial maxima of the amax pass (FIRST_ONLY), which
+    only call 0 reads; which call this is, is decided here on the device (no host-side flag: the same launches
+    serve every call, so a compiled graph or a custom op needs no host state)."""
     n = tl.load(META)
     s = tl.arange(0, NS)
     prev = tl.max(tl.load(AMAX + ((n + 2) % 3) * NS + s), axis=0)
@@ -142,12 +151,13 @@ def _delayed_scale(HIST, AMAX, META, SCALE, SINV, PART, NPART, L, FP8_MAX, MARGI
     hslot = tl.where(n > 0, (n - 1) % L, -1)
     # every slot but the one written below: the result does not depend on when that store lands
     hmax = tl.max(tl.load(HIST + idx, mask=(idx < L) & (idx != hslot), other=0.0), axis=0)
-    if FIRST:  # no history yet: this tensor's own amax (the partials of an amax pass)
-        amax = tl.max(tl.load(PART + tl.arange(0, NP), mask=tl.arange(0, NP) < NPART, other=0.0), axis=0)
-    elif MOST_RECENT:
+    # call 0: no history yet, this tensor's own amax (the partials are read only then)
+    own = tl.max(tl.load(PART + tl.arange(0, NP), mask=(tl.arange(0, NP) < NPART) & (n == 0), other=0.0), axis=0)
+    if MOST_RECENT:
         amax = prev
     else:
         amax = tl.maximum(hmax, prev)
+    amax = tl.where(n == 0, own, amax)
     scale = tl.where(amax > 0.0, FP8_MAX / tl.maximum(amax, 1e-30) * MARGIN_MULT, 1.0)
     tl.store(SCALE, scale)
     tl.store(SINV, 1.0 / scale)
@@ -387,20 +397,31 @@ class AmaxHistory:
 
     SPREAD = 64  # atomic-max slots per call (programs hash into them)
 
-    def __init__(self, settings: DelayedScaling):
+    def __init__(self, settings: DelayedScaling, buf: Optional[torch.Tensor] = None,
+                 meta: Optional[torch.Tensor] = None):
+        """buf / meta: existing state tensors (the custom ops of fp8_ops rebuild the view from their inputs)."""
         self.settings = settings
-        self.buf = self.meta = None
-        self.primed = False
+        self.buf, self.meta = buf, meta
+
+    def allocate(self, device) -> "AmaxHistory":
+        """The state tensors on `device`, zeroed (call count 0): [history L | amax rows 3 x SPREAD | scale] fp32
+        and the int32 META [calls, amax row]. Done at the first cast when not called earlier; a compiled graph
+        wants them to exist before it is traced (fp8_ops)."""
+        L = self.settings.history_len
+        self.buf = torch.zeros(L + 3 * self.SPREAD + 1, dtype=torch.float32, device=device)
+        self.meta = torch.zeros(2, dtype=torch.int32, device=device)
+        return self
 
     def _state(self, device):
         if self.buf is None or self.buf.device != device:
-            L = self.settings.history_len
-            # [history L | amax rows 3 x SPREAD | scale]
-            self.buf = torch.zeros(L + 3 * self.SPREAD + 1, dtype=torch.float32, device=device)
-            self.meta = torch.zeros(2, dtype=torch.int32, device=device)
-            self.primed = False
+            self.allocate(device)
         L = self.settings.history_len
         return self.buf[:L], self.buf[L:L + 3 * self.SPREAD], self.buf[L + 3 * self.SPREAD:], self.meta
+
+    @property
+    def calls(self) -> int:
+        """Casts so far (the device counter; reading it syncs: diagnostics and tests)."""
+        return 0 if self.meta is None else int(self.meta[0].item())
 
     @property
     def amax_history(self) -> torch.Tensor:
@@ -417,14 +438,23 @@ class DelayedLinearState:
         self.settings = settings
         self.x, self.w, self.dy = AmaxHistory(settings), AmaxHistory(settings), AmaxHistory(settings)
 
+    def allocate(self, device) -> "DelayedLinearState":
+        for h in (self.x, self.w, self.dy):
+            h.allocate(device)
+        return self
 
-def _amax_partials(flat: torch.Tensor):
+
+def _amax_partials(flat: torch.Tensor, first_only_meta: Optional[torch.Tensor] = None):
+    """(partial maxima of |flat|, their count). first_only_meta: a delayed history's META; the pass reads flat only
+    at that operand's call 0 (its partials are garbage later, and unread)."""
     n = flat.numel()
     BLOCK = 4096
     nprog = max(1, min(_PARTS, triton.cdiv(n, BLOCK)))
     iters = triton.cdiv(triton.cdiv(n, BLOCK), nprog)
     part = _common.empty((nprog,), torch.float32, flat.device)
-    _absmax_partial[(nprog,)](flat, part, n, iters, BLOCK=BLOCK, num_warps=8)
+    first_only = first_only_meta is not None
+    _absmax_partial[(nprog,)](flat, part, n, iters, first_only_meta if first_only else part, BLOCK=BLOCK,
+                              FIRST_ONLY=first_only, num_warps=8)
     return part, nprog
 
 
@@ -450,14 +480,12 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
         # backward's GEMMs read it after later calls have moved the state on)
         hist, amax_rows, part, meta = history._state(x2.device)
         sinv = _common.empty((), torch.float32, x2.device)
-        first = not history.primed
-        p0, np0 = _amax_partials(flat) if first else (part, 1)
+        p0, np0 = _amax_partials(flat, first_only_meta=meta)  # reads x2 at this operand's first call only
         st = history.settings
         _delayed_scale[(1,)](hist, amax_rows, meta, part, sinv, p0, np0, st.history_len, _fmax(dtype),
-                             2.0 ** -st.margin, FIRST=first, MOST_RECENT=st.algo == "most_recent",
+                             2.0 ** -st.margin, MOST_RECENT=st.algo == "most_recent",
                              LB=triton.next_power_of_2(st.history_len), NS=AmaxHistory.SPREAD, NP=_PARTS,
                              num_warps=4)
-        history.primed = True
         nprog = 1
     # fp32 input (TorchTitan's fp32 weights on one GPU) with both outputs from one kernel: on the H200 (Triton 3.6,
     # ptxas 12.9) the transposed fp8 store leaves elements unwritten whenever the plain store is in the same

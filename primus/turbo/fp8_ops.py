@@ -5,8 +5,13 @@
 dynamo sees one opaque node for the forward and one for the backward (the Triton casts and the fp8 GEMMs run
 inside; shapes come from the fake kernels), where the autograd.Function of fp8_linear.py is a graph break. Used by
 TorchTitan's TurboFP8Linear (fullgraph per-block compile) and by megatron's portable fp8 linears at tp = 1 under
-training.compile. The delayed recipe updates amax histories in place (state the custom ops do not declare): it
-keeps the autograd.Function.
+training.compile.
+
+The delayed recipe updates its amax histories in place, so it has its own pair, which declares those state tensors
+mutated (x's and the weight's in the forward, dy's in the backward): `fp8_linear_traced(..., "delayed", fmt,
+delayed=DelayedLinearState)`. torch refuses an autograd formula on a mutating op, so the pair is joined by a small
+autograd.Function that dynamo traces (it holds the dy state on ctx, not in save_for_backward: a backward that ran
+in between, e.g. of another micro batch under pipelining, has bumped its version).
 """
 from __future__ import annotations
 
@@ -17,12 +22,12 @@ from torch import Tensor
 
 from primus.turbo import fp8_linear as F8
 
-RECIPES = ("tensorwise", "rowwise", "blockwise")
+RECIPES = ("tensorwise", "rowwise", "blockwise", "delayed")
 
 
 def compiles(recipe: str, tp_size: int = 1) -> bool:
     """Whether an fp8 linear of `recipe` goes through these ops, inside a compiled graph: tp = 1 (no collective
-    around the GEMM) and a stateless recipe. The one rule megatron's portable fp8 and turbo linears follow."""
+    around the GEMM). The one rule megatron's portable fp8 and turbo linears follow."""
     return tp_size == 1 and recipe in RECIPES
 
 
@@ -42,7 +47,7 @@ def fp8_linear_fwd(x2: Tensor, weight: Tensor, recipe: str, fmt: str) -> Tuple[T
 
 
 @fp8_linear_fwd.register_fake
-def _(x2, weight, recipe, fmt):
+def _fwd_fake(x2, weight, recipe, fmt):
     M, K = x2.shape
     N = weight.shape[0]
     f_dt, _ = _fp8_dtypes(x2.device, fmt)
@@ -75,7 +80,7 @@ def fp8_linear_bwd(dy2: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor, reci
 
 
 @fp8_linear_bwd.register_fake
-def _(dy2, a, b, c, d, recipe, fmt, w_dtype):
+def _bwd_fake(dy2, a, b, c, d, recipe, fmt, w_dtype):
     M = dy2.shape[0]
     if recipe == "tensorwise":
         K, N = c.shape  # W^T in fp8
@@ -105,14 +110,93 @@ def _fp8_backward(ctx, dy, *_):
 fp8_linear_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
 
 
-def fp8_linear_traced(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, fmt: str) -> Tensor:
+# ---------------------------------------------------------------------------------------------- delayed scaling
+
+
+def _history(buf: Tensor, meta: Tensor, history_len: int, margin: int, algo: str) -> "F8.AmaxHistory":
+    return F8.AmaxHistory(F8.DelayedScaling(history_len, margin, algo), buf, meta)
+
+
+@torch.library.custom_op("primus::fp8_linear_delayed_fwd", mutates_args=("x_buf", "x_meta", "w_buf", "w_meta"))
+def fp8_linear_delayed_fwd(x2: Tensor, weight: Tensor, x_buf: Tensor, x_meta: Tensor, w_buf: Tensor,
+                           w_meta: Tensor, fmt: str, history_len: int, margin: int,
+                           algo: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    state = F8.DelayedLinearState(F8.DelayedScaling(history_len, margin, algo))
+    state.x = _history(x_buf, x_meta, history_len, margin, algo)
+    state.w = _history(w_buf, w_meta, history_len, margin, algo)
+    y, st = F8.fp8_forward(x2, weight, None, "delayed", fmt, need_wgrad=True, delayed=state)
+    a, b, c, d = st.tensors  # fp8 x^T, its scale_inv, fp8 W^T, its scale_inv (new tensors, not the state's)
+    return y.contiguous(), a, b, c, d
+
+
+@fp8_linear_delayed_fwd.register_fake
+def _(x2, weight, x_buf, x_meta, w_buf, w_meta, fmt, history_len, margin, algo):
+    return _fwd_fake(x2, weight, "tensorwise", fmt)  # the tensorwise layouts
+
+
+@torch.library.custom_op("primus::fp8_linear_delayed_bwd", mutates_args=("dy_buf", "dy_meta"))
+def fp8_linear_delayed_bwd(dy2: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor, dy_buf: Tensor,
+                           dy_meta: Tensor, fmt: str, w_dtype: torch.dtype, history_len: int, margin: int,
+                           algo: str) -> Tuple[Tensor, Tensor]:
+    f_dt, g_dt = _fp8_dtypes(dy2.device, fmt)
+    state = F8.DelayedLinearState(F8.DelayedScaling(history_len, margin, algo))
+    state.dy = _history(dy_buf, dy_meta, history_len, margin, algo)
+    st = F8.FP8State("delayed", f_dt, g_dt, w_dtype, False, [a, b, c, d], state)
+    dx, dw, _ = F8.fp8_backward(st, dy2, need_dx=True, need_dw=True, need_db=False)
+    return dx.contiguous(), dw.contiguous()
+
+
+@fp8_linear_delayed_bwd.register_fake
+def _(dy2, a, b, c, d, dy_buf, dy_meta, fmt, w_dtype, history_len, margin, algo):
+    return _bwd_fake(dy2, a, b, c, d, "tensorwise", fmt, w_dtype)
+
+
+class _DelayedFP8Linear(torch.autograd.Function):
+    """The delayed pair's autograd (dynamo traces this Function: its body is the two custom ops)."""
+
+    @staticmethod
+    def forward(ctx, x2, weight, x_buf, x_meta, w_buf, w_meta, dy_buf, dy_meta, fmt, history_len, margin, algo):
+        y, a, b, c, d = fp8_linear_delayed_fwd(x2, weight, x_buf, x_meta, w_buf, w_meta, fmt, history_len, margin,
+                                               algo)
+        ctx.save_for_backward(a, b, c, d)
+        ctx.dy_buf, ctx.dy_meta = dy_buf, dy_meta
+        ctx.fmt, ctx.w_dtype, ctx.settings = fmt, weight.dtype, (history_len, margin, algo)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        a, b, c, d = ctx.saved_tensors
+        dx, dw = fp8_linear_delayed_bwd(dy.contiguous(), a, b, c, d, ctx.dy_buf, ctx.dy_meta, ctx.fmt, ctx.w_dtype,
+                                        *ctx.settings)
+        return (dx, dw) + (None,) * 10
+
+
+def _delayed(x2: Tensor, weight: Tensor, state, fmt: str) -> Tensor:
+    if not isinstance(state, F8.DelayedLinearState):
+        raise ValueError("fp8_linear_traced: the delayed recipe needs this linear's DelayedLinearState "
+                         "(fp8_linear.DelayedScaling(...).linear_state())")
+    if state.x.buf is None or state.x.buf.device != weight.device:  # compiled linears: allocated when built
+        state.allocate(weight.device)
+    st = state.settings
+    return _DelayedFP8Linear.apply(x2, weight, state.x.buf, state.x.meta, state.w.buf, state.w.meta, state.dy.buf,
+                                   state.dy.meta, fmt, st.history_len, st.margin, st.algo)
+
+
+def fp8_linear_traced(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, fmt: str,
+                      delayed=None) -> Tensor:
     """y = x @ weight.T (+ bias) through the custom ops: x (..., K), weight (N, K). The bias is added outside the
-    op (autograd gives its gradient)."""
+    op (autograd gives its gradient). delayed: the linear's DelayedLinearState (recipe "delayed" only)."""
     if recipe not in RECIPES:
-        raise ValueError(f"fp8_linear_traced: recipe must be one of {RECIPES} (delayed keeps fp8_linear.fp8_linear, "
-                         f"its histories are state), not {recipe!r}")
+        raise ValueError(f"fp8_linear_traced: recipe must be one of {RECIPES}, not {recipe!r}")
+    if (recipe == "delayed") != (delayed is not None):
+        raise ValueError("fp8_linear_traced: the delayed recipe needs this linear's DelayedLinearState (and other "
+                         "recipes take none)")
     shape = x.shape
-    y = fp8_linear_fwd(x.reshape(-1, shape[-1]), weight, recipe, fmt)[0]
+    x2 = x.reshape(-1, shape[-1])
+    if recipe == "delayed":
+        y = _delayed(x2, weight, delayed, fmt)
+    else:
+        y = fp8_linear_fwd(x2, weight, recipe, fmt)[0]
     y = y.view(*shape[:-1], y.shape[-1])
     if bias is not None:
         y = y + bias.to(y.dtype)

@@ -6,8 +6,8 @@ TransformerConfig (trainer.py) and, once the model is built, each Column/RowPara
 - row-parallel: the fp8 GEMM alone (megatron reduces the output outside `_forward_impl`);
 - column-parallel: the same input communication megatron would do (all-gather over the sequence under sequence
   parallel, else the identity whose backward all-reduces the input gradient), then the fp8 GEMM.
-At tp = 1 with a stateless recipe the GEMM is primus.turbo.fp8_ops' custom-op pair, traced by training.compile (no
-graph break); delayed or tp > 1 run eagerly (one graph break per linear). Gradients land in `weight.grad` as with
+At tp = 1 the GEMM is primus.turbo.fp8_ops' custom-op pair (delayed: its pair that declares the amax histories
+mutated), traced by training.compile (no graph break); tp > 1 runs eagerly (one graph break per linear). Gradients land in `weight.grad` as with
 megatron's non-fused path, so DDP's main_grad hooks work unchanged (the async dgrad all-reduce overlap of the bf16
 path is given up). Recipe "delayed" (TE's DelayedScaling, the portable
 version): each converted linear gets its own amax histories (`mod.primus_fp8_delayed`). Kept in bf16: the output
@@ -82,14 +82,13 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
 
     delayed = delayed_scaling(settings) if recipe == "delayed" else None
 
-    # tp = 1 and a stateless recipe: the GEMM is primus.turbo.fp8_ops' custom-op pair, which training.compile keeps
-    # inside the compiled layer (no graph break). delayed (amax histories updated in place) or tp > 1 (megatron's
-    # collectives around it): the autograd.Function, run eagerly.
+    # tp = 1: the GEMM is primus.turbo.fp8_ops' custom-op pair, which training.compile keeps inside the compiled
+    # layer (no graph break). tp > 1 (megatron's collectives around it): the autograd.Function, run eagerly.
     traced = compiles(recipe, getattr(config, "tensor_model_parallel_size", 1))
 
     def gemm_for(state):
         if traced:
-            return lambda input, weight, bias: fp8_linear_traced(input, weight, bias, recipe, fmt)
+            return lambda input, weight, bias: fp8_linear_traced(input, weight, bias, recipe, fmt, state)
 
         def gemm(input, weight, bias):
             return fp8_linear(input, weight, bias, recipe, fmt, state)
@@ -110,7 +109,9 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
                 kept.append(full)
                 continue
             # delayed: each linear keeps its own amax histories (x, weight, dy)
-            mod.primus_fp8_delayed = delayed.linear_state() if delayed is not None else None
+            # (allocated now, on the weight's device: a compiled layer is traced with them in place)
+            mod.primus_fp8_delayed = (delayed.linear_state().allocate(mod.weight.device) if delayed is not None
+                                      else None)
             impl = column_impl if isinstance(mod, ColumnParallelLinear) else row_impl
             mod._forward_impl = impl(gemm_for(mod.primus_fp8_delayed), eager=not traced)
             mod.primus_gemm = "fp8"

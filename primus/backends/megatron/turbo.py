@@ -33,7 +33,7 @@ A flag that finds nothing to swap in the model raises (never a silent no-op). `S
 
 Under training.compile (perf.py compiles each TransformerLayer) the attention (SDPA under an sdpa_kernel
 priority, which dynamo traces), the RMSNorm (a torch custom op pair) and tp=1 parallel linears (bf16: torch GEMMs;
-fp8 other than delayed: primus.turbo.fp8_ops' custom ops) stay inside the compiled graph; the other entry points
+fp8: primus.turbo.fp8_ops' custom ops, delayed included) stay inside the compiled graph; the other entry points
 here run eagerly (`torch.compiler.disable`: one graph break each): dynamo must not trace into their Triton
 launchers or the TP collectives. result.json's `compile` counts the run's graph breaks.
 """
@@ -268,8 +268,8 @@ def install() -> None:
 
 def _traced(recipe: Optional[str], tp_size: int):
     """A tp=1 turbo linear has no collective: bf16 is two torch GEMMs that dynamo traces, fp8 primus.turbo.fp8_ops'
-    custom-op pair where fp8_ops.compiles says so (not the delayed recipe: amax histories updated in place); either
-    stays inside a compiled layer. tp > 1 (collectives with async handles) runs eagerly."""
+    custom-op pair where fp8_ops.compiles says so; either stays inside a compiled layer. tp > 1 (collectives with
+    async handles) runs eagerly."""
     if recipe is None:
         return tp_size == 1
     from primus.turbo.fp8_ops import compiles
@@ -295,7 +295,7 @@ def _column_impl(recipe: Optional[str], fmt: str, chunks: int, delayed=None, tp_
     def forward_impl(input, weight, bias, gradient_accumulation_fusion=False, allreduce_dgrad=False,
                      sequence_parallel=False, tp_group=None, **_unused):
         if fp8_op is not None:
-            return fp8_op(input, weight, bias, recipe, fmt)
+            return fp8_op(input, weight, bias, recipe, fmt, delayed)
         group = tp_group if (sequence_parallel or allreduce_dgrad) else None
         lead = list(input.shape[:-1])
         y = _ColumnFn.apply(input.reshape(-1, input.shape[-1]), weight, bias, group, bool(sequence_parallel),
@@ -317,7 +317,8 @@ def _row_forward(recipe: Optional[str], fmt: str, chunks: int, delayed=None, tp_
             raise NotImplementedError("turbo row-parallel linear expects a parallel input (megatron's default)")
         bias = self.bias if not self.skip_bias_add else None
         if fp8_op is not None:
-            return fp8_op(input_, self.weight, bias, recipe, fmt), (self.bias if self.skip_bias_add else None)
+            return (fp8_op(input_, self.weight, bias, recipe, fmt, delayed),
+                    self.bias if self.skip_bias_add else None)
         group = self.tp_group if self.tp_group.size() > 1 else None
         lead = list(input_.shape[:-1])
         y = _RowFn.apply(input_.reshape(-1, input_.shape[-1]), self.weight, bias, group, bool(self.sequence_parallel),
@@ -368,7 +369,7 @@ def apply(model, config, fp8_settings: Optional[Dict[str, Any]] = None) -> Dict[
                 if r == "delayed":  # this linear's own amax histories (x, weight, dy)
                     from primus.backends.megatron.fp8 import delayed_scaling
 
-                    delayed = mod.primus_fp8_delayed = delayed_scaling(fp8).linear_state()
+                    delayed = mod.primus_fp8_delayed = delayed_scaling(fp8).linear_state().allocate(mod.weight.device)
                 tp_group = getattr(mod, "tp_group", None)
                 tp_size = tp_group.size() if tp_group is not None else 1
                 if isinstance(mod, ColumnParallelLinear):
