@@ -8,6 +8,8 @@
 #   bash bench/session8.sh 4 BASE   # the delayed recipe as custom ops inside the compiled layers: its GPU tests, the
 #                              # fp8 presets end to end, then the delayed preset with BASE's fp8_linear.py,
 #                              # fp8_ops.py and megatron fp8.py / turbo.py (the graph-break code, carried; swapped in)
+#   bash bench/session8.sh 5 BASE   # the tensorwise preset with this tree's fp8_linear.py vs BASE's (session 7's:
+#                              # the fixed 64x64 cast tile), then every turbo test file on the GPU
 # $OUT: logs
 set -u
 OUT=${OUT:-outputs/bench}
@@ -45,5 +47,22 @@ case "${1:-}" in
      mkdir -p /tmp/after && for f in $FILES; do cp $f /tmp/after/$(basename $f); cp "$BASE/$(basename $f)" $f; done
      runs before "fp8 delayed before=experiment=llama3_2_1b_megatron_fp8_delayed $B"
      for f in $FILES; do cp /tmp/after/$(basename $f) $f; done ;;
-  *) echo "usage: session8.sh 1|2|3|4 BASE" >&2; exit 2 ;;
+  5) BASE=${2:?usage: session8.sh 5 BASELINE_DIR}
+     F=primus/turbo/fp8_linear.py
+     B="training.train_iters=14"
+     timeout 200 python bench/e2e.py --suite none --tag fp8_tw_after --timeout 88 --log-dir /tmp/bench_logs \
+       --ref "fp8 tensorwise after" --extra "fp8 tensorwise after=experiment=llama3_2_1b_megatron_fp8 $B" \
+       > "$OUT/fp8_tw_after.log" 2>&1
+     grep -E "^\| " "$OUT/fp8_tw_after.log"
+     cp $F /tmp/fp8_linear_after.py && cp "$BASE/fp8_linear.py" $F
+     timeout 200 python bench/e2e.py --suite none --tag fp8_tw_before --timeout 88 --log-dir /tmp/bench_logs \
+       --ref "fp8 tensorwise before" --extra "fp8 tensorwise before=experiment=llama3_2_1b_megatron_fp8 $B" \
+       > "$OUT/fp8_tw_before.log" 2>&1
+     grep -E "^\| " "$OUT/fp8_tw_before.log"
+     cp /tmp/fp8_linear_after.py $F
+     L=$((590 - SECONDS))
+     timeout $L python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_*.py \
+       > "$OUT/pytest_gpu5.log" 2>&1
+     tail -6 "$OUT/pytest_gpu5.log" ;;
+  *) echo "usage: session8.sh 1|2|3|4 BASE|5 BASE" >&2; exit 2 ;;
 esac
