@@ -446,7 +446,7 @@ class DelayedLinearState:
 
 def _amax_partials(flat: torch.Tensor, first_only_meta: Optional[torch.Tensor] = None):
     """(partial maxima of |flat|, their count). first_only_meta: a delayed history's META; the pass reads flat only
-    at that operand's call 0 (its partials are garbage later, and unread)."""
+    at that operand's call 0 (later its partials are 0, and _delayed_scale does not read them)."""
     n = flat.numel()
     BLOCK = 4096
     nprog = max(1, min(_PARTS, triton.cdiv(n, BLOCK)))
