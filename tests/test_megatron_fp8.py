@@ -132,3 +132,17 @@ def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
         assert len(comp["histories"]) == 3 * 8 and {c for c, _ in comp["histories"]} == {4}
         assert all(a > 0 for _, a in comp["histories"])
         assert [a for _, a in comp["histories"]] == pytest.approx([a for _, a in eager["histories"]], rel=0.05)
+
+
+def test_delayed_custom_ops_under_the_pipeline_schedule(tmp_path):
+    """pp=2, 4 micro batches per step (1F1B: a micro batch's backward runs between later forwards): the delayed
+    recipe's custom ops (real kernels, interpreter) keep the dy state on the autograd ctx, not in save_for_backward,
+    so the backwards that ran in between (they bump its version) raise nothing; every history counts its 8 casts."""
+    over = [*BASE, "model.num_layers=2", "precision=fp8_delayed", "precision.fp8=e4m3", "launcher.nproc_per_node=2",
+            "parallel.pipeline_model_parallel_size=2", "training.global_batch_size=8"]
+    ranks = run_ranks(tmp_path, "fp8_real.py", REAL, over, 2)
+    for r in ranks:
+        assert r["converted"] == 4 and len(r["losses"]) == 2  # this stage's layer: 4 linears
+        assert len(r["histories"]) == 3 * 4 and {c for c, _ in r["histories"]} == {8}
+        assert all(a > 0 for _, a in r["histories"])
+    assert ranks[0]["losses"] == ranks[1]["losses"]
