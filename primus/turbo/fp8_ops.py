@@ -113,17 +113,13 @@ fp8_linear_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
 # ---------------------------------------------------------------------------------------------- delayed scaling
 
 
-def _history(buf: Tensor, meta: Tensor, history_len: int, margin: int, algo: str) -> "F8.AmaxHistory":
-    return F8.AmaxHistory(F8.DelayedScaling(history_len, margin, algo), buf, meta)
-
-
 @torch.library.custom_op("primus::fp8_linear_delayed_fwd", mutates_args=("x_buf", "x_meta", "w_buf", "w_meta"))
 def fp8_linear_delayed_fwd(x2: Tensor, weight: Tensor, x_buf: Tensor, x_meta: Tensor, w_buf: Tensor,
                            w_meta: Tensor, fmt: str, history_len: int, margin: int,
                            algo: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    state = F8.DelayedLinearState(F8.DelayedScaling(history_len, margin, algo))
-    state.x = _history(x_buf, x_meta, history_len, margin, algo)
-    state.w = _history(w_buf, w_meta, history_len, margin, algo)
+    settings = F8.DelayedScaling(history_len, margin, algo)
+    state = F8.DelayedLinearState(settings)  # views of the state tensors this op was given (dy's unused here)
+    state.x, state.w = F8.AmaxHistory(settings, x_buf, x_meta), F8.AmaxHistory(settings, w_buf, w_meta)
     y, st = F8.fp8_forward(x2, weight, None, "delayed", fmt, need_wgrad=True, delayed=state)
     a, b, c, d = st.tensors  # fp8 x^T, its scale_inv, fp8 W^T, its scale_inv (new tensors, not the state's)
     return y.contiguous(), a, b, c, d
@@ -139,8 +135,9 @@ def fp8_linear_delayed_bwd(dy2: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tens
                            dy_meta: Tensor, fmt: str, w_dtype: torch.dtype, history_len: int, margin: int,
                            algo: str) -> Tuple[Tensor, Tensor]:
     f_dt, g_dt = _fp8_dtypes(dy2.device, fmt)
-    state = F8.DelayedLinearState(F8.DelayedScaling(history_len, margin, algo))
-    state.dy = _history(dy_buf, dy_meta, history_len, margin, algo)
+    settings = F8.DelayedScaling(history_len, margin, algo)
+    state = F8.DelayedLinearState(settings)
+    state.dy = F8.AmaxHistory(settings, dy_buf, dy_meta)
     st = F8.FP8State("delayed", f_dt, g_dt, w_dtype, False, [a, b, c, d], state)
     dx, dw, _ = F8.fp8_backward(st, dy2, need_dx=True, need_dw=True, need_db=False)
     return dx.contiguous(), dw.contiguous()

@@ -7,9 +7,9 @@ TransformerConfig (trainer.py) and, once the model is built, each Column/RowPara
 - column-parallel: the same input communication megatron would do (all-gather over the sequence under sequence
   parallel, else the identity whose backward all-reduces the input gradient), then the fp8 GEMM.
 At tp = 1 the GEMM is primus.turbo.fp8_ops' custom-op pair (delayed: its pair that declares the amax histories
-mutated), traced by training.compile (no graph break); tp > 1 runs eagerly (one graph break per linear). Gradients land in `weight.grad` as with
-megatron's non-fused path, so DDP's main_grad hooks work unchanged (the async dgrad all-reduce overlap of the bf16
-path is given up). Recipe "delayed" (TE's DelayedScaling, the portable
+mutated), traced by training.compile (no graph break); tp > 1 runs eagerly (one graph break per linear). Gradients
+land in `weight.grad` as with megatron's non-fused path, so DDP's main_grad hooks work unchanged (the async dgrad
+all-reduce overlap of the bf16 path is given up). Recipe "delayed" (TE's DelayedScaling, the portable
 version): each converted linear gets its own amax histories (`mod.primus_fp8_delayed`). Kept in bf16: the output
 layer, linears whose dims are not multiples of 16, and, with first_last_layers_bf16, the first/last N decoder layers
 (global numbering).
