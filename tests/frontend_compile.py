@@ -65,12 +65,13 @@ def checks():
     for x in ("*bf16", "*fp32"):
         tw = {"X": x, "PART": "*fp32", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32",
               "RP": "i32", "stride_xr": "i32", "NPART": "i32", "FP8_MAX": "fp32", "AMAX": "*fp32", "META": "*i32"}
-        for delayed in (False, True):
+        for delayed, record in ((False, True), (True, True), (True, False)):  # record=False: a replayed forward
             for wy, wt in ((True, True), (True, False), (False, True)):
                 for cfg in F8._TENSORWISE.configs:
-                    yield (f"tensorwise {x} delayed={delayed} y={wy} t={wt} BR={cfg['BR']} BC={cfg['BC']}",
-                           F8._cast_tensorwise, tw, {"NP": 1024, "BR": cfg["BR"], "BC": cfg["BC"], "WRITE_Y": wy,
-                                                     "WRITE_T": wt, "DELAYED": delayed, "NS": 64})
+                    yield (f"tensorwise {x} delayed={delayed} record={record} y={wy} t={wt} BR={cfg['BR']} "
+                           f"BC={cfg['BC']}", F8._cast_tensorwise, tw,
+                           {"NP": 1024, "BR": cfg["BR"], "BC": cfg["BC"], "WRITE_Y": wy, "WRITE_T": wt,
+                            "DELAYED": delayed, "NS": 64, "RECORD": record})
     for x in ("*bf16", "*fp32"):  # the blockwise casts: every (tile, outputs) the wrapper launches, with its tiles
         cb = {"X": x, "Y": "*fp8e4nv", "YT": "*fp8e4nv", "S": "*fp32", "ST": "*fp32", "R": "i32", "C": "i32",
               "RP": "i32", "stride_xr": "i32", "stride_xc": "i32", "s_sr": "i32", "s_sc": "i32", "s_tr": "i32",

@@ -146,3 +146,16 @@ def test_delayed_custom_ops_under_the_pipeline_schedule(tmp_path):
         assert len(r["histories"]) == 3 * 4 and {c for c, _ in r["histories"]} == {8}
         assert all(a > 0 for _, a in r["histories"])
     assert ranks[0]["losses"] == ranks[1]["losses"]
+
+
+def test_delayed_histories_count_each_forward_once_under_full_recompute(tmp_path):
+    """recompute=full: megatron's CheckpointFunction replays every layer's forward inside the backward. The replayed
+    casts record nothing, so each x / weight / dy history counts one cast per micro batch (2 steps x 2), as without
+    recompute, and the losses are the run without recompute's."""
+    over = [*BASE, "model.num_layers=2", "precision=fp8_delayed", "precision.fp8=e4m3"]
+    full = run_ranks(tmp_path, "fp8_real.py", REAL, [*over, "recompute=full"], 1)[0]
+    plain = run_ranks(tmp_path, "fp8_real.py", REAL, over, 1)[0]
+    assert full["converted"] == plain["converted"] == 8
+    assert [c for c, _ in full["histories"]] == [c for c, _ in plain["histories"]] == [4] * 24
+    assert full["histories"] == plain["histories"]
+    assert full["losses"] == plain["losses"]

@@ -634,6 +634,54 @@ def test_fp8_linear_delayed_trains_within_the_fp8_band(fmt):
     assert (state.dy.amax_history > 0).sum().item() == 2  # two earlier backward casts recorded
 
 
+@pytest.mark.parametrize("path", ["eager", "custom_ops"])
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_delayed_recompute_replays_the_forward_bit_for_bit_and_records_it_once(path, reentrant):
+    """Activation recompute replays each forward inside the backward (use_reentrant=True is megatron's
+    CheckpointFunction: a no-grad forward, then the replay). The replayed casts reuse the operands' last scales and
+    record nothing: two checkpointed fp8 linears give the un-checkpointed run's outputs, gradients and amax
+    histories bit for bit, step after step, and every history counts one cast per step."""
+    from torch.utils.checkpoint import checkpoint
+
+    from primus.turbo import fp8_ops
+
+    torch.manual_seed(0)
+    K, H, N, M = 64, 96, 48, 40
+    settings = F8.DelayedScaling(history_len=4, margin=0, algo="max")
+    w0 = [(torch.randn(H, K, device=DEV) / 8).to(torch.bfloat16), (torch.randn(N, H, device=DEV) / 8).to(torch.bfloat16)]
+
+    def run(ckpt: bool):
+        ws = [w.clone().requires_grad_() for w in w0]
+        states = [settings.linear_state().allocate(DEV) for _ in ws]
+
+        def block(x):
+            for w, s in zip(ws, states):
+                x = (F8.fp8_linear(x, w, None, "delayed", "e4m3", s) if path == "eager"
+                     else fp8_ops.fp8_linear_traced(x, w, None, "delayed", "e4m3", delayed=s))
+            return x
+
+        out = []
+        for step in range(3):
+            g = torch.Generator(device="cpu").manual_seed(step)
+            x = (torch.randn(M, K, generator=g) * (1 + step)).to(DEV, torch.bfloat16).requires_grad_()
+            dy = torch.randn(M, N, generator=g).to(DEV, torch.bfloat16)
+            y = checkpoint(block, x, use_reentrant=reentrant) if ckpt else block(x)
+            y.backward(dy)
+            out.append((y.detach(), x.grad, *[w.grad.clone() for w in ws]))
+            for w in ws:
+                w.grad = None
+        return out, states
+
+    got, s_got = run(True)
+    want, s_want = run(False)
+    for step, (a, b) in enumerate(zip(got, want)):
+        assert all(torch.equal(u, v) for u, v in zip(a, b)), step
+    for sg, sw in zip(s_got, s_want):
+        for h, r in ((sg.x, sw.x), (sg.w, sw.w), (sg.dy, sw.dy)):
+            assert h.calls == 3 and torch.equal(h.buf, r.buf) and torch.equal(h.meta, r.meta)
+    assert not F8.replaying_forward()
+
+
 def test_fp8_module_swap():
     torch.manual_seed(0)
     m = torch.nn.Module()

@@ -18,7 +18,10 @@ Recipes ("current scaling": the scale comes from this tensor's own amax, except 
               custom op inside compiled graphs: fp8_ops). The first call of each operand takes its scale from
               its own amax (the amax pass reads the tensor at call 0 only) instead of TE's initial scale 1, which
               would flush the first step's gradients to zero. Saves the amax pass of tensorwise (one read of every
-              operand).
+              operand). Activation recompute replays a forward inside the backward: a replayed cast reuses the
+              operand's last scale and records nothing (`replaying_forward`), so a history counts each forward
+              once and, without pipelining, the replay is bit-identical to the forward it repeats (TE keeps the
+              forward's scales for its recompute too).
   rowwise     one scale per row of each GEMM operand along the contraction dim (torchao's "rowwise"): each
               operand is quantised once per GEMM it feeds (x along K for fprop, along M for wgrad...). One kernel
               per cast: amax and cast in the same program (the row chunk is re-read from L2). torch._scaled_mm
@@ -170,8 +173,11 @@ def _delayed_scale(HIST, AMAX, META, SCALE, SINV, PART, NPART, L, FP8_MAX, MARGI
 @triton.jit
 def _cast_tensorwise(X, PART, Y, YT, SINV, AMAX, META, R, C, RP, stride_xr, NPART, FP8_MAX,
                      NP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                     WRITE_Y: tl.constexpr, WRITE_T: tl.constexpr, DELAYED: tl.constexpr, NS: tl.constexpr):
-    if DELAYED:  # PART is the scale _delayed_scale computed from the history
+                     WRITE_Y: tl.constexpr, WRITE_T: tl.constexpr, DELAYED: tl.constexpr, NS: tl.constexpr,
+                     RECORD: tl.constexpr):
+    """RECORD (delayed only): feed this tensor's amax into the history; off for a replayed forward, which casts
+    with the state's last scale and writes its scale_inv here."""
+    if DELAYED:  # PART is the scale _delayed_scale computed from the history (a replay: the last call's)
         scale = tl.load(PART)
     else:  # scale from the amax partials (reduced here: no separate amax-reduce / scale kernel, no host sync)
         p = tl.load(PART + tl.arange(0, NP), mask=tl.arange(0, NP) < NPART, other=0.0)
@@ -190,7 +196,7 @@ def _cast_tensorwise(X, PART, Y, YT, SINV, AMAX, META, R, C, RP, stride_xr, NPAR
     if WRITE_T:  # (C, RP) row-major; rows R..RP-1 are the zero pad
         tmask = (rows[:, None] < RP) & (cols[None, :] < C)
         tl.store(YT + cols[None, :].to(tl.int64) * RP + rows[:, None], y.to(YT.dtype.element_ty), mask=tmask)
-    if DELAYED:  # this tensor's amax, for the next call's scale; spread over NS slots (less atomic contention)
+    if DELAYED and RECORD:  # this tensor's amax, for the next call's scale; spread over NS slots (less contention)
         tile_amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
         slot = tl.load(META + 1) * NS + (pid_r * tl.num_programs(1) + pid_c) % NS
         tl.atomic_max(AMAX + slot, tile_amax)
@@ -459,10 +465,11 @@ def _amax_partials(flat: torch.Tensor, first_only_meta: Optional[torch.Tensor] =
 
 
 def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool = False, pad_t: bool = True,
-                    history: Optional[AmaxHistory] = None, config=None):
+                    history: Optional[AmaxHistory] = None, config=None, record: bool = True):
     """x2 (R, C) -> (y (RP, C) fp8 | None, yT (C, RP) fp8 | None, scale_inv fp32 scalar).
     RP = R padded to a multiple of 16 (fp8 GEMM operand rule) when pad_t, with zero rows; else R.
     history: delayed scaling (the scale from earlier calls; this call's amax recorded in the same pass).
+    record=False (with history): a replayed forward; cast with the history's last scale, leave the state as it is.
     config: one launch config of _TENSORWISE's space (tests); None = tuned on a GPU / the space's first."""
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
@@ -480,12 +487,13 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
         # backward's GEMMs read it after later calls have moved the state on)
         hist, amax_rows, part, meta = history._state(x2.device)
         sinv = _common.empty((), torch.float32, x2.device)
-        p0, np0 = _amax_partials(flat, first_only_meta=meta)  # reads x2 at this operand's first call only
-        st = history.settings
-        _delayed_scale[(1,)](hist, amax_rows, meta, part, sinv, p0, np0, st.history_len, _fmax(dtype),
-                             2.0 ** -st.margin, MOST_RECENT=st.algo == "most_recent",
-                             LB=triton.next_power_of_2(st.history_len), NS=AmaxHistory.SPREAD, NP=_PARTS,
-                             num_warps=4)
+        if record:
+            p0, np0 = _amax_partials(flat, first_only_meta=meta)  # reads x2 at this operand's first call only
+            st = history.settings
+            _delayed_scale[(1,)](hist, amax_rows, meta, part, sinv, p0, np0, st.history_len, _fmax(dtype),
+                                 2.0 ** -st.margin, MOST_RECENT=st.algo == "most_recent",
+                                 LB=triton.next_power_of_2(st.history_len), NS=AmaxHistory.SPREAD, NP=_PARTS,
+                                 num_warps=4)
         nprog = 1
     # fp32 input (TorchTitan's fp32 weights on one GPU) with both outputs from one kernel: on the H200 (Triton 3.6,
     # ptxas 12.9) the transposed fp8 store leaves elements unwritten whenever the plain store is in the same
@@ -502,7 +510,8 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
     for wy, wt in passes:
         args = (x2, part, y if wy else sinv, yt if wt else sinv, sinv, amax_rows, meta, R, C, RP, x2.stride(0),
                 nprog, _fmax(dtype))
-        consts = dict(NP=_PARTS, WRITE_Y=wy, WRITE_T=wt, DELAYED=history is not None, NS=AmaxHistory.SPREAD)
+        consts = dict(NP=_PARTS, WRITE_Y=wy, WRITE_T=wt, DELAYED=history is not None, NS=AmaxHistory.SPREAD,
+                      RECORD=record)
         if config is not None:
             _TENSORWISE.run(config, grid, args, **consts)
         else:
@@ -893,6 +902,13 @@ class FP8State:
         self.delayed = delayed
 
 
+def replaying_forward() -> bool:
+    """Whether this forward runs inside a backward pass: activation recompute (megatron's CheckpointFunction,
+    torch.utils.checkpoint) replays forwards there; a training forward never runs inside one. Read inside the
+    custom ops too (their bodies run eagerly, also in a compiled graph), so no graph is specialised on it."""
+    return torch._C._current_graph_task_id() != -1
+
+
 def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], recipe: str = "tensorwise",
                 fmt: str = "e4m3", need_wgrad: bool = True, delayed: Optional[DelayedLinearState] = None):
     """y2 (M, N) = x2 (M, K) @ weight.T (+ bias) in fp8, plus the FP8State the backward needs.
@@ -906,8 +922,10 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     fast = x2.device.type == "cuda"
     if recipe in ("tensorwise", "delayed"):
         hx, hw = (delayed.x, delayed.w) if delayed is not None else (None, None)
-        xq, xqt, sx = cast_tensorwise(x2, f_dt, want_y=True, want_t=need_wgrad, history=hx)
-        wq, wqt, sw = cast_tensorwise(weight, f_dt, want_y=True, want_t=True, pad_t=False, history=hw)
+        record = delayed is None or not replaying_forward()
+        xq, xqt, sx = cast_tensorwise(x2, f_dt, want_y=True, want_t=need_wgrad, history=hx, record=record)
+        wq, wqt, sw = cast_tensorwise(weight, f_dt, want_y=True, want_t=True, pad_t=False, history=hw,
+                                      record=record)
         y = _mm(xq, wq.t(), sx, sw, out_dt, bias=bias.to(out_dt) if bias is not None else None, fast=fast)
         y = y[:x2.shape[0]]
         tensors = [xqt, sx, wqt, sw]
