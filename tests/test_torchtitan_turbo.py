@@ -58,6 +58,38 @@ def test_turbo_float8_replaces_torchao_converter():
     assert _issues(["turbo=torchtitan_fp8", "precision=fp8"], device="cuda", planned=True) == []
 
 
+@pytest.mark.parametrize("precision,recipe,fmt", [("fp8_blockwise", "blockwise", "e4m3"),
+                                                    ("fp8_rowwise", "rowwise", "e4m3"),
+                                                    ("fp8_delayed", "delayed", "hybrid")])
+def test_turbo_float8_runs_every_portable_recipe(precision, recipe, fmt):
+    """torchao has no blockwise or delayed recipe; the turbo fp8 linear runs them (delayed: with its settings)."""
+    over = ["turbo=torchtitan_fp8", f"precision={precision}"]
+    if recipe == "delayed":
+        over += ["precision.fp8_amax_history_len=16", "precision.fp8_margin=1",
+                 "precision.fp8_amax_compute_algo=most_recent"]
+    args = tt_args.build_args(compose_cfg(TT + over), _ctx("cuda", planned=True))
+    want = {"recipe": recipe, "fmt": fmt, "filter_fqns": ["output"]}
+    if recipe == "delayed":  # read by the turbo linear, so not "megatron-core only" here
+        want["delayed"] = {"history_len": 16, "margin": 1, "algo": "most_recent"}
+    assert args[TURBO_KEY]["float8_linear"] == want
+    assert _issues(over, device="cuda", planned=True) == []
+    # without turbo, torchao's converter: the error names the turbo linear as a way out
+    msg = _validate_msg([f"precision={precision}"]) if recipe != "rowwise" else ""
+    assert recipe == "rowwise" or ("precision.fp8_recipe" in msg and "turbo=torchtitan_fp8" in msg)
+
+
+@pytest.mark.parametrize("override,key", [("precision.fp8_interval=2", "precision.fp8_interval"),
+                                          ("precision.fp8_amax_compute_algo=mean", "precision.fp8_amax_compute_algo"),
+                                          ("precision.fp8_amax_history_len=0", "precision.fp8_amax_history_len")])
+def test_turbo_float8_delayed_settings_are_validated_as_on_megatron(override, key):
+    issues = _issues(["turbo=torchtitan_fp8", "precision=fp8_delayed", override], device="cuda", planned=True)
+    assert [list(i.keys) for i in issues] == [[key]], [str(i) for i in issues]
+    assert "megatron-core only" not in str(issues[0])
+    # with tensorwise the delayed settings are read by nobody: still refused as megatron-only
+    issues = _issues(["turbo=torchtitan_fp8", "precision=fp8", override], device="cuda", planned=True)
+    assert key in [k for i in issues for k in i.keys] and "megatron-core only" in " ".join(map(str, issues))
+
+
 def test_converter_names_match_turbo_module():
     from primus.backends.torchtitan import turbo
 
@@ -213,7 +245,7 @@ import torch
 from primus.backends.torchtitan import turbo
 from primus.turbo.fp8_linear import FP8Linear
 torch.manual_seed(0)
-for recipe, fmt in (("tensorwise", "hybrid"), ("rowwise", "e4m3"), ("blockwise", "e4m3")):
+for recipe, fmt in [r.split(":") for r in os.environ["RECIPES"].split(",")]:
     m = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(32, 16, bias=False))
     ref = FP8Linear.from_linear(m[0], recipe, fmt)
     names = turbo.swap_float8_linears(m, recipe, filter_fqns=["1"], fmt=fmt)
@@ -242,15 +274,55 @@ for recipe, fmt in (("tensorwise", "hybrid"), ("rowwise", "e4m3"), ("blockwise",
         outs.append((y.detach(), x.grad.clone(), m[0].weight.grad.clone()))
     assert outs[1][2].dtype == torch.float32
     assert all(rel(a, b) < 0.05 for a, b in zip(*outs)), [rel(a, b) for a, b in zip(*outs)]
+# delayed: built on the meta device as TorchTitan does, states allocated after materialisation; compiled (the
+# custom-op pair, fullgraph) in lockstep with FP8Linear's autograd.Function: every call bit-equal, histories too
+with torch.device("meta"):
+    m = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(32, 16, bias=False))
+names = turbo.swap_float8_linears(m, "delayed", filter_fqns=[], fmt="e4m3",
+                                  delayed={"history_len": 4, "margin": 1, "algo": "max"})
+assert names == ["0", "1"] and m[0].fp8_delayed.x.buf is None
+m.to_empty(device="cpu")
+for lin in m:
+    torch.nn.init.normal_(lin.weight, std=0.1)
+assert turbo.allocate_fp8_states(m) == 2
+ref = [FP8Linear.from_linear(lin, "delayed", "e4m3", lin.fp8_delayed.settings) for lin in m]
+f = torch.compile(m, fullgraph=True, backend="aot_eager")
+for call in range(3):
+    x = torch.randn(2, 24, 64) * (1 + call)
+    got = []
+    for fn in (f, lambda t: ref[1](ref[0](t))):
+        xg = x.clone().requires_grad_()
+        fn(xg).square().sum().backward()
+        got.append((xg.grad, m[0].weight.grad.clone(), m[1].weight.grad.clone()))
+        m.zero_grad(set_to_none=True)
+    assert all(torch.equal(a, b) for a, b in zip(*got)), call
+for lin, r in zip(m, ref):
+    for h, hr in ((lin.fp8_delayed.x, r.fp8_delayed.x), (lin.fp8_delayed.w, r.fp8_delayed.w),
+                  (lin.fp8_delayed.dy, r.fp8_delayed.dy)):
+        assert h.calls == 3 and torch.equal(h.buf, hr.buf), (h.calls, hr.calls)
 print("ok")
 """
 
 
+def _cpu_scaled_mm_rowwise() -> bool:
+    """torch 2.13's CPU torch._scaled_mm takes row scales; 2.11's (the GPU machine's) only per-tensor ones."""
+    import torch
+
+    a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), torch.ones(16, 1), torch.ones(1, 16), out_dtype=torch.bfloat16)
+        return True
+    except RuntimeError:
+        return False
+
+
 def test_turbo_fp8_linear_custom_ops_match_and_compile():
-    """TurboFP8Linear (custom ops) == FP8Linear (autograd.Function) bit for bit, eager and under fullgraph compile;
-    Triton interpreter on CPU, in a fresh process (TRITON_INTERPRET must precede the first triton import)."""
+    """TurboFP8Linear (custom ops) == FP8Linear (autograd.Function) bit for bit, eager and under fullgraph compile,
+    every recipe (delayed: built on the meta device, its states allocated after materialisation); Triton interpreter
+    on CPU, in a fresh process (TRITON_INTERPRET must precede the first triton import)."""
+    recipes = "tensorwise:hybrid,blockwise:e4m3" + (",rowwise:e4m3" if _cpu_scaled_mm_rowwise() else "")
     out = subprocess.run([PY, "-c", _FP8_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=170,
-                         env={**os.environ, "TRITON_INTERPRET": "1"})
+                         env={**os.environ, "TRITON_INTERPRET": "1", "RECIPES": recipes})
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
 
 

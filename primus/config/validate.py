@@ -196,11 +196,19 @@ FP4_BACKENDS = {Backend.megatron}
 @rule
 def low_precision_recipe_for_backend(cfg, ctx):
     p, out = cfg.precision, []
-    b = cfg.backend.name
-    if p.fp8 is not None and p.fp8_recipe.value not in FP8_RECIPES[b]:
+    b, t = cfg.backend.name, cfg.turbo
+    recipes = FP8_RECIPES[b]
+    fix = "pick one of those (precision=fp8 is tensorwise, which both backends run)"
+    if b == Backend.torchtitan:
+        from primus.turbo.providers import PORTABLE_FP8_RECIPES
+
+        if t.enable_primus_turbo and t.use_turbo_float8_linear:  # the turbo fp8 linear instead of torchao's
+            recipes = set(PORTABLE_FP8_RECIPES)
+        else:
+            fix += f"; turbo=torchtitan_fp8 (the turbo fp8 linear) runs {sorted(PORTABLE_FP8_RECIPES)}"
+    if p.fp8 is not None and p.fp8_recipe.value not in recipes:
         out.append(ConfigIssue(["precision.fp8_recipe", "backend.name"], p.fp8_recipe.value,
-                               f"backend {b.value} runs fp8 recipes {sorted(FP8_RECIPES[b])}",
-                               "pick one of those (precision=fp8 is tensorwise, which both backends run)"))
+                               f"backend {b.value} runs fp8 recipes {sorted(recipes)}", fix))
     if p.fp4 is not None and b not in FP4_BACKENDS:
         out.append(ConfigIssue(["precision.fp4", "backend.name"], p.fp4.value,
                                f"backend {b.value} has no fp4 training path", "use backend=megatron with Transformer Engine, or drop fp4"))

@@ -26,6 +26,22 @@ PORTABLE_AMAX_ALGOS = ("max", "most_recent")  # the delayed recipe's precision.f
 
 log = logging.getLogger("primus.turbo")
 
+
+def delayed_recipe_issues(p) -> List[ConfigIssue]:
+    """The portable delayed recipe's settings (precision.*; fp8_linear.DelayedScaling), for either backend."""
+    out: List[ConfigIssue] = []
+    if p.fp8_interval != 1:
+        out.append(ConfigIssue(["precision.fp8_interval"], p.fp8_interval,
+                               "the portable delayed recipe updates the amax history and the scale at every cast "
+                               "(Transformer Engine has deprecated fp8_interval)", "set precision.fp8_interval=1"))
+    if p.fp8_amax_compute_algo not in PORTABLE_AMAX_ALGOS:
+        out.append(ConfigIssue(["precision.fp8_amax_compute_algo"], p.fp8_amax_compute_algo,
+                               f"the amax of the history is one of {list(PORTABLE_AMAX_ALGOS)}", "use one of those"))
+    if p.fp8_amax_history_len < 1:
+        out.append(ConfigIssue(["precision.fp8_amax_history_len"], p.fp8_amax_history_len,
+                               "the amax history holds at least one entry", "set it to 1 or more (TE: 1024)"))
+    return out
+
 PRIMUS_TURBO = "primus_turbo"
 
 # Flags each backend reads (keys are the config keys, "group.field").

@@ -638,19 +638,9 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
             out.append(_issue(["precision.fp8", "precision.fp8_recipe"], {"fp8": p.fp8.value, "recipe": r}, rule,
                               "use precision=bf16, or install Transformer Engine"))
         if r == "delayed" and spec == "local":  # the portable DelayedScaling (primus.turbo.fp8_linear)
-            from primus.turbo.providers import PORTABLE_AMAX_ALGOS
+            from primus.turbo.providers import delayed_recipe_issues
 
-            if p.fp8_interval != 1:
-                out.append(_issue(["precision.fp8_interval"], p.fp8_interval,
-                                  "the portable delayed recipe updates the amax history and the scale at every cast "
-                                  "(Transformer Engine has deprecated fp8_interval)", "set precision.fp8_interval=1"))
-            if p.fp8_amax_compute_algo not in PORTABLE_AMAX_ALGOS:
-                out.append(_issue(["precision.fp8_amax_compute_algo"], p.fp8_amax_compute_algo,
-                                  f"the amax of the history is one of {list(PORTABLE_AMAX_ALGOS)}",
-                                  "use one of those"))
-            if p.fp8_amax_history_len < 1:
-                out.append(_issue(["precision.fp8_amax_history_len"], p.fp8_amax_history_len,
-                                  "the amax history holds at least one entry", "set it to 1 or more (TE: 1024)"))
+            out += delayed_recipe_issues(p)
         if not cpu and _gpu_has_fp8() is False:
             out.append(_issue(["precision.fp8", "device"], p.fp8.value,
                               f"this GPU ({ctx.gpu_name}) has no fp8 tensor cores (needs compute capability >= 8.9)",

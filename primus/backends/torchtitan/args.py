@@ -30,6 +30,8 @@ SYNTHETIC_DATASET = "primus_synthetic"  # registered by data.py in TorchTitan's 
 JSONL_DATASET = "primus_jsonl"
 NO_CLIP = 1.0e30  # TorchTitan always clips; max_norm 0 would zero every gradient, so "off" is a huge norm
 
+# The delayed recipe's settings: megatron's, and the turbo fp8 linear's under turbo.use_turbo_float8_linear.
+DELAYED_KEYS = ("fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo")
 # Our fields that only megatron-core reads: setting them under backend=torchtitan would have no effect.
 _MEGATRON_ONLY = {
     "recompute": (RecomputeConfig, ["recompute_method", "recompute_num_layers", "recompute_layer_ids",
@@ -39,8 +41,7 @@ _MEGATRON_ONLY = {
                                 "align_param_gather", "bucket_size"]),
     "memory": (MemoryConfig, ["use_distributed_optimizer", "optimizer_cpu_offload", "optimizer_offload_fraction",
                               "use_precision_aware_optimizer", "empty_unused_memory_level"]),
-    "precision": (PrecisionConfig, ["fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo",
-                                    "fp4", "first_last_layers_bf16", "num_layers_at_start_in_bf16",
+    "precision": (PrecisionConfig, [*DELAYED_KEYS, "fp4", "first_last_layers_bf16", "num_layers_at_start_in_bf16",
                                     "num_layers_at_end_in_bf16"]),
     "turbo": (TurboConfig, ["grouped_gemm_fp8"]),  # TorchTitan's MoE experts have no fp8 grouped GEMM here
 }
@@ -78,7 +79,8 @@ def _float8(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any]:
     if recipe not in (FP8Recipe.tensorwise, FP8Recipe.rowwise):
         issues.append(ConfigIssue(["precision.fp8_recipe"], recipe.value,
                                   "torchtitan 0.2.2 (torchao float8) has tensorwise, rowwise and mxfp8 recipes only",
-                                  "use precision=fp8_tensorwise or fp8_rowwise, or backend=megatron"))
+                                  "use precision=fp8_tensorwise or fp8_rowwise; or turbo=torchtitan_fp8 (the turbo "
+                                  "fp8 linear runs blockwise and delayed too); or backend=megatron"))
     # torchao's formats are fixed per recipe: tensorwise casts grads to e5m2 (hybrid), rowwise/mxfp8 use e4m3
     want = FP8Format.hybrid if recipe == FP8Recipe.tensorwise else FP8Format.e4m3
     if recipe in (FP8Recipe.tensorwise, FP8Recipe.rowwise) and p.fp8 != want:
@@ -112,7 +114,6 @@ def _float8(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any]:
 TURBO_ATTENTION = "primus_turbo.attention"  # names registered by turbo.py (kept in sync by a test)
 TURBO_FLOAT8 = "primus_turbo.float8_linear"
 TURBO_GROUPED_GEMM = "primus_turbo.grouped_gemm"
-TURBO_FP8_RECIPES = ("tensorwise", "rowwise")  # not blockwise: 0.92x tensorwise end to end (megatron, session 7)
 
 
 def _turbo_on(cfg: PrimusConfig, flag: str) -> bool:
@@ -125,11 +126,16 @@ def _turbo_fp8(cfg: PrimusConfig) -> bool:
 
 def _turbo_float8(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any]:
     """precision.fp8 served by primus.turbo.fp8_linear instead of torchao's quantize.linear.float8 converter."""
+    from primus.turbo.providers import PORTABLE_FP8_RECIPES, delayed_recipe_issues
+
     p = cfg.precision
-    if p.fp8_recipe.value not in TURBO_FP8_RECIPES:
+    if p.fp8_recipe.value not in PORTABLE_FP8_RECIPES:
         issues.append(ConfigIssue(["turbo.use_turbo_float8_linear", "precision.fp8_recipe"], p.fp8_recipe.value,
-                                  f"the turbo fp8 linear runs recipes {list(TURBO_FP8_RECIPES)}",
-                                  "use precision=fp8 (tensorwise, the fast one) or turbo.use_turbo_float8_linear=false"))
+                                  f"the turbo fp8 linear runs recipes {list(PORTABLE_FP8_RECIPES)}",
+                                  "pick one of those (precision=fp8_tensorwise, fp8_delayed, fp8_rowwise, "
+                                  "fp8_blockwise), or turbo.use_turbo_float8_linear=false"))
+    if p.fp8_recipe == FP8Recipe.delayed:
+        issues.extend(delayed_recipe_issues(p))
     for k in ("float8_enable_fsdp_float8_all_gather", "float8_precompute_float8_dynamic_scale_for_fsdp"):
         if getattr(p, k):
             issues.append(ConfigIssue([f"precision.{k}", "turbo.use_turbo_float8_linear"], True,
@@ -161,6 +167,9 @@ def _turbo(cfg: PrimusConfig, issues: List[ConfigIssue]):
         else:
             settings["float8_linear"] = {"recipe": p.fp8_recipe.value, "fmt": p.fp8.value,
                                          "filter_fqns": list(p.float8_filter_fqns)}
+            if p.fp8_recipe == FP8Recipe.delayed:  # fp8_linear.DelayedScaling's settings
+                settings["float8_linear"]["delayed"] = {"history_len": p.fp8_amax_history_len,
+                                                        "margin": p.fp8_margin, "algo": p.fp8_amax_compute_algo}
             if par.tensor_model_parallel_size > 1:
                 issues.append(ConfigIssue(["turbo.use_turbo_float8_linear", "parallel.tensor_model_parallel_size"],
                                           par.tensor_model_parallel_size,
@@ -211,9 +220,12 @@ def _mixed_precision_dropped(cfg: PrimusConfig, ctx: RunContext, issues: List[Co
 
 
 def _unhonoured(cfg: PrimusConfig, issues: List[ConfigIssue]) -> None:
+    turbo_delayed = _turbo_fp8(cfg) and cfg.precision.fp8_recipe == FP8Recipe.delayed  # _turbo_float8 reads them
     for group, (cls, keys) in _MEGATRON_ONLY.items():
         section = getattr(cfg, group)
         for k in keys:
+            if turbo_delayed and group == "precision" and k in DELAYED_KEYS:
+                continue
             value, default = getattr(section, k), cls.__dataclass_fields__[k]
             default = default.default_factory() if callable(default.default_factory) else default.default
             if value != default:

@@ -159,7 +159,11 @@ class TorchTitanTrainer(Trainer):
             return {}
         from primus.backends.torchtitan import turbo
 
-        return {**turbo_info, "turbo_swaps": dict(turbo.LAST_SWAPS)}
+        info = {**turbo_info, "turbo_swaps": dict(turbo.LAST_SWAPS)}
+        delayed = sum(turbo.allocate_fp8_states(part) for part in self.tt.model_parts)  # before the first trace
+        if delayed:
+            info["fp8_delayed_states"] = delayed
+        return info
 
     def _check_built(self, cfg) -> None:
         """What TorchTitan built must be our model: FFN width (derived from dim in llama3) and vocabulary."""

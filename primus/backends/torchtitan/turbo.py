@@ -8,10 +8,12 @@ TP / activation checkpointing / torch.compile (per block, fullgraph) / FSDP. Our
                               ScaledDotProductAttentionWrapper) -> TurboSDPA: `primus.turbo.attention.turbo_attention`
                               (cuDNN > flash > efficient on CUDA, GQA in the kernel, never the math fallback)
   primus_turbo.float8_linear  nn.Linear -> TurboFP8Linear through `primus.turbo.fp8_linear.swap_linears_to_fp8`
-                              (precision.fp8_recipe / fp8 format / float8_filter_fqns), instead of torchao's
-                              `quantize.linear.float8` converter. The fp8 forward and backward are torch custom ops
-                              (opaque to dynamo, with fake kernels), so TorchTitan's fullgraph per-block compile
-                              traces them.
+                              (precision.fp8_recipe: tensorwise, delayed, rowwise or blockwise / fp8 format /
+                              float8_filter_fqns), instead of torchao's `quantize.linear.float8` converter. The fp8
+                              forward and backward are torch custom ops (opaque to dynamo, with fake kernels), so
+                              TorchTitan's fullgraph per-block compile traces them. The delayed recipe's amax
+                              histories are allocated once the model is materialised (`allocate_fp8_states`, called
+                              by the trainer), before the first trace.
   primus_turbo.grouped_gemm   MoE GroupedExperts -> TurboGroupedExperts: the three expert GEMMs through
                               `primus.turbo.grouped_gemm.grouped_gemm` (torch._grouped_mm on sm90/sm100, else the
                               Triton grouped GEMM), TorchTitan's sync-free token padding kept.
@@ -106,8 +108,7 @@ def _fp8_linear_cls():
         def forward(self, x):
             if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
                 x = x.to(torch.get_autocast_dtype(x.device.type))
-            shape = x.shape
-            return fp8_linear_traced(x, self.weight, self.bias, self.recipe, self.fmt)
+            return fp8_linear_traced(x, self.weight, self.bias, self.recipe, self.fmt, delayed=self.fp8_delayed)
 
         _TURBO_FP8_CLS = type("TurboFP8Linear", (FP8Linear,), {"forward": forward, "__module__": __name__})
     return _TURBO_FP8_CLS
@@ -117,16 +118,31 @@ _TURBO_FP8_CLS = None
 
 
 def swap_float8_linears(model: nn.Module, recipe: str = "tensorwise", filter_fqns=("output",),
-                        fmt: str = "e4m3") -> List[str]:
-    """primus.turbo.fp8_linear.swap_linears_to_fp8, then each FP8Linear gets the compile-safe (custom op) forward."""
-    from primus.turbo.fp8_linear import swap_linears_to_fp8
+                        fmt: str = "e4m3", delayed: Optional[Dict[str, Any]] = None) -> List[str]:
+    """primus.turbo.fp8_linear.swap_linears_to_fp8, then each FP8Linear gets the compile-safe (custom op) forward.
+    delayed: DelayedScaling's settings (history_len, margin, algo) for recipe "delayed"; each linear's state is
+    allocated by `allocate_fp8_states` once the model is on its device."""
+    from primus.turbo.fp8_linear import DelayedScaling, swap_linears_to_fp8
 
-    names = swap_linears_to_fp8(model, recipe=recipe, filter_fqns=filter_fqns, fmt=fmt)
+    scaling = DelayedScaling(**delayed) if recipe == "delayed" else None
+    names = swap_linears_to_fp8(model, recipe=recipe, filter_fqns=filter_fqns, fmt=fmt, delayed_scaling=scaling)
     cls = _fp8_linear_cls()
     for name in names:
         mod = model.get_submodule(name)
         mod.__class__ = cls
     return names
+
+
+def allocate_fp8_states(model: nn.Module) -> int:
+    """The delayed recipe's amax histories of every TurboFP8Linear, zeroed on its weight's device. TorchTitan builds
+    the model on the meta device and materialises it after the converters ran; the compiled blocks are traced at
+    the first step and must find the state tensors there. Returns how many linears got one."""
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, _fp8_linear_cls()) and mod.fp8_delayed is not None:
+            mod.fp8_delayed.allocate(mod.weight.device)
+            n += 1
+    return n
 
 
 # ------------------------------------------------------------------------------------------------ grouped GEMM
@@ -236,7 +252,8 @@ class Float8LinearConverter(_Converter):
     def convert(self, model):
         s = _SETTINGS.get("float8_linear") or {}
         names = swap_float8_linears(model, recipe=s.get("recipe", "tensorwise"),
-                                    filter_fqns=s.get("filter_fqns", ["output"]), fmt=s.get("fmt", "e4m3"))
+                                    filter_fqns=s.get("filter_fqns", ["output"]), fmt=s.get("fmt", "e4m3"),
+                                    delayed=s.get("delayed"))
         self._done("linears", len(names))
 
 
