@@ -183,8 +183,18 @@ def _cast_tensorwise(X, PART, Y, YT, SINV, AMAX, META, R, C, RP, stride_xr, NPAR
         p = tl.load(PART + tl.arange(0, NP), mask=tl.arange(0, NP) < NPART, other=0.0)
         amax = tl.max(p, axis=0)
         scale = FP8_MAX / tl.maximum(amax, 1e-12)
-    pid_r = tl.program_id(0)
-    pid_c = tl.program_id(1)
+    # Tile order. After the amax pass (tensorwise, a 1-D grid): reversed row-major, the last rows first, the bytes
+    # that pass (a grid-stride loop) read last and L2 still holds (bench/tensorwise_l2_probe.py: 1.03-1.06x the
+    # column-strip order at 4096-14336 rows). Alone (delayed, a 2-D grid): column strips, down the rows, as before
+    # session 9 (a 1-D grid, either order, made its cast ~4% slower: session 9, calls 3-4).
+    if DELAYED:
+        pid_r = tl.program_id(0)
+        pid_c = tl.program_id(1)
+    else:
+        nc = tl.cdiv(C, BC)
+        t = tl.num_programs(0) - 1 - tl.program_id(0)
+        pid_r = t // nc
+        pid_c = t % nc
     rows = pid_r * BR + tl.arange(0, BR)
     cols = pid_c * BC + tl.arange(0, BC)
     inb = (rows[:, None] < R) & (cols[None, :] < C)
@@ -262,9 +272,12 @@ def _colmax(X, AMAX, R, C, stride_xr, BM: tl.constexpr, BK: tl.constexpr, ROWS: 
 @triton.jit
 def _cast_cols_t(X, AMAX, Y, SINV, R, C, YR, YC, stride_xr, FP8_MAX, BM: tl.constexpr, BK: tl.constexpr):
     """Y (YR, YC) = the transpose of X (R, C) quantised per column of X (its amax over all R rows, from _colmax):
-    X read in row-major tiles, Y written transposed; Y's rows >= C and columns >= R are the zero pad. SINV (YR,)."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)  # X rows = Y columns
-    cols = tl.program_id(1) * BK + tl.arange(0, BK)  # X columns = Y rows
+    X read in row-major tiles, Y written transposed; Y's rows >= C and columns >= R are the zero pad. SINV (YR,).
+    Tiles in reversed order: the last column blocks first, the bytes _colmax's last programs read and L2 holds."""
+    pid_r = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_c = tl.num_programs(1) - 1 - tl.program_id(1)
+    rows = pid_r * BM + tl.arange(0, BM)  # X rows = Y columns
+    cols = pid_c * BK + tl.arange(0, BK)  # X columns = Y rows
     amax = tl.load(AMAX + cols, mask=cols < C, other=0.0)
     scale = FP8_MAX / tl.maximum(amax, 1e-12)
     x = tl.load(X + rows[:, None].to(tl.int64) * stride_xr + cols[None, :],
@@ -272,7 +285,7 @@ def _cast_cols_t(X, AMAX, Y, SINV, R, C, YR, YC, stride_xr, FP8_MAX, BM: tl.cons
     y = tl.clamp(x * scale[None, :], -FP8_MAX, FP8_MAX)
     tl.store(Y + cols[None, :].to(tl.int64) * YC + rows[:, None], y.to(Y.dtype.element_ty),
              mask=(rows[:, None] < YC) & (cols[None, :] < YR))
-    if tl.program_id(0) == 0:
+    if pid_r == 0:
         tl.store(SINV + cols, 1.0 / scale, mask=cols < YR)
 
 
@@ -504,8 +517,9 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
     passes = ([(True, False), (False, True)] if want_y and want_t and x2.dtype == torch.float32
               else [(want_y, want_t)])
 
-    def grid(meta):
-        return (triton.cdiv(RP, meta["BR"]), triton.cdiv(C, meta["BC"]))
+    def grid(meta):  # 2-D for the delayed cast, 1-D for the tensorwise one (_cast_tensorwise's tile order)
+        nr, nc = triton.cdiv(RP, meta["BR"]), triton.cdiv(C, meta["BC"])
+        return (nr, nc) if history is not None else (nr * nc,)
 
     for wy, wt in passes:
         args = (x2, part, y if wy else sinv, yt if wt else sinv, sinv, amax_rows, meta, R, C, RP, x2.stride(0),
@@ -520,7 +534,8 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
 
 
 # The tensorwise (and delayed) cast pass ran one fixed 64x64 tile, 4 warps, since session 1 (55% of its minimum
-# bytes with the amax pass, session 7); autotuned per (R, C) and outputs since session 8. Wider tiles store Y and
+# bytes with the amax pass, session 7); autotuned per (R, C) and outputs since session 8, its tiles in reversed
+# row-major order since session 9. Wider tiles store Y and
 # YT in whole 128-byte lines. Autotuning re-runs the pass: its outputs and the delayed recipe's atomic amax are the
 # same on every run.
 _TENSORWISE = _common.Tuned(_cast_tensorwise, [

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Session 9's H200 calls (<= 600 s each), each after `. bench/device_setup.sh` (carry .whl):
+#   bash bench/session9.sh 1   # GPU tests of the delayed recompute replay and the TorchTitan turbo fp8 recipes,
+#                              # the tensorwise cast's L2 probe (tile order), TorchTitan fp8 end to end: torchao
+#                              # tensorwise vs the turbo linear's tensorwise / blockwise / delayed
+#   bash bench/session9.sh 2 BASE   # the L2 probe in GPU time, every tile; the TorchTitan custom-op test; the delayed
+#                              # preset under recompute=full with this tree's fp8_linear.py vs BASE's (histories
+#                              # updated twice by the replayed forwards)
+#   bash bench/session9.sh 3 BASE   # the casts in reversed tile order (tensorwise, rowwise transposed): GPU tests,
+#                              # casts + fp8 linear per recipe with this tree's fp8_linear.py, then BASE's casts
+#   bash bench/session9.sh 4 BASE   # every test of test_turbo_fp8.py on the GPU; casts + fp8 linear per recipe, this
+#                              # tree's fp8_linear.py (delayed cast back in column-strip order) vs BASE's, same call
+#   bash bench/session9.sh 5 BASE   # the casts again, the delayed cast back on its 2-D grid, vs BASE's, same call
+# $OUT: logs
+set -u
+OUT=${OUT:-outputs/bench}
+mkdir -p "$OUT"
+case "${1:-}" in
+  1) timeout 170 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_fp8.py \
+       tests/test_torchtitan_turbo.py -k "delayed or recompute or custom_ops_match or portable_recipe" \
+       > "$OUT/pytest_gpu1.log" 2>&1
+     tail -4 "$OUT/pytest_gpu1.log"
+     timeout 90 python bench/tensorwise_l2_probe.py > "$OUT/l2_probe.log" 2>&1
+     grep -E "^\||copy bandwidth|Error|error" "$OUT/l2_probe.log" | head -20
+     timeout $((590 - SECONDS)) python bench/torchtitan_turbo_smoke.py --steps 12 --timeout 95 --ref "tt fp8 compile" \
+       --points "tt fp8 compile,tt fp8 compile turbo,tt fp8 blockwise compile turbo,tt fp8 delayed compile turbo" \
+       > "$OUT/tt_smoke.log" 2>&1
+     grep -E "^\| |rel_|\"ok\"|turbo fp8 vs|->" "$OUT/tt_smoke.log" ;;
+  2) BASE=${2:?usage: session9.sh 2 BASELINE_DIR}
+     timeout 100 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_torchtitan_turbo.py \
+       -k "custom_ops_match" > "$OUT/pytest_gpu2.log" 2>&1
+     tail -2 "$OUT/pytest_gpu2.log"
+     timeout 150 python bench/tensorwise_l2_probe.py --configs > "$OUT/l2_probe.log" 2>&1
+     grep -vE "^\s*$" "$OUT/l2_probe.log" | grep -v Warning | head -120
+     F=primus/turbo/fp8_linear.py
+     B="experiment=llama3_2_1b_megatron_fp8_delayed recompute=full training.train_iters=14"
+     timeout 170 python bench/e2e.py --suite none --tag rc_after --timeout 150 --log-dir /tmp/bench_logs \
+       --ref "delayed full recompute after" --extra "delayed full recompute after=$B" > "$OUT/rc_after.log" 2>&1
+     grep -E "^\| " "$OUT/rc_after.log"
+     cp $F /tmp/fp8_linear_after.py && cp "$BASE/fp8_linear.py" $F
+     timeout $((590 - SECONDS)) python bench/e2e.py --suite none --tag rc_before --timeout 150 \
+       --log-dir /tmp/bench_logs --ref "delayed full recompute before" \
+       --extra "delayed full recompute before=$B" > "$OUT/rc_before.log" 2>&1
+     grep -E "^\| " "$OUT/rc_before.log"
+     cp /tmp/fp8_linear_after.py $F ;;
+  3) BASE=${2:?usage: session9.sh 3 BASELINE_DIR}
+     F=primus/turbo/fp8_linear.py
+     timeout 150 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_fp8.py \
+       > "$OUT/pytest_gpu3.log" 2>&1
+     tail -3 "$OUT/pytest_gpu3.log"
+     timeout 150 python bench/tensorwise_l2_probe.py --shapes 8192x4096,4096x4096,14336x4096 > "$OUT/l2_probe3.log" 2>&1
+     grep -E "^\|" "$OUT/l2_probe3.log"
+     for tag in after before; do
+       [ $tag = before ] && cp $F /tmp/fp8_linear_after.py && cp "$BASE/fp8_linear.py" $F
+       ONLY=fp8_casts; L=$((590 - SECONDS))
+       [ $tag = after ] && ONLY=fp8_casts,fp8_linear && L=$((L - 90))
+       timeout $L python bench/turbo_kernels.py --no-tests --gpu-time --budget $((L - 10)) \
+         --only $ONLY > "$OUT/kernels3_$tag.log" 2>&1
+       echo "== $tag"; grep -E "^\| (fp8|linear)" "$OUT/kernels3_$tag.log" | grep -v "gemm=triton"
+     done
+     cp /tmp/fp8_linear_after.py $F ;;
+  4) BASE=${2:?usage: session9.sh 4 BASELINE_DIR}
+     F=primus/turbo/fp8_linear.py
+     timeout 250 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_fp8.py \
+       > "$OUT/pytest_gpu4.log" 2>&1
+     tail -3 "$OUT/pytest_gpu4.log"
+     for tag in after before; do
+       [ $tag = before ] && cp $F /tmp/fp8_linear_after.py && cp "$BASE/fp8_linear.py" $F
+       L=$((590 - SECONDS)); [ $tag = after ] && L=$((L / 2))
+       timeout $L python bench/turbo_kernels.py --no-tests --gpu-time --budget $((L - 10)) \
+         --only fp8_casts,fp8_linear > "$OUT/kernels4_$tag.log" 2>&1
+       echo "== $tag"; grep -E "^\| (fp8|linear)" "$OUT/kernels4_$tag.log" | grep -v "gemm=triton" | cut -c1-150
+     done
+     cp /tmp/fp8_linear_after.py $F ;;
+  5) BASE=${2:?usage: session9.sh 5 BASELINE_DIR}
+     F=primus/turbo/fp8_linear.py
+     for tag in after before after2 before2; do
+       case $tag in before*) cp "$BASE/fp8_linear.py" $F ;; after2) cp /tmp/fp8_linear_after.py $F ;;
+         after) cp $F /tmp/fp8_linear_after.py ;; esac
+       timeout 100 python bench/turbo_kernels.py --no-tests --gpu-time --budget 90 --only fp8_casts \
+         > "$OUT/kernels5_$tag.log" 2>&1
+       echo "== $tag"; grep -E "^\| fp8 cast (tensorwise|delayed|rowwise)" "$OUT/kernels5_$tag.log" | cut -c1-120
+     done
+     cp /tmp/fp8_linear_after.py $F ;;
+esac
