@@ -286,36 +286,30 @@ for lin in m:
     torch.nn.init.normal_(lin.weight, std=0.1)
 assert turbo.allocate_fp8_states(m) == 2
 ref = [FP8Linear.from_linear(lin, "delayed", "e4m3", lin.fp8_delayed.settings) for lin in m]
-f = torch.compile(m, fullgraph=True, backend="aot_eager")
-for call in range(3):
-    x = torch.randn(2, 24, 64) * (1 + call)
-    got = []
-    for fn in (f, lambda t: ref[1](ref[0](t))):
-        xg = x.clone().requires_grad_()
-        fn(xg).square().sum().backward()
-        got.append((xg.grad, m[0].weight.grad.clone(), m[1].weight.grad.clone()))
-        m.zero_grad(set_to_none=True)
-    assert all(torch.equal(a, b) for a, b in zip(*got)), call
-for lin, r in zip(m, ref):
-    for h, hr in ((lin.fp8_delayed.x, r.fp8_delayed.x), (lin.fp8_delayed.w, r.fp8_delayed.w),
-                  (lin.fp8_delayed.dy, r.fp8_delayed.dy)):
-        assert h.calls == 3 and torch.equal(h.buf, hr.buf), (h.calls, hr.calls)
-# TorchTitan's activation checkpointing inside the compiled block: bit-equal to the eager linears without it, and
-# each history counts one cast per call (nothing recorded twice by a recomputed forward)
+
+
+def lockstep(f, calls):  # f vs the eager linears, same inputs: gradients bit-equal at every call; the histories too
+    for call in range(calls):
+        x = torch.randn(2, 24, 64) * (1 + call)
+        got = []
+        for fn in (f, lambda t: ref[1](ref[0](t))):
+            xg = x.clone().requires_grad_()
+            fn(xg).square().sum().backward()
+            got.append((xg.grad, m[0].weight.grad.clone(), m[1].weight.grad.clone()))
+            m.zero_grad(set_to_none=True)
+        assert all(torch.equal(a, b) for a, b in zip(*got)), call
+    for lin, r in zip(m, ref):
+        for h, hr in ((lin.fp8_delayed.x, r.fp8_delayed.x), (lin.fp8_delayed.w, r.fp8_delayed.w),
+                      (lin.fp8_delayed.dy, r.fp8_delayed.dy)):
+            assert h.calls == calls and torch.equal(h.buf, hr.buf), (h.calls, hr.calls)
+
+
+lockstep(torch.compile(m, fullgraph=True, backend="aot_eager"), 3)
+# TorchTitan's activation checkpointing inside the compiled block: a recomputed forward records nothing twice
 from torch.utils.checkpoint import checkpoint
 for lin in list(m) + ref:
     lin.fp8_delayed.allocate("cpu")
-f = torch.compile(lambda t: checkpoint(m, t, use_reentrant=False), fullgraph=True, backend="aot_eager")
-for call in range(2):
-    x = torch.randn(2, 24, 64) * (1 + call)
-    got = []
-    for fn in (f, lambda t: ref[1](ref[0](t))):
-        xg = x.clone().requires_grad_()
-        fn(xg).square().sum().backward()
-        got.append((xg.grad, m[0].weight.grad.clone(), m[1].weight.grad.clone()))
-        m.zero_grad(set_to_none=True)
-    assert all(torch.equal(a, b) for a, b in zip(*got)), call
-assert {h.calls for lin in m for h in (lin.fp8_delayed.x, lin.fp8_delayed.w, lin.fp8_delayed.dy)} == {2}
+lockstep(torch.compile(lambda t: checkpoint(m, t, use_reentrant=False), fullgraph=True, backend="aot_eager"), 2)
 print("ok")
 """
 
