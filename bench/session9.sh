@@ -11,6 +11,8 @@
 #   bash bench/session9.sh 4 BASE   # every test of test_turbo_fp8.py on the GPU; casts + fp8 linear per recipe, this
 #                              # tree's fp8_linear.py (delayed cast back in column-strip order) vs BASE's, same call
 #   bash bench/session9.sh 5 BASE   # the casts again, the delayed cast back on its 2-D grid, vs BASE's, same call
+#   bash bench/session9.sh 6 BASE   # the Triton blockwise GEMM (grouped grid, tuned tiles) vs BASE's fixed-tile
+#                              # kernel and cuBLASLt, then its every-config test on the GPU
 # $OUT: logs
 set -u
 OUT=${OUT:-outputs/bench}
@@ -76,10 +78,24 @@ case "${1:-}" in
      F=primus/turbo/fp8_linear.py
      for tag in after before after2 before2; do
        case $tag in before*) cp "$BASE/fp8_linear.py" $F ;; after2) cp /tmp/fp8_linear_after.py $F ;;
-         after) cp $F /tmp/fp8_linear_after.py ;; esac
+         after) cp $F /tmp/fp8_linear_after.py ;;   6) BASE=${2:?usage: session9.sh 6 BASELINE_DIR}
+     timeout 200 python bench/blockwise_gemm_probe.py --baseline "$BASE/fp8_linear.py" --linears gate+up,down \
+       > "$OUT/gemm_probe.log" 2>&1
+     grep -E "^\||total|Error" "$OUT/gemm_probe.log"
+     timeout $((270 - SECONDS)) python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf \
+       tests/test_turbo_fp8.py -k "tuned_blockwise_gemm or blockwise_gemms_match" > "$OUT/pytest_gpu6.log" 2>&1
+     tail -3 "$OUT/pytest_gpu6.log" ;;
+esac
        timeout 100 python bench/turbo_kernels.py --no-tests --gpu-time --budget 90 --only fp8_casts \
          > "$OUT/kernels5_$tag.log" 2>&1
        echo "== $tag"; grep -E "^\| fp8 cast (tensorwise|delayed|rowwise)" "$OUT/kernels5_$tag.log" | cut -c1-120
      done
      cp /tmp/fp8_linear_after.py $F ;;
+  6) BASE=${2:?usage: session9.sh 6 BASELINE_DIR}
+     timeout 200 python bench/blockwise_gemm_probe.py --baseline "$BASE/fp8_linear.py" --linears gate+up,down \
+       > "$OUT/gemm_probe.log" 2>&1
+     grep -E "^\||total|Error" "$OUT/gemm_probe.log"
+     timeout $((270 - SECONDS)) python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf \
+       tests/test_turbo_fp8.py -k "tuned_blockwise_gemm or blockwise_gemms_match" > "$OUT/pytest_gpu6.log" 2>&1
+     tail -3 "$OUT/pytest_gpu6.log" ;;
 esac

@@ -87,8 +87,12 @@ def checks():
               **{s: "i32" for s in ("s_am", "s_ak", "s_bk", "s_bn", "s_cm", "s_cn", "s_sam", "s_sak", "s_sbk",
                                     "s_sbn")}}
         for gn in (1, 128):
-            yield (f"blockwise gemm A={b} SB_GN={gn}", F8._gemm_blockwise, gb,
-                   {"BM": 128, "BN": 128, "BK": 128, "SB_GN": gn, "UPCAST": b == "*fp8e5"})
+            for even_k in (True, False):
+                for cfg in F8._GEMM_BLOCKWISE.configs:
+                    yield (f"blockwise gemm A={b} SB_GN={gn} EVEN_K={even_k} BM={cfg['BM']} BN={cfg['BN']}",
+                           F8._gemm_blockwise, gb,
+                           {"BM": cfg["BM"], "BN": cfg["BN"], "GROUP_M": cfg["GROUP_M"], "BK": 128, "SB_GN": gn,
+                            "UPCAST": b == "*fp8e5", "EVEN_K": even_k})
     # the fp8 grouped GEMM's casts (grouped_gemm_fp8.py): experts through a transposed view, per-expert token groups
     yield ("fp8 grouped: experts rows 3d", GF._cast_rows_3d,
            {"X": "*bf16", "Y": "*fp8e4nv", "S": "*fp32", "R": "i32", "C": "i32", "s_xb": "i32", "s_xr": "i32",

@@ -449,6 +449,31 @@ def test_blockwise_gemms_match_an_exact_emulation(gemm):
         assert relerr(out, ref) < (5e-3 if odt == torch.bfloat16 else 1e-5 if DEV == "cpu" else 1e-3), name
 
 
+@pytest.mark.parametrize("M,K,N", [(70, 144, 200), (300, 256, 96)])  # K % 128 != 0 (masked K loop); ragged M, N
+@pytest.mark.parametrize("form", ["fprop", "wgrad"])
+def test_every_config_of_the_tuned_blockwise_gemm_matches_an_exact_emulation(M, K, N, form):
+    """Each tile of the Triton blockwise GEMM's tuned space (grouped 1-D grid, rows / columns past M / N wrapped, K
+    loads unmasked only when K % 128 == 0) vs the float64 product of the dequantised operands: a wrong band, wrap or
+    pointer step gives errors of order 1."""
+    x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(N, K, device=DEV, dtype=torch.bfloat16) / K ** 0.5
+    if form == "fprop":  # x 1x128 @ W^T 128x128
+        a, sa, _, _ = F8.cast_blockwise(x, E4)
+        wq, sw, _, _ = F8.cast_blockwise(w, E4, tile=True)
+        b, sb, tile, odt = wq.t(), sw, True, torch.bfloat16
+    else:  # 1x128 @ 1x128 (the wgrad form: both groups along the contraction dim), fp32 out
+        a, sa, _, _ = F8.cast_blockwise(x, E4)
+        wq, sw, _, _ = F8.cast_blockwise(w, E4)
+        b, sb, tile, odt = wq.t(), sw, False, torch.float32
+    ref = _deq_a(a, sa) @ _deq_b(b, sb, tile)
+    space = F8._GEMM_BLOCKWISE.space((a, b, None, sa, sb, M, N, K), UPCAST=False)
+    assert len(space) >= 2
+    for cfg in space:
+        out = F8.gemm_blockwise(a, sa, b, sb, tile, odt, config=cfg)
+        assert out.dtype == odt and out.shape == (M, N)
+        assert relerr(out, ref) < (5e-3 if odt == torch.bfloat16 else 1e-3), cfg
+
+
 @pytest.mark.skipif(SCALED_MM_WHY is not None,
                     reason=f"torch.nn.functional.scaled_mm blockwise (CUDA sm90, CUDA >= 12.9): {SCALED_MM_WHY}")
 @pytest.mark.parametrize("fmt", ["e4m3", "hybrid"])

@@ -86,6 +86,9 @@ def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7):
     return pick if quantiles else pick[0]
 
 
+_LAUNCH = ("num_warps", "num_stages")  # a config's launch options (the rest are the kernel's constexprs)
+
+
 class Tuned:
     """A Triton kernel with a small space of launch configs (constexpr block sizes + num_warps).
 
@@ -110,8 +113,12 @@ class Tuned:
         self.valid = valid or (lambda cfg, **kw: True)
         self.key = list(key)
         self.picked = {}  # call key -> the config autotune chose for it
-        self._auto = triton.autotune([triton.Config({k: v for k, v in c.items() if k != "num_warps"},
-                                                    num_warps=c.get("num_warps", 4)) for c in self.configs],
+        # num_stages only where a space names it (the backend's default stays otherwise: 3 on CUDA, 2 on ROCm)
+        self._stages = any("num_stages" in c for c in self.configs)
+        self._auto = triton.autotune([triton.Config({k: v for k, v in c.items() if k not in _LAUNCH},
+                                                    num_warps=c.get("num_warps", 4),
+                                                    **({"num_stages": c.get("num_stages", 3)} if self._stages
+                                                       else {})) for c in self.configs],
                                      key=list(key), prune_configs_by={"early_config_prune": self.prune},
                                      do_bench=queued_gpu_time)(kernel)
 
@@ -131,8 +138,10 @@ class Tuned:
         return [c for c in self.configs if self.valid(c, **scalars)] or self.configs[:1]
 
     def run(self, cfg, grid, args, **consts):
-        meta = {k: v for k, v in cfg.items() if k != "num_warps"}
-        self.kernel[grid({**consts, **meta})](*args, **consts, **meta, num_warps=cfg.get("num_warps", 4))
+        meta = {k: v for k, v in cfg.items() if k not in _LAUNCH}
+        launch = {k: cfg[k] for k in _LAUNCH if k in cfg}
+        launch.setdefault("num_warps", 4)
+        self.kernel[grid({**consts, **meta})](*args, **consts, **meta, **launch)
 
     def call_key(self, args, consts) -> tuple:
         named = dict(zip(self.kernel.arg_names, args))
@@ -156,6 +165,8 @@ class Tuned:
             self._auto[lambda meta: grid(dict(meta))](*args, **consts)
             best = self._auto.best_config
             cfg = {**best.kwargs, "num_warps": best.num_warps}
+            if self._stages:
+                cfg["num_stages"] = best.num_stages
         self.picked[key] = cfg
 
 

@@ -353,27 +353,45 @@ def _cast_block(X, Y, YT, S, ST, R, C, RP, stride_xr, stride_xc, s_sr, s_sc, s_t
 def _gemm_blockwise(A, B, Cp, SA, SB, M, N, K,
                     s_am, s_ak, s_bk, s_bn, s_cm, s_cn, s_sam, s_sak, s_sbk, s_sbn,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SB_GN: tl.constexpr,
-                    UPCAST: tl.constexpr):
-    """C[M,N] = sum_kb (A[:, kb] @ B[kb, :]) * SA[m, kb] * SB[kb, n // SB_GN]; BK = the scale group (128)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+                    UPCAST: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
+    """C[M,N] = sum_kb (A[:, kb] @ B[kb, :]) * SA[m, kb] * SB[kb, n // SB_GN]; BK = the scale group (128).
+    1-D grid, GROUP_M row tiles per band (the band's A and B tiles are reused from L2); rows / columns past M / N
+    wrap (their results are not stored), so only K needs a mask, and none when EVEN_K; pointers advance by BK."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    band = GROUP_M * num_n
+    first_m = (pid // band) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % band) % size_m
+    pid_n = (pid % band) // size_m
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
+    am = rm % M
+    bn = rn % N
+    a_ptr = A + am[:, None].to(tl.int64) * s_am + rk[None, :].to(tl.int64) * s_ak
+    b_ptr = B + rk[:, None].to(tl.int64) * s_bk + bn[None, :].to(tl.int64) * s_bn
+    sa_ptr = SA + am * s_sam
+    sb_ptr = SB + (bn // SB_GN) * s_sbn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BK)):
-        k = kb * BK + rk
-        a = tl.load(A + rm[:, None].to(tl.int64) * s_am + k[None, :].to(tl.int64) * s_ak,
-                    mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
-        b = tl.load(B + k[:, None].to(tl.int64) * s_bk + rn[None, :].to(tl.int64) * s_bn,
-                    mask=(k[:, None] < K) & (rn[None, :] < N), other=0.0)
+        if EVEN_K:
+            a = tl.load(a_ptr)
+            b = tl.load(b_ptr)
+        else:
+            kin = rk < K - kb * BK
+            a = tl.load(a_ptr, mask=kin[None, :], other=0.0)
+            b = tl.load(b_ptr, mask=kin[:, None], other=0.0)
         if UPCAST:
             p = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
         else:
             p = tl.dot(a, b)
-        sa = tl.load(SA + rm * s_sam + kb * s_sak, mask=rm < M, other=0.0)
-        sb = tl.load(SB + kb * s_sbk + (rn // SB_GN) * s_sbn, mask=rn < N, other=0.0)
+        sa = tl.load(sa_ptr + kb * s_sak)
+        sb = tl.load(sb_ptr + kb * s_sbk)
         acc += p * sa[:, None] * sb[None, :]
+        a_ptr += BK * s_ak
+        b_ptr += BK * s_bk
     tl.store(Cp + rm[:, None].to(tl.int64) * s_cm + rn[None, :].to(tl.int64) * s_cn, acc.to(Cp.dtype.element_ty),
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
@@ -858,9 +876,10 @@ def _tile_scales_padded(s: torch.Tensor, outer: int, k: int) -> torch.Tensor:
     return buf.t()
 
 
-def gemm_blockwise(a, sa, b, sb, b_tile: bool, out_dtype):
+def gemm_blockwise(a, sa, b, sb, b_tile: bool, out_dtype, config=None):
     """Triton: c (M, N) = a (M, K) @ b (K, N), fp8, with scales in blockwise_scale_layout: sa (M, ceil(K/128)) 1x128;
-    sb (L4, ceil(N/128)) for 128x128 tiles (b_tile) or (N, ceil(K/128)) for 1x128 groups along K. Any strides."""
+    sb (L4, ceil(N/128)) for 128x128 tiles (b_tile) or (N, ceil(K/128)) for 1x128 groups along K. Any strides.
+    config: one of _GEMM_BLOCKWISE's (tests); None = tuned on a GPU / the space's first."""
     M, K = a.shape
     N = b.shape[1]
     c = _common.empty((M, N), out_dtype, a.device)
@@ -868,15 +887,41 @@ def gemm_blockwise(a, sa, b, sb, b_tile: bool, out_dtype):
         ssb_k, ssb_n, gn = sb.stride(0), sb.stride(1), GROUP
     else:  # SB[kb, n] = sb[n, kb]
         ssb_k, ssb_n, gn = sb.stride(1), sb.stride(0), 1
-    BM, BN = 128, 128
-    if _common.interpreting():
-        BM, BN = 32, 32
-    upcast = a.dtype != b.dtype
-    _gemm_blockwise[(triton.cdiv(M, BM), triton.cdiv(N, BN))](
-        a, b, c, sa, sb, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        sa.stride(0), sa.stride(1), ssb_k, ssb_n, BM=BM, BN=BN, BK=GROUP, SB_GN=gn, UPCAST=upcast,
-        num_warps=8, num_stages=3)
+    args = (a, b, c, sa, sb, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+            sa.stride(0), sa.stride(1), ssb_k, ssb_n)
+    consts = dict(BK=GROUP, SB_GN=gn, UPCAST=a.dtype != b.dtype, EVEN_K=K % GROUP == 0)
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BM"]) * triton.cdiv(N, meta["BN"]),)
+
+    if config is not None:
+        _GEMM_BLOCKWISE.run(config, grid, args, **consts)
+    else:
+        _GEMM_BLOCKWISE.launch(grid, args, default=_GEMM_INTERPRET if _common.interpreting() else None, **consts)
     return c
+
+
+def _gemm_blockwise_ok(cfg, M=1, N=1, UPCAST=False, **_):
+    """No tile wider than the problem (rounded up to a power of two); the e5m2 x e4m3 upcast (bf16 operands) keeps
+    the 128x128 tiles (its operand tiles are twice as large in shared memory)."""
+    fits = cfg["BM"] <= max(64, triton.next_power_of_2(M)) and cfg["BN"] <= max(64, triton.next_power_of_2(N))
+    return fits and (not UPCAST or cfg["BM"] * cfg["BN"] <= 128 * 128)
+
+
+# The Triton blockwise GEMM (ROCm, other GPUs, e5m2 gradients) ran one 128x128 tile, 8 warps, 3 stages, a 2-D grid
+# and masked loads in its K loop until session 9 (~535 TFLOP/s in the fp8 linear on the H200, half of cuBLASLt's
+# blockwise kernel); since then a grouped 1-D grid, unmasked loads for K % 128 == 0 and a tuned tile space.
+_GEMM_BLOCKWISE = _common.Tuned(_gemm_blockwise, [
+    {"BM": 128, "BN": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    {"BM": 128, "BN": 256, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    {"BM": 128, "BN": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BM": 128, "BN": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    {"BM": 256, "BN": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    {"BM": 64, "BN": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BM": 128, "BN": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BM": 64, "BN": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+], key=["M", "N", "K"], valid=_gemm_blockwise_ok)
+_GEMM_INTERPRET = {"BM": 32, "BN": 32, "GROUP_M": 2, "num_warps": 4}  # the interpreter: small tiles run faster
 
 
 def blockwise_mm(a, sa, b, sb, b_tile: bool, out_dtype, gemm: str):
