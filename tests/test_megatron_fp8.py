@@ -151,11 +151,9 @@ def test_delayed_custom_ops_under_the_pipeline_schedule(tmp_path):
 def test_delayed_histories_count_each_forward_once_under_full_recompute(tmp_path):
     """recompute=full: megatron's CheckpointFunction replays every layer's forward inside the backward. The replayed
     casts record nothing, so each x / weight / dy history counts one cast per micro batch (2 steps x 2), as without
-    recompute, and the losses are the run without recompute's."""
-    over = [*BASE, "model.num_layers=2", "precision=fp8_delayed", "precision.fp8=e4m3"]
-    full = run_ranks(tmp_path, "fp8_real.py", REAL, [*over, "recompute=full"], 1)[0]
-    plain = run_ranks(tmp_path, "fp8_real.py", REAL, over, 1)[0]
-    assert full["converted"] == plain["converted"] == 8
-    assert [c for c, _ in full["histories"]] == [c for c, _ in plain["histories"]] == [4] * 24
-    assert full["histories"] == plain["histories"]
-    assert full["losses"] == plain["losses"]
+    recompute (the code before counted 8 for x and the weight). Bit-identity of the replay: test_turbo_fp8."""
+    over = [*BASE, "model.num_layers=2", "precision=fp8_delayed", "precision.fp8=e4m3", "recompute=full"]
+    full = run_ranks(tmp_path, "fp8_real.py", REAL, over, 1)[0]
+    assert full["converted"] == 8 and len(full["losses"]) == 2
+    assert [c for c, _ in full["histories"]] == [4] * 24
+    assert all(a > 0 for _, a in full["histories"])
