@@ -124,7 +124,7 @@ def swap_float8_linears(model: nn.Module, recipe: str = "tensorwise", filter_fqn
     allocated by `allocate_fp8_states` once the model is on its device."""
     from primus.turbo.fp8_linear import DelayedScaling, swap_linears_to_fp8
 
-    scaling = DelayedScaling(**delayed) if recipe == "delayed" else None
+    scaling = DelayedScaling(**(delayed or {})) if recipe == "delayed" else None
     names = swap_linears_to_fp8(model, recipe=recipe, filter_fqns=filter_fqns, fmt=fmt, delayed_scaling=scaling)
     cls = _fp8_linear_cls()
     for name in names:
