@@ -17,6 +17,17 @@
 set -u
 OUT=${OUT:-outputs/bench}
 mkdir -p "$OUT"
+F=primus/turbo/fp8_linear.py
+
+kernels() {  # $1: log tag, $2: --only list, $3: seconds; turbo_kernels.py in GPU time with the fp8_linear.py in place
+  timeout "$3" python bench/turbo_kernels.py --no-tests --gpu-time --budget $(($3 - 10)) --only "$2" \
+    > "$OUT/kernels_$1.log" 2>&1
+  echo "== $1"; grep -E "^\| (fp8|linear)" "$OUT/kernels_$1.log" | grep -v "gemm=triton" | cut -c1-150
+}
+use() {  # $1: after | BASE dir: put that fp8_linear.py in place (this tree's is kept in /tmp first)
+  [ -f /tmp/fp8_linear_after.py ] || cp $F /tmp/fp8_linear_after.py
+  if [ "$1" = after ]; then cp /tmp/fp8_linear_after.py $F; else cp "$1/fp8_linear.py" $F; fi
+}
 case "${1:-}" in
   1) timeout 170 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_fp8.py \
        tests/test_torchtitan_turbo.py -k "delayed or recompute or custom_ops_match or portable_recipe" \
@@ -34,63 +45,36 @@ case "${1:-}" in
      tail -2 "$OUT/pytest_gpu2.log"
      timeout 150 python bench/tensorwise_l2_probe.py --configs > "$OUT/l2_probe.log" 2>&1
      grep -vE "^\s*$" "$OUT/l2_probe.log" | grep -v Warning | head -120
-     F=primus/turbo/fp8_linear.py
      B="experiment=llama3_2_1b_megatron_fp8_delayed recompute=full training.train_iters=14"
      timeout 170 python bench/e2e.py --suite none --tag rc_after --timeout 150 --log-dir /tmp/bench_logs \
        --ref "delayed full recompute after" --extra "delayed full recompute after=$B" > "$OUT/rc_after.log" 2>&1
      grep -E "^\| " "$OUT/rc_after.log"
-     cp $F /tmp/fp8_linear_after.py && cp "$BASE/fp8_linear.py" $F
+     use "$BASE"
      timeout $((590 - SECONDS)) python bench/e2e.py --suite none --tag rc_before --timeout 150 \
        --log-dir /tmp/bench_logs --ref "delayed full recompute before" \
        --extra "delayed full recompute before=$B" > "$OUT/rc_before.log" 2>&1
      grep -E "^\| " "$OUT/rc_before.log"
-     cp /tmp/fp8_linear_after.py $F ;;
+     use after ;;
   3) BASE=${2:?usage: session9.sh 3 BASELINE_DIR}
-     F=primus/turbo/fp8_linear.py
      timeout 150 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_fp8.py \
        > "$OUT/pytest_gpu3.log" 2>&1
      tail -3 "$OUT/pytest_gpu3.log"
      timeout 150 python bench/tensorwise_l2_probe.py --shapes 8192x4096,4096x4096,14336x4096 > "$OUT/l2_probe3.log" 2>&1
      grep -E "^\|" "$OUT/l2_probe3.log"
-     for tag in after before; do
-       [ $tag = before ] && cp $F /tmp/fp8_linear_after.py && cp "$BASE/fp8_linear.py" $F
-       ONLY=fp8_casts; L=$((590 - SECONDS))
-       [ $tag = after ] && ONLY=fp8_casts,fp8_linear && L=$((L - 90))
-       timeout $L python bench/turbo_kernels.py --no-tests --gpu-time --budget $((L - 10)) \
-         --only $ONLY > "$OUT/kernels3_$tag.log" 2>&1
-       echo "== $tag"; grep -E "^\| (fp8|linear)" "$OUT/kernels3_$tag.log" | grep -v "gemm=triton"
-     done
-     cp /tmp/fp8_linear_after.py $F ;;
+     kernels 3_after fp8_casts,fp8_linear $((500 - SECONDS))
+     use "$BASE"; kernels 3_before fp8_casts $((590 - SECONDS)); use after ;;
   4) BASE=${2:?usage: session9.sh 4 BASELINE_DIR}
-     F=primus/turbo/fp8_linear.py
      timeout 250 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_fp8.py \
        > "$OUT/pytest_gpu4.log" 2>&1
      tail -3 "$OUT/pytest_gpu4.log"
-     for tag in after before; do
-       [ $tag = before ] && cp $F /tmp/fp8_linear_after.py && cp "$BASE/fp8_linear.py" $F
-       L=$((590 - SECONDS)); [ $tag = after ] && L=$((L / 2))
-       timeout $L python bench/turbo_kernels.py --no-tests --gpu-time --budget $((L - 10)) \
-         --only fp8_casts,fp8_linear > "$OUT/kernels4_$tag.log" 2>&1
-       echo "== $tag"; grep -E "^\| (fp8|linear)" "$OUT/kernels4_$tag.log" | grep -v "gemm=triton" | cut -c1-150
-     done
-     cp /tmp/fp8_linear_after.py $F ;;
+     kernels 4_after fp8_casts,fp8_linear $(((590 - SECONDS) / 2))
+     use "$BASE"; kernels 4_before fp8_casts,fp8_linear $((590 - SECONDS)); use after ;;
   5) BASE=${2:?usage: session9.sh 5 BASELINE_DIR}
-     F=primus/turbo/fp8_linear.py
      for tag in after before after2 before2; do
-       case $tag in before*) cp "$BASE/fp8_linear.py" $F ;; after2) cp /tmp/fp8_linear_after.py $F ;;
-         after) cp $F /tmp/fp8_linear_after.py ;;   6) BASE=${2:?usage: session9.sh 6 BASELINE_DIR}
-     timeout 200 python bench/blockwise_gemm_probe.py --baseline "$BASE/fp8_linear.py" --linears gate+up,down \
-       > "$OUT/gemm_probe.log" 2>&1
-     grep -E "^\||total|Error" "$OUT/gemm_probe.log"
-     timeout $((270 - SECONDS)) python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf \
-       tests/test_turbo_fp8.py -k "tuned_blockwise_gemm or blockwise_gemms_match" > "$OUT/pytest_gpu6.log" 2>&1
-     tail -3 "$OUT/pytest_gpu6.log" ;;
-esac
-       timeout 100 python bench/turbo_kernels.py --no-tests --gpu-time --budget 90 --only fp8_casts \
-         > "$OUT/kernels5_$tag.log" 2>&1
-       echo "== $tag"; grep -E "^\| fp8 cast (tensorwise|delayed|rowwise)" "$OUT/kernels5_$tag.log" | cut -c1-120
+       case $tag in before*) use "$BASE" ;; *) use after ;; esac
+       kernels "5_$tag" fp8_casts 100
      done
-     cp /tmp/fp8_linear_after.py $F ;;
+     use after ;;
   6) BASE=${2:?usage: session9.sh 6 BASELINE_DIR}
      timeout 200 python bench/blockwise_gemm_probe.py --baseline "$BASE/fp8_linear.py" --linears gate+up,down \
        > "$OUT/gemm_probe.log" 2>&1
@@ -98,4 +82,5 @@ esac
      timeout $((270 - SECONDS)) python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf \
        tests/test_turbo_fp8.py -k "tuned_blockwise_gemm or blockwise_gemms_match" > "$OUT/pytest_gpu6.log" 2>&1
      tail -3 "$OUT/pytest_gpu6.log" ;;
+  *) echo "usage: bash bench/session9.sh 1..6 [BASELINE_DIR]" >&2; exit 2 ;;
 esac
