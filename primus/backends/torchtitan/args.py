@@ -145,6 +145,29 @@ def _turbo_float8(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any
     return {"converters": [TURBO_FLOAT8], "quantize": {}}
 
 
+def _turbo_float8_tp_issues(cfg: PrimusConfig) -> List[ConfigIssue]:
+    """The turbo fp8 linear under TorchTitan's TP plan runs on each rank's shards (turbo._tp_forward): their dims
+    must still be fp8 GEMM operands (multiples of 16), and TorchTitan's async TP cannot fuse its collectives into
+    the fp8 GEMMs (custom ops, not aten matmuls: the fusion would silently skip them)."""
+    m, par, out = cfg.model, cfg.parallel, []
+    tp = par.tensor_model_parallel_size
+    head_dim = m.kv_channels or m.hidden_size // m.num_attention_heads
+    local = {"q (heads x head dim)": m.num_attention_heads * head_dim, "k / v (kv heads x head dim)":
+             m.num_query_groups * head_dim, "ffn_hidden_size": m.ffn_hidden_size}
+    bad = {k: v for k, v in local.items() if v % tp or (v // tp) % 16}
+    if bad:
+        out.append(ConfigIssue(["turbo.use_turbo_float8_linear", "parallel.tensor_model_parallel_size"],
+                               {"tp": tp, **bad}, "each rank's shard of these linear dims must be a multiple of 16 "
+                               "(an fp8 GEMM operand)", "pick a tensor_model_parallel_size that keeps them so"))
+    if cfg.turbo.use_turbo_async_tp or cfg.overlap.enable_async_tensor_parallel:
+        out.append(ConfigIssue(["turbo.use_turbo_float8_linear", "turbo.use_turbo_async_tp",
+                                "overlap.enable_async_tensor_parallel"], True,
+                               "TorchTitan's async TP fuses the TP collectives into aten matmuls; the turbo fp8 "
+                               "linear's GEMMs are custom ops it cannot fuse",
+                               "turn async TP off, or turbo.use_turbo_float8_linear=false"))
+    return out
+
+
 def _turbo(cfg: PrimusConfig, issues: List[ConfigIssue]):
     """(converters to add before the float8 one, settings for turbo.py or None, async TP on)."""
     t, p, par = cfg.turbo, cfg.precision, cfg.parallel
@@ -171,10 +194,7 @@ def _turbo(cfg: PrimusConfig, issues: List[ConfigIssue]):
                 settings["float8_linear"]["delayed"] = {"history_len": p.fp8_amax_history_len,
                                                         "margin": p.fp8_margin, "algo": p.fp8_amax_compute_algo}
             if par.tensor_model_parallel_size > 1:
-                issues.append(ConfigIssue(["turbo.use_turbo_float8_linear", "parallel.tensor_model_parallel_size"],
-                                          par.tensor_model_parallel_size,
-                                          "the turbo fp8 linear runs on plain tensors; TorchTitan's TP plan would "
-                                          "hand it DTensors", "use it with FSDP only (tp=1)"))
+                issues.extend(_turbo_float8_tp_issues(cfg))
     async_tp = False
     if t.use_turbo_async_tp:
         # TorchTitan's async TP: torch symmetric-memory fused all-gather/reduce-scatter matmuls, which compile
@@ -284,7 +304,8 @@ def _unhonoured(cfg: PrimusConfig, issues: List[ConfigIssue]) -> None:
         # "quantize.linear.float8": its float8 TP plan would never be applied to the float8 linears
         issues.append(ConfigIssue(["precision.fp8", "parallel.tensor_model_parallel_size"], tp,
                                   "torchtitan 0.2.2 does not apply its float8 tensor-parallel plan",
-                                  "use float8 with FSDP only (tp=1), or drop fp8"))
+                                  "use float8 with FSDP only (tp=1), turbo=torchtitan_fp8 (the turbo fp8 linear "
+                                  "runs under TP), or drop fp8"))
     if par.expert_model_parallel_size > 1 and not m.num_experts:
         issues.append(ConfigIssue(["parallel.expert_model_parallel_size"], par.expert_model_parallel_size,
                                   "expert parallelism has no effect on a dense model", "set 1"))

@@ -13,7 +13,8 @@ TP / activation checkpointing / torch.compile (per block, fullgraph) / FSDP. Our
                               forward and backward are torch custom ops (opaque to dynamo, with fake kernels), so
                               TorchTitan's fullgraph per-block compile traces them. The delayed recipe's amax
                               histories are allocated once the model is materialised (`allocate_fp8_states`, called
-                              by the trainer), before the first trace.
+                              by the trainer), before the first trace. Under TorchTitan's TP plan the fp8 linear
+                              runs on each rank's shards (`_tp_forward`).
   primus_turbo.grouped_gemm   MoE GroupedExperts -> TurboGroupedExperts: the three expert GEMMs through
                               `primus.turbo.grouped_gemm.grouped_gemm` (torch._grouped_mm on sm90/sm100, else the
                               Triton grouped GEMM), TorchTitan's sync-free token padding kept.
@@ -106,6 +107,10 @@ def _fp8_linear_cls():
     global _TURBO_FP8_CLS
     if _TURBO_FP8_CLS is None:
         def forward(self, x):
+            from torch.distributed.tensor import DTensor
+
+            if isinstance(self.weight, DTensor):
+                return _tp_forward(self, x)
             if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
                 x = x.to(torch.get_autocast_dtype(x.device.type))
             return fp8_linear_traced(x, self.weight, self.bias, self.recipe, self.fmt, delayed=self.fp8_delayed)
@@ -115,6 +120,36 @@ def _fp8_linear_cls():
 
 
 _TURBO_FP8_CLS = None
+
+
+def _tp_forward(mod, x):
+    """A TurboFP8Linear under TorchTitan's TP plan (ColwiseParallel / RowwiseParallel: the weight a DTensor sharded
+    on dim 0 / 1 of a 1-D mesh, x the DTensor the plan's input hook made: replicated / sharded on its last dim).
+    The fp8 linear runs on the local shards, each with its own scales (current scaling per shard; a delayed
+    history per shard), and the output is the DTensor the plan's output hook expects: sharded on its last dim
+    (colwise) or partial sums (rowwise), which it all-gathers / reduce-scatters as for nn.Linear."""
+    from torch.distributed.tensor import DTensor, Partial, Shard
+
+    from primus.turbo.fp8_ops import fp8_linear_traced
+
+    w = mod.weight
+    if w.device_mesh.ndim != 1 or not isinstance(w.placements[0], Shard) or w.placements[0].dim not in (0, 1):
+        raise RuntimeError(f"TurboFP8Linear under TP takes a weight sharded on dim 0 or 1 of a 1-D mesh, got "
+                           f"{w.placements} on a {w.device_mesh.ndim}-D mesh")
+    colwise = w.placements[0].dim == 0
+    if isinstance(x, DTensor):  # colwise: x replicated, each rank's dx a partial sum (reduced by the input hook)
+        xl = x.to_local(grad_placements=[Partial()] if colwise else None)
+    else:
+        xl = x
+    if xl.dtype == torch.float32 and torch.is_autocast_enabled(xl.device.type):
+        xl = xl.to(torch.get_autocast_dtype(xl.device.type))
+    bias = mod.bias
+    local_bias = bias.to_local() if isinstance(bias, DTensor) and colwise else None
+    yl = fp8_linear_traced(xl, w.to_local(), local_bias, mod.recipe, mod.fmt, delayed=mod.fp8_delayed)
+    y = DTensor.from_local(yl, w.device_mesh, [Shard(yl.ndim - 1) if colwise else Partial()], run_check=False)
+    if bias is not None and not colwise:  # added once, after the partial sums are reduced
+        y = y + bias
+    return y
 
 
 def swap_float8_linears(model: nn.Module, recipe: str = "tensorwise", filter_fqns=("output",),
