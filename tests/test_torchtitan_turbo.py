@@ -449,3 +449,40 @@ def test_turbo_fp8_linear_under_tensor_parallel_plans(tmp_path):
         assert all(e < 0.08 for e in errs), (key, errs)
         assert r0[key + " y"] == r1[key + " y"], key
     assert r0["delayed calls"] == [4] * 6  # 2 eager + 2 compiled calls, each operand of each linear
+
+
+_TP_E2E = r'''
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+from primus.turbo import providers
+# a CPU has no fp8 tensor cores: it stands in for one (the casts in Triton's interpreter, CPU torch._scaled_mm)
+_fake = providers.DeviceInfo(kind="cuda", name="CPU standing in for an fp8 GPU", capability=(9, 0), has_triton=True,
+                             triton_interpret=True)
+providers.probe = providers.device_info_for = lambda device: _fake
+sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+import test_torchtitan_e2e as E
+r = E.run_trainer(sys.argv[2:], sys.argv[1] + "/run", 2)
+print("RESULT " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "losses": r["losses"],
+                              "swaps": r["info"].get("turbo_swaps"), "tp": r["info"]["parallel_dims"]["tp"]}))
+'''
+
+
+@pytest.mark.slow
+def test_torchtitan_tp2_trains_with_the_turbo_fp8_linear(tmp_path):
+    """TorchTitan's own trainer, tp=2 + sequence parallel over 2 CPU ranks (gloo), every decoder linear a
+    TurboFP8Linear (tensorwise) inside TorchTitan's TP plan: it trains like the same run without fp8 (2 steps)."""
+    from rank_script import run_ranks
+
+    tp2 = ["parallel=tp2", "parallel.sequence_parallel=true", "launcher.nproc_per_node=2",
+           "model.tie_word_embeddings=false", "turbo.use_turbo_attention=false", "precision.bf16=false",
+           "precision.mixed_precision_param=float32", "training.seq_length=64"]
+    for d in ("fp8", "fp32"):
+        (tmp_path / d).mkdir()
+    fp8 = run_ranks(tmp_path / "fp8", "tp_e2e.py", _TP_E2E, [*tp2, "turbo=torchtitan_fp8", "precision=fp8"], 2,
+                    timeout=400)
+    fp32 = run_ranks(tmp_path / "fp32", "tp_e2e.py", _TP_E2E, tp2, 2, timeout=400)
+    layers = compose_cfg(TT).model.num_layers
+    assert fp8[0]["tp"] == 2 and fp8[0]["swaps"] == {"primus_turbo.float8_linear": 7 * layers}  # q k v o w1 w2 w3
+    assert fp8[0]["losses"] == fp8[1]["losses"]
+    for a, b in zip(fp8[0]["losses"], fp32[0]["losses"]):
+        assert abs(a - b) < 1e-2 * abs(b), (fp8[0]["losses"], fp32[0]["losses"])
