@@ -9,6 +9,8 @@
 #   bash bench/multi_gpu.sh 2    # megatron pp2, torchtitan 1gpu / fsdp2, MoE 1gpu / ep2; then the parity table
 # ($OUT/bench_multigpu<part>.md/json + $OUT/parity.md; part 2 reads part 1's result.json files under outputs/bench)
 #   bash bench/multi_gpu.sh      # both parts in one command (a longer call limit)
+#   bash bench/multi_gpu.sh 3    # 4 GPUs (nvidia-h200-x4): TorchTitan tp2 x fsdp2, bf16 vs the turbo fp8 linear under
+#                                # TP (session 9: tested on CPU ranks only; never measured on GPUs yet)
 set -u
 PART=${1:-all}
 OUT=${OUT:-outputs/bench}
@@ -18,6 +20,14 @@ S="model=llama3_2_1b training=bench training.seq_length=2048 training.micro_batc
 M="backend=megatron $S"
 T="backend=torchtitan $S"
 N2="launcher.nproc_per_node=2"
+if [ "$PART" = 3 ]; then
+  TT="$T launcher.nproc_per_node=4 parallel=tp2 parallel.sequence_parallel=true model.tie_word_embeddings=false"
+  python bench/e2e.py --suite none --tag multigpu3 --timeout 150 --log-dir "$LOGS" --ref "torchtitan tp2 fsdp2 bf16" \
+    --extra "torchtitan tp2 fsdp2 bf16=$TT" \
+    --extra "torchtitan tp2 fsdp2 turbo fp8=$TT precision=fp8 turbo=torchtitan_fp8" \
+    --extra "torchtitan tp2 fsdp2 turbo fp8 delayed=$TT precision=fp8_delayed turbo=torchtitan_fp8"
+  exit 0
+fi
 if [ "$PART" != 2 ]; then
 python bench/e2e.py --suite none --tag multigpu1 --timeout 110 --log-dir "$LOGS" --ref "megatron 1gpu" \
   --extra "megatron 1gpu=$M" \
