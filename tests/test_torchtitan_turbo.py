@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import pytest
+import torch
 
 pytest.importorskip("torchtitan")
 
@@ -104,6 +105,17 @@ def test_turbo_float8_under_tensor_parallelism_is_validated():
     bad = [str(i) for i in _issues(tp2 + ["training.compile=true", "overlap.enable_async_tensor_parallel=true"],
                                    **on4)]
     assert any("async TP" in b and "turbo.use_turbo_float8_linear" in b for b in bad), bad
+
+
+def test_delayed_swap_without_settings_takes_delayedscalings_defaults():
+    from primus.backends.torchtitan import turbo
+    from primus.turbo.fp8_linear import DelayedScaling
+
+    m = torch.nn.Sequential(torch.nn.Linear(32, 16, bias=False))
+    assert turbo.swap_float8_linears(m, "delayed", filter_fqns=[]) == ["0"]
+    got, want = m[0].fp8_delayed.settings, DelayedScaling()
+    assert (got.history_len, got.margin, got.algo) == (want.history_len, want.margin, want.algo)
+    assert turbo.swap_float8_linears(torch.nn.Sequential(torch.nn.Linear(32, 16)), "tensorwise", []) == ["0"]
 
 
 def test_converter_names_match_turbo_module():

@@ -553,9 +553,8 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
 
 # The tensorwise (and delayed) cast pass ran one fixed 64x64 tile, 4 warps, since session 1 (55% of its minimum
 # bytes with the amax pass, session 7); autotuned per (R, C) and outputs since session 8, its tiles in reversed
-# row-major order since session 9. Wider tiles store Y and
-# YT in whole 128-byte lines. Autotuning re-runs the pass: its outputs and the delayed recipe's atomic amax are the
-# same on every run.
+# row-major order since session 9. Wider tiles store Y and YT in whole 128-byte lines. Autotuning re-runs the
+# pass: its outputs and the delayed recipe's atomic amax are the same on every run.
 _TENSORWISE = _common.Tuned(_cast_tensorwise, [
     {"BR": 64, "BC": 64, "num_warps": 4}, {"BR": 128, "BC": 64, "num_warps": 4},
     {"BR": 64, "BC": 128, "num_warps": 4}, {"BR": 128, "BC": 128, "num_warps": 8},

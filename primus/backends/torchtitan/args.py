@@ -149,9 +149,11 @@ def _turbo_float8_tp_issues(cfg: PrimusConfig) -> List[ConfigIssue]:
     """The turbo fp8 linear under TorchTitan's TP plan runs on each rank's shards (turbo._tp_forward): their dims
     must still be fp8 GEMM operands (multiples of 16), and TorchTitan's async TP cannot fuse its collectives into
     the fp8 GEMMs (custom ops, not aten matmuls: the fusion would silently skip them)."""
+    from primus.metrics.flops import head_dim as head_dim_of
+
     m, par, out = cfg.model, cfg.parallel, []
     tp = par.tensor_model_parallel_size
-    head_dim = m.kv_channels or m.hidden_size // m.num_attention_heads
+    head_dim = head_dim_of(m)
     local = {"q (heads x head dim)": m.num_attention_heads * head_dim, "k / v (kv heads x head dim)":
              m.num_query_groups * head_dim, "ffn_hidden_size": m.ffn_hidden_size}
     bad = {k: v for k, v in local.items() if v % tp or (v // tp) % 16}

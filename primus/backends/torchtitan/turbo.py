@@ -111,15 +111,21 @@ def _fp8_linear_cls():
 
             if isinstance(self.weight, DTensor):
                 return _tp_forward(self, x)
-            if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
-                x = x.to(torch.get_autocast_dtype(x.device.type))
-            return fp8_linear_traced(x, self.weight, self.bias, self.recipe, self.fmt, delayed=self.fp8_delayed)
+            return fp8_linear_traced(_autocast_input(x), self.weight, self.bias, self.recipe, self.fmt,
+                                     delayed=self.fp8_delayed)
 
         _TURBO_FP8_CLS = type("TurboFP8Linear", (FP8Linear,), {"forward": forward, "__module__": __name__})
     return _TURBO_FP8_CLS
 
 
 _TURBO_FP8_CLS = None
+
+
+def _autocast_input(x):
+    """fp32 activations under autocast (TorchTitan on one GPU: fp32 params, bf16 autocast) cast in its dtype."""
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
+        return x.to(torch.get_autocast_dtype(x.device.type))
+    return x
 
 
 def _tp_forward(mod, x):
@@ -138,11 +144,8 @@ def _tp_forward(mod, x):
                            f"{w.placements} on a {w.device_mesh.ndim}-D mesh")
     colwise = w.placements[0].dim == 0
     if isinstance(x, DTensor):  # colwise: x replicated, each rank's dx a partial sum (reduced by the input hook)
-        xl = x.to_local(grad_placements=[Partial()] if colwise else None)
-    else:
-        xl = x
-    if xl.dtype == torch.float32 and torch.is_autocast_enabled(xl.device.type):
-        xl = xl.to(torch.get_autocast_dtype(xl.device.type))
+        x = x.to_local(grad_placements=[Partial()] if colwise else None)
+    xl = _autocast_input(x)
     bias = mod.bias
     local_bias = bias.to_local() if isinstance(bias, DTensor) and colwise else None
     yl = fp8_linear_traced(xl, w.to_local(), local_bias, mod.recipe, mod.fmt, delayed=mod.fp8_delayed)
