@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Session 10's H200 calls (<= 600 s each), each after `. bench/device_setup.sh` (carry .whl):
+# Session 10's H200 calls (<= 600 s each), each after `. bench/device_setup.sh` (carry .whl).
+# Calls 1-3 (cases 1-2 and `python bench/side_casts_probe.py`) ran on commit 477901c, the side-stream experiment,
+# reverted after them (docs/benchmarks.md, session 10); run them from that commit.
 #   bash bench/session10.sh 1   # the fp8 linear's wgrad casts on a side stream vs in line (bench/side_casts_probe.py),
 #                               # then test_turbo_fp8.py on the GPU (side-stream bytes == in-line bytes)
 #   bash bench/session10.sh 2   # the same probe with the side casts' outputs from the caller's pool, each variant

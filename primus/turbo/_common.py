@@ -1,7 +1,6 @@
 """Shared helpers for the turbo kernels: output allocation that tests can poison, device queries."""
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
@@ -23,34 +22,12 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-_OUTPUTS_FROM = None  # a CUDA stream whose pool empty() allocates from (outputs_from)
-
-
-@contextlib.contextmanager
-def outputs_from(stream):
-    """Inside, empty() / empty_like() allocate from `stream`'s pool while kernels run on the current stream: for
-    kernels on a side stream writing outputs that `stream` (the caller's) waits for, reads and frees. The caching
-    allocator then reuses those buffers in `stream`'s order; a side-stream allocation instead would need
-    record_stream and stay held until the device caught up with the host. Every buffer empty() returns in here must
-    be such an output (a scratch buffer used only by the side stream comes from torch.empty / torch.zeros)."""
-    global _OUTPUTS_FROM
-    prev, _OUTPUTS_FROM = _OUTPUTS_FROM, stream
-    try:
-        yield
-    finally:
-        _OUTPUTS_FROM = prev
-
-
 def empty(shape, dtype, device) -> torch.Tensor:
-    if _OUTPUTS_FROM is not None and torch.device(device).type == "cuda":
-        with torch.cuda.stream(_OUTPUTS_FROM):
-            t = torch.empty(shape, dtype=dtype, device=device)
-        return _poison(t)  # the fill (tests) on the current stream, before the kernel that writes t
     return _poison(torch.empty(shape, dtype=dtype, device=device))
 
 
 def empty_like(t: torch.Tensor, dtype=None) -> torch.Tensor:
-    return empty(t.shape, dtype or t.dtype, t.device)
+    return _poison(torch.empty(t.shape, dtype=dtype or t.dtype, device=t.device))
 
 
 def num_sms(device) -> int:

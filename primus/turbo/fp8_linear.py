@@ -944,45 +944,6 @@ def blockwise_mm(a, sa, b, sb, b_tile: bool, out_dtype, gemm: str):
 # -------------------------------------------------------------------------------------------------- the linear
 
 
-# Side-stream casts. A cast whose output only a later GEMM reads (the wgrad's operands: blockwise x^T in the forward
-# and dy^T in the backward; rowwise dy^T and x^T in the backward) runs on a second CUDA stream while the GEMM before
-# its reader runs on the caller's stream: the memory-bound cast uses the HBM bandwidth and the SMs the
-# compute-bound GEMM leaves, off the critical path. The bytes are the same as in line (the same kernels, one output
-# each). SIDE_CASTS = False (PRIMUS_TURBO_FP8_SIDE_CASTS=0) runs them in line: blockwise then casts dy / dy^T (and
-# x / x^T) from one read. The bench times both (docs/benchmarks.md, session 10).
-SIDE_CASTS: bool = os.environ.get("PRIMUS_TURBO_FP8_SIDE_CASTS", "1") != "0"
-_SIDE_STREAMS: dict = {}
-_SIDE_PRIORITY = 0  # the side stream's CUDA priority (bench/side_casts_probe.py compares -1, the highest)
-
-
-class _SideStream:
-    """`side.run(fn)` launches fn's kernels on the device's side stream once it has what the caller's stream
-    queued so far; `side.join()` makes the caller's stream wait for them. Off (in line) on CPU, in the
-    interpreter, and with SIDE_CASTS False."""
-
-    def __init__(self, device: torch.device):
-        self.on = SIDE_CASTS and device.type == "cuda" and not _common.interpreting()
-        if self.on:
-            self.main = torch.cuda.current_stream(device)
-            key = self.main.device_index
-            if key not in _SIDE_STREAMS:
-                _SIDE_STREAMS[key] = torch.cuda.Stream(self.main.device, priority=_SIDE_PRIORITY)
-            self.stream = _SIDE_STREAMS[key]
-
-    def run(self, fn):
-        if not self.on:
-            return fn()
-        self.stream.wait_stream(self.main)
-        # fn's outputs from the caller's pool: they are read and freed there (see _common.outputs_from)
-        with torch.cuda.stream(self.stream), _common.outputs_from(self.main):
-            return fn()
-
-    def join(self) -> None:
-        if self.on:
-            self.main.wait_stream(self.stream)
-
-
-
 def _mm(a, b, sa, sb, out_dtype, bias=None, fast=False):
     return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype, use_fast_accum=fast)
 
@@ -1039,17 +1000,10 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
         gemms = _blockwise_plan(x2.device, f_dt, g_dt, K, N)
         # one read of x: x (MP, K) 1x128 along K for this GEMM and, for the wgrad, x^T (K, MP) 1x128 along the
         # tokens (saved in fp8: the backward neither re-reads nor keeps the bf16 input)
-        # (x^T on the side stream, concurrently with this GEMM, when that is on: _SideStream)
-        side = _SideStream(x2.device)
-        if side.on and need_wgrad:
-            _, _, xqt, sxt = side.run(lambda: cast_blockwise(x2, f_dt, want_y=False, want_t=True, pad_rows=True))
-            xq, sx, _, _ = cast_blockwise(x2, f_dt, pad_rows=True)
-        else:
-            xq, sx, xqt, sxt = cast_blockwise(x2, f_dt, want_t=need_wgrad, pad_rows=True)
+        xq, sx, xqt, sxt = cast_blockwise(x2, f_dt, want_t=need_wgrad, pad_rows=True)
         # 128x128 tiles, W (N, K) and W^T (K, N) from one read of the weight, with both scale layouts
         wq, sw, wqt, swt = cast_blockwise(weight, f_dt, tile=True, want_t=True)
         y = blockwise_mm(xq, sx, wq.t(), sw, True, out_dt, gemms["fprop"])[:x2.shape[0]]  # B = W^T col-major
-        side.join()
         if bias is not None:
             y = y + bias.to(out_dt)
         # x^T's scales as their contiguous (MP/128, K) storage; for dgrad: W as an (N, K) column-major view of W^T,
@@ -1083,15 +1037,6 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
             dw = _mm(dyqt, xqt.t(), sdy, sx, w_dt)  # (N,MP) @ (MP,K), pad rows are zero
     elif recipe == "rowwise":
         x2, weight = st.tensors
-
-        def wgrad_casts():  # dy^T (N, MP) and x^T (K, MP) along M; on the side stream during the dgrad
-            return (*cast_rowwise(dy2, g_dt, transpose=True, pad=True),
-                    *cast_rowwise(x2, f_dt, transpose=True, pad=True))
-
-        side = _SideStream(dy2.device)
-        on_side = need_dw and need_dx and side.on
-        if on_side:
-            dyqt, sdyt, xqt, sxt = side.run(wgrad_casts)
         if need_dx:
             dyq, sdy = cast_rowwise(dy2, g_dt, pad_rows=True)  # along N
             wqt, swt = cast_rowwise(weight, f_dt, transpose=True)  # W^T (K, N) rows along N
@@ -1099,10 +1044,8 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
         if after_dgrad is not None:
             after_dgrad(dx)
         if need_dw:
-            if on_side:
-                side.join()
-            else:
-                dyqt, sdyt, xqt, sxt = wgrad_casts()
+            dyqt, sdyt = cast_rowwise(dy2, g_dt, transpose=True, pad=True)  # dy^T (N, MP) along M
+            xqt, sxt = cast_rowwise(x2, f_dt, transpose=True, pad=True)  # x^T (K, MP) along M
             dw = _mm(dyqt, xqt.t(), sdyt, sxt.t(), torch.bfloat16 if w_dt == torch.float32 else w_dt).to(w_dt)
     else:  # blockwise
         # xqt: x^T (K, MP) fp8, sxt_t: its 1x128 scales transposed (MP/128, K); wt: W (N, K) fp8 (column-major view
@@ -1110,20 +1053,13 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
         xqt, sxt_t, wt, swt = st.tensors
         N, K = wt.shape
         gemms = _blockwise_plan(dy2.device, f_dt, g_dt, K, N)
-        # dy (MP, N) 1x128 along N and dy^T (N, MP) 1x128 along M: from one read of dy, or dy^T on the side stream
-        # during the dgrad GEMM (_SideStream)
-        side = _SideStream(dy2.device)
-        if need_dx and need_dw and side.on:
-            _, _, dyqt, sdyt = side.run(lambda: cast_blockwise(dy2, g_dt, want_y=False, want_t=True, pad_rows=True))
-            dyq, sdy, _, _ = cast_blockwise(dy2, g_dt, pad_rows=True)
-        elif need_dx or need_dw:
+        if need_dx or need_dw:  # one read of dy: (MP, N) 1x128 along N and dy^T (N, MP) 1x128 along M
             dyq, sdy, dyqt, sdyt = cast_blockwise(dy2, g_dt, want_y=need_dx, want_t=need_dw, pad_rows=True)
         if need_dx:
             dx = blockwise_mm(dyq, sdy, wt, _tile_scales_padded(swt, K, N), True, out_dt,
                               gemms["dgrad"])[:dy2.shape[0]]
         if after_dgrad is not None:
             after_dgrad(dx)
-        side.join()
         if need_dw:
             dw = blockwise_mm(dyqt, sdyt, xqt.t(), sxt_t.t(), False, w_dt, gemms["wgrad"])  # (N, MP) @ (MP, K)
     if st.has_bias and need_db:
