@@ -64,14 +64,20 @@ def checks():
                     "YC": "i32", "stride_xr": "i32", "FP8_MAX": "fp32"}, {"BM": cfg["BM"], "BK": cfg["BK"]})
     for x in ("*bf16", "*fp32"):
         tw = {"X": x, "PART": "*fp32", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32",
-              "RP": "i32", "stride_xr": "i32", "NPART": "i32", "FP8_MAX": "fp32", "AMAX": "*fp32", "META": "*i32"}
-        for delayed, record in ((False, True), (True, True), (True, False)):  # record=False: a replayed forward
+              "RP": "i32", "stride_xr": "i32", "NPART": "i32", "FP8_MAX": "fp32", "AMAX": "*fp32", "META": "*i32",
+              "HIST": "*fp32", "L": "i32", "MARGIN_MULT": "fp32"}
+        # record=False: a replayed forward; advance=False: the first of two launches (fp32 input, both outputs)
+        for delayed, record, advance, most_recent in ((False, True, True, False), (True, True, True, False),
+                                                      (True, True, True, True), (True, True, False, False),
+                                                      (True, False, True, False)):
             for wy, wt in ((True, True), (True, False), (False, True)):
                 for cfg in F8._TENSORWISE.configs:
-                    yield (f"tensorwise {x} delayed={delayed} record={record} y={wy} t={wt} BR={cfg['BR']} "
-                           f"BC={cfg['BC']}", F8._cast_tensorwise, tw,
+                    yield (f"tensorwise {x} delayed={delayed} record={record} advance={advance} "
+                           f"most_recent={most_recent} y={wy} t={wt} BR={cfg['BR']} BC={cfg['BC']}",
+                           F8._cast_tensorwise, tw,
                            {"NP": 1024, "BR": cfg["BR"], "BC": cfg["BC"], "WRITE_Y": wy, "WRITE_T": wt,
-                            "DELAYED": delayed, "NS": 64, "RECORD": record})
+                            "DELAYED": delayed, "NS": 64, "RECORD": record, "ADVANCE": advance,
+                            "MOST_RECENT": most_recent, "LB": 1024})
     for x in ("*bf16", "*fp32"):  # the blockwise casts: every (tile, outputs) the wrapper launches, with its tiles
         cb = {"X": x, "Y": "*fp8e4nv", "YT": "*fp8e4nv", "S": "*fp32", "ST": "*fp32", "R": "i32", "C": "i32",
               "RP": "i32", "stride_xr": "i32", "stride_xc": "i32", "s_sr": "i32", "s_sc": "i32", "s_tr": "i32",
@@ -100,16 +106,12 @@ def checks():
     yield ("fp8 grouped: token groups transposed", GF._cast_groups_t,
            {"X": "*bf16", "YT": "*fp8e4nv", "S": "*fp32", "ENDS": "*i32", "PENDS": "*i32", "C": "i32", "s_xm": "i32",
             "s_xc": "i32", "s_ym": "i32", "FP8_MAX": "fp32"}, {"BM": 64, "BC": 64})
-    ds = {"HIST": "*fp32", "AMAX": "*fp32", "META": "*i32", "SCALE": "*fp32", "SINV": "*fp32", "PART": "*fp32",
-          "NPART": "i32", "L": "i32", "FP8_MAX": "fp32", "MARGIN_MULT": "fp32"}
-    for most_recent in (False, True):
-        yield (f"delayed scale most_recent={most_recent}", F8._delayed_scale, ds,
-               {"MOST_RECENT": most_recent, "LB": 1024, "NS": 64, "NP": 1024})
+    amax = {"X": None, "PART": "*fp32", "n": "i32", "ITERS": "i32", "META": "*i32", "SC": "*fp32", "FP8_MAX": "fp32",
+            "MARGIN_MULT": "fp32"}
     for x in ("*bf16", "*fp32"):
-        for first_only in (False, True):
-            yield (f"amax pass {x} first_only={first_only}", F8._absmax_partial,
-                   {"X": x, "PART": "*fp32", "n": "i32", "ITERS": "i32", "META": "*i32"},
-                   {"BLOCK": 4096, "FIRST_ONLY": first_only})
+        yield (f"amax pass {x}", F8._absmax_partial, {**amax, "X": x, "META": "*fp32"}, {"BLOCK": 4096, "DELAYED": False})
+        # delayed: call 0 only reads X; its last program computes call 0's scale
+        yield f"amax pass {x} delayed", F8._absmax_partial, {**amax, "X": x}, {"BLOCK": 4096, "DELAYED": True}
     rn = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32", "M": "i32", "N": "i32", "stride_x": "i32",
           "stride_y": "i32", "eps": "fp32"}
     for cfg in RN._FWD.configs:

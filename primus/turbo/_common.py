@@ -148,8 +148,10 @@ class Tuned:
         return (tuple(named[k] for k in self.key if k in named), tuple(sorted(consts.items())),
                 tuple(str(a.dtype) for a in args if hasattr(a, "dtype")))
 
-    def launch(self, grid, args, default=None, **consts):
-        """default: the config the interpreter runs (else the space's first)."""
+    def launch(self, grid, args, default=None, stateful=(), **consts):
+        """default: the config the interpreter runs (else the space's first). stateful: indices of args whose
+        contents the launch changes in a way a second run would change again (the delayed cast's state): the
+        autotune, which re-runs the kernel per config, runs on copies of them, then the pick once on the real."""
         if interpreting():
             return self.run(default or self.space(args, **consts)[0], grid, args, **consts)
         key = self.call_key(args, consts)
@@ -161,12 +163,15 @@ class Tuned:
             cfg = space[0]
             self.run(cfg, grid, args, **consts)
         else:
+            tune_args = tuple(a.clone() if i in stateful else a for i, a in enumerate(args))
             self._auto.cache.clear()  # its key lacks our constexprs: benchmark this call's space afresh
-            self._auto[lambda meta: grid(dict(meta))](*args, **consts)
+            self._auto[lambda meta: grid(dict(meta))](*tune_args, **consts)
             best = self._auto.best_config
             cfg = {**best.kwargs, "num_warps": best.num_warps}
             if self._stages:
                 cfg["num_stages"] = best.num_stages
+            if stateful:
+                self.run(cfg, grid, args, **consts)
         self.picked[key] = cfg
 
 

@@ -12,9 +12,9 @@ Recipes ("current scaling": the scale comes from this tensor's own amax, except 
   delayed     Transformer Engine's DelayedScaling, per tensor: the scale comes from the amax history of the
               earlier calls of the same operand (x, weight, dy of one linear; `DelayedScaling`: history length,
               margin, "max" | "most_recent"), so the cast is ONE pass: it writes fp8 (and the transpose) and feeds
-              this tensor's amax into the history in the same kernel (atomic max into a few spread slots). A
-              one-program kernel before it turns history + last amax into the scale; all on the device, no host
-              sync, no host-side counter or flag (CUDA-graph safe; the same launches every call, so it runs as a
+              this tensor's amax into the history in the same kernel (atomic max into a few spread slots). The
+              last program of the (call-0-only) amax pass before it turns history + last amax into the scale;
+              all on the device, no host sync, no host-side counter or flag (CUDA-graph safe; the same launches every call, so it runs as a
               custom op inside compiled graphs: fp8_ops). The first call of each operand takes its scale from
               its own amax (the amax pass reads the tensor at call 0 only) instead of TE's initial scale 1, which
               would flush the first step's gradients to zero. Saves the amax pass of tensorwise (one read of every
@@ -122,63 +122,83 @@ def fp8_shape_ok(in_features: int, out_features: int) -> bool:
 
 
 @triton.jit
-def _absmax_partial(X, PART, n, ITERS, META, BLOCK: tl.constexpr, FIRST_ONLY: tl.constexpr):
-    """PART[pid] = max |X| over this program's blocks. FIRST_ONLY (delayed scaling): only while META[0] (the
-    operand's call count) is 0; later calls read nothing (their scale comes from the history)."""
+def _absmax_partial(X, PART, n, ITERS, META, SC, FP8_MAX, MARGIN_MULT, BLOCK: tl.constexpr,
+                    DELAYED: tl.constexpr):
+    """PART[pid] = max |X| over this program's blocks.
+    DELAYED (delayed scaling; launched until the host knows the operand's first cast ran, AmaxHistory.primed): X
+    is read only while META[0] (the operand's call count) is 0, and the last program to finish turns the partials
+    into call 0's scale (SC[0]): the first call takes its scale from its own amax. Later calls read nothing."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     todo = n
-    if FIRST_ONLY:
-        todo = tl.where(tl.load(META) == 0, n, 0)
+    first = True
+    if DELAYED:
+        first = tl.load(META) == 0
+        todo = tl.where(first, n, 0)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for i in range(0, ITERS):
         offs = (pid + i * nprog).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(X + offs, mask=offs < todo, other=0.0).to(tl.float32)
         acc = tl.maximum(acc, tl.abs(x))
     tl.store(PART + pid, tl.max(acc, axis=0))
+    if DELAYED:
+        if first:
+            if _last_to_arrive(META + 1, nprog):
+                p = tl.load(PART + tl.arange(0, BLOCK), mask=tl.arange(0, BLOCK) < nprog, other=0.0,
+                            cache_modifier=".cg")
+                amax = tl.max(p, axis=0)
+                tl.store(SC, tl.where(amax > 0.0, FP8_MAX / tl.maximum(amax, 1e-30) * MARGIN_MULT, 1.0))
+                tl.store(META + 1, 0)
 
 
 @triton.jit
-def _delayed_scale(HIST, AMAX, META, SCALE, SINV, PART, NPART, L, FP8_MAX, MARGIN_MULT,
-                   MOST_RECENT: tl.constexpr, LB: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr):
-    """One program, before each delayed-scaling cast. META = [calls so far, amax slot of this call].
-    AMAX: 3 rotating rows of NS slots (the casts' atomic maxima): call n writes row n%3, reads row (n-1)%3 (the
-    previous call's amax, pushed into the history here) and this kernel zeroes row (n+1)%3 for the next call.
-    Call 0 (no history yet) takes this tensor's own amax: the partial maxima of the amax pass (FIRST_ONLY), which
-    only call 0 reads; which call this is, is decided here on the device (no host-side flag: the same launches
-    serve every call, so a compiled graph or a custom op needs no host state)."""
-    n = tl.load(META)
+def _last_to_arrive(COUNT, nprog):
+    """Whether this program is the last of the nprog to get here. The barrier orders every thread's earlier stores
+    and atomics before the counting atomic (acq_rel), so the last program sees every program's results; it
+    resets COUNT for the next launch."""
+    tl.debug_barrier()
+    return tl.atomic_add(COUNT, 1, sem="acq_rel") == nprog - 1
+
+
+@triton.jit
+def _delayed_next_scale(n, used, HIST, AMAX, SC, META, L, FP8_MAX, MARGIN_MULT, MOST_RECENT: tl.constexpr,
+                        LB: tl.constexpr, NS: tl.constexpr):
+    """End of delayed-scaling cast n (its last program): push this call's amax (AMAX, the NS slots the programs'
+    atomics filled) into the history, turn the history into call n+1's scale, keep the scale this call `used`
+    (a replayed forward's), zero AMAX, count the call. TE semantics: scale = fp8_max / max(history) / 2^margin
+    ("max") or fp8_max / the last amax ("most_recent"). One dependent round trip: the loads are independent."""
     s = tl.arange(0, NS)
-    prev = tl.max(tl.load(AMAX + ((n + 2) % 3) * NS + s), axis=0)
+    cur = tl.max(tl.load(AMAX + s, cache_modifier=".cg"), axis=0)
     idx = tl.arange(0, LB)
-    hslot = tl.where(n > 0, (n - 1) % L, -1)
-    # every slot but the one written below: the result does not depend on when that store lands
-    hmax = tl.max(tl.load(HIST + idx, mask=(idx < L) & (idx != hslot), other=0.0), axis=0)
-    # call 0: no history yet, this tensor's own amax (the partials are read only then)
-    own = tl.max(tl.load(PART + tl.arange(0, NP), mask=(tl.arange(0, NP) < NPART) & (n == 0), other=0.0), axis=0)
+    slot = n % L
+    # every slot but the one this call's amax overwrites
+    hmax = tl.max(tl.load(HIST + idx, mask=(idx < L) & (idx != slot), other=0.0), axis=0)
     if MOST_RECENT:
-        amax = prev
+        amax = cur
     else:
-        amax = tl.maximum(hmax, prev)
-    amax = tl.where(n == 0, own, amax)
-    scale = tl.where(amax > 0.0, FP8_MAX / tl.maximum(amax, 1e-30) * MARGIN_MULT, 1.0)
-    tl.store(SCALE, scale)
-    tl.store(SINV, 1.0 / scale)
-    tl.store(HIST + tl.maximum(hslot, 0), prev, mask=n > 0)
-    tl.store(AMAX + ((n + 1) % 3) * NS + s, tl.zeros((NS,), dtype=tl.float32))
-    tl.store(META + 1, n % 3)
+        amax = tl.maximum(hmax, cur)
+    tl.store(SC, tl.where(amax > 0.0, FP8_MAX / tl.maximum(amax, 1e-30) * MARGIN_MULT, 1.0))
+    tl.store(SC + 1, used)
+    tl.store(HIST + slot, cur)
+    tl.store(AMAX + s, tl.zeros((NS,), dtype=tl.float32))
     tl.store(META, n + 1)
+    tl.store(META + 1, 0)
 
 
 @triton.jit
-def _cast_tensorwise(X, PART, Y, YT, SINV, AMAX, META, R, C, RP, stride_xr, NPART, FP8_MAX,
+def _cast_tensorwise(X, PART, Y, YT, SINV, AMAX, META, HIST, R, C, RP, stride_xr, NPART, L, FP8_MAX, MARGIN_MULT,
                      NP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
                      WRITE_Y: tl.constexpr, WRITE_T: tl.constexpr, DELAYED: tl.constexpr, NS: tl.constexpr,
-                     RECORD: tl.constexpr):
-    """RECORD (delayed only): feed this tensor's amax into the history; off for a replayed forward, which casts
-    with the state's last scale and writes its scale_inv here."""
-    if DELAYED:  # PART is the scale _delayed_scale computed from the history (a replay: the last call's)
-        scale = tl.load(PART)
+                     RECORD: tl.constexpr, ADVANCE: tl.constexpr, MOST_RECENT: tl.constexpr, LB: tl.constexpr):
+    """DELAYED: PART is the state's [scale of this call, scale of the last recorded call]. RECORD: a recorded
+    call, cast with the first; with ADVANCE (its last launch) it also feeds this tensor's amax into the history,
+    and the last program computes the next call's scale (_delayed_next_scale): one kernel per call. RECORD off: a
+    replayed forward, cast with the second, the state left as it is."""
+    if DELAYED:
+        if RECORD:
+            scale = tl.load(PART)
+        else:
+            scale = tl.load(PART + 1)
     else:  # scale from the amax partials (reduced here: no separate amax-reduce / scale kernel, no host sync)
         p = tl.load(PART + tl.arange(0, NP), mask=tl.arange(0, NP) < NPART, other=0.0)
         amax = tl.max(p, axis=0)
@@ -206,12 +226,16 @@ def _cast_tensorwise(X, PART, Y, YT, SINV, AMAX, META, R, C, RP, stride_xr, NPAR
     if WRITE_T:  # (C, RP) row-major; rows R..RP-1 are the zero pad
         tmask = (rows[:, None] < RP) & (cols[None, :] < C)
         tl.store(YT + cols[None, :].to(tl.int64) * RP + rows[:, None], y.to(YT.dtype.element_ty), mask=tmask)
-    if DELAYED and RECORD:  # this tensor's amax, for the next call's scale; spread over NS slots (less contention)
-        tile_amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-        slot = tl.load(META + 1) * NS + (pid_r * tl.num_programs(1) + pid_c) % NS
-        tl.atomic_max(AMAX + slot, tile_amax)
-    elif (pid_r == 0) & (pid_c == 0):
+    if (pid_r == 0) & (pid_c == 0):
         tl.store(SINV, 1.0 / scale)
+    if DELAYED and RECORD and ADVANCE:  # this tensor's amax, for the next call's scale; NS slots (less contention)
+        # At the end, after the stores. Counting before them (a release atomic, the amax atomic relaxed) made the
+        # stores wait for the count's round trip: 0.97-0.98x this at 8192x14336 / 8192x28672 (session 10, call 7).
+        tile_amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+        tl.atomic_max(AMAX + (pid_r * tl.num_programs(1) + pid_c) % NS, tile_amax)
+        if _last_to_arrive(META + 1, tl.num_programs(0) * tl.num_programs(1)):
+            _delayed_next_scale(tl.load(META), scale, HIST, AMAX, PART, META, L, FP8_MAX, MARGIN_MULT, MOST_RECENT,
+                                LB, NS)
 
 
 @triton.jit
@@ -429,8 +453,8 @@ class DelayedScaling:
 
 
 class AmaxHistory:
-    """The device state of one delayed-scaling operand (a linear's x, weight or dy): amax history, the rotating
-    atomic-max rows of the last casts, the call counter and the scale. Allocated on first use, on its device."""
+    """The device state of one delayed-scaling operand (a linear's x, weight or dy): amax history, the atomic-max
+    slots of the cast in flight, the call counter and the scales. Allocated on first use, on its device."""
 
     SPREAD = 64  # atomic-max slots per call (programs hash into them)
 
@@ -441,11 +465,12 @@ class AmaxHistory:
         self.buf, self.meta = buf, meta
 
     def allocate(self, device) -> "AmaxHistory":
-        """The state tensors on `device`, zeroed (call count 0): [history L | amax rows 3 x SPREAD | scale] fp32
-        and the int32 META [calls, amax row]. Done at the first cast when not called earlier; a compiled graph
-        wants them to exist before it is traced (fp8_ops)."""
+        """The state tensors on `device`, zeroed (call count 0): [history L | amax slots SPREAD | scale of the next
+        call, scale of the last call] fp32 and the int32 META [calls, programs arrived (0 between launches)]. Done
+        at the first cast when not called earlier; a compiled graph wants them to exist before it is traced
+        (fp8_ops)."""
         L = self.settings.history_len
-        self.buf = torch.zeros(L + 3 * self.SPREAD + 1, dtype=torch.float32, device=device)
+        self.buf = torch.zeros(L + self.SPREAD + 2, dtype=torch.float32, device=device)
         self.meta = torch.zeros(2, dtype=torch.int32, device=device)
         return self
 
@@ -453,7 +478,19 @@ class AmaxHistory:
         if self.buf is None or self.buf.device != device:
             self.allocate(device)
         L = self.settings.history_len
-        return self.buf[:L], self.buf[L:L + 3 * self.SPREAD], self.buf[L + 3 * self.SPREAD:], self.meta
+        return self.buf[:L], self.buf[L:L + self.SPREAD], self.buf[L + self.SPREAD:], self.meta
+
+    # Whether this operand's first recorded cast has been launched (outside a CUDA-graph capture), kept on the META
+    # tensor (fp8_ops rebuilds AmaxHistory views around the same tensors). Until then every recorded cast launches
+    # the amax pass (call 0 computes its scale from its own amax there; later calls skip it on the device); after,
+    # the cast kernel alone. A missing flag (a copy of META) only costs that pass again, never a wrong scale.
+    @property
+    def primed(self) -> bool:
+        return self.meta is not None and getattr(self.meta, "_primus_primed", False)
+
+    def _mark_primed(self) -> None:
+        if not (self.meta.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self.meta._primus_primed = True
 
     @property
     def calls(self) -> int:
@@ -462,8 +499,7 @@ class AmaxHistory:
 
     @property
     def amax_history(self) -> torch.Tensor:
-        """The history ring (slot (calls - 2) % len holds the amax of the next-to-last call; the last call's amax
-        enters it at the next cast)."""
+        """The history ring: the amax of call k in slot k % len, entered at the end of that call's cast."""
         return self.buf[:self.settings.history_len]
 
 
@@ -481,17 +517,21 @@ class DelayedLinearState:
         return self
 
 
-def _amax_partials(flat: torch.Tensor, first_only_meta: Optional[torch.Tensor] = None):
-    """(partial maxima of |flat|, their count). first_only_meta: a delayed history's META; the pass reads flat only
-    at that operand's call 0 (later its partials are 0, and _delayed_scale does not read them)."""
+def _amax_partials(flat: torch.Tensor, delayed=None):
+    """(partial maxima of |flat|, their count). delayed: (history, its _state tensors, fp8 dtype): the pass reads
+    flat only at that operand's call 0, and its last program writes call 0's scale into the state."""
     n = flat.numel()
     BLOCK = 4096
     nprog = max(1, min(_PARTS, triton.cdiv(n, BLOCK)))
     iters = triton.cdiv(triton.cdiv(n, BLOCK), nprog)
     part = _common.empty((nprog,), torch.float32, flat.device)
-    first_only = first_only_meta is not None
-    _absmax_partial[(nprog,)](flat, part, n, iters, first_only_meta if first_only else part, BLOCK=BLOCK,
-                              FIRST_ONLY=first_only, num_warps=8)
+    if delayed is None:
+        _absmax_partial[(nprog,)](flat, part, n, iters, part, part, 1.0, 1.0, BLOCK=BLOCK, DELAYED=False,
+                                  num_warps=8)
+    else:
+        history, (_, _, scales, meta), dtype = delayed
+        _absmax_partial[(nprog,)](flat, part, n, iters, meta, scales, _fmax(dtype), 2.0 ** -history.settings.margin,
+                                  BLOCK=BLOCK, DELAYED=True, num_warps=8)
     return part, nprog
 
 
@@ -509,22 +549,19 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
     RP = _pad16(R) if pad_t else R
     y = _common.empty((RP, C), dtype, x2.device) if want_y else None
     yt = _common.empty((C, RP), dtype, x2.device) if want_t else None
+    sinv = _common.empty((), torch.float32, x2.device)  # this call's own (read by GEMMs after later calls)
     if history is None:
         part, nprog = _amax_partials(flat)
-        sinv = _common.empty((), torch.float32, x2.device)
-        amax_rows = meta = sinv
+        amax_slots = meta = hist = sinv
+        L, margin, most_recent = 1, 0, False
     else:
-        # the scale stays in the state (read by the cast right after); scale_inv is this call's own tensor (the
-        # backward's GEMMs read it after later calls have moved the state on)
-        hist, amax_rows, part, meta = history._state(x2.device)
-        sinv = _common.empty((), torch.float32, x2.device)
-        if record:
-            p0, np0 = _amax_partials(flat, first_only_meta=meta)  # reads x2 at this operand's first call only
-            st = history.settings
-            _delayed_scale[(1,)](hist, amax_rows, meta, part, sinv, p0, np0, st.history_len, _fmax(dtype),
-                                 2.0 ** -st.margin, MOST_RECENT=st.algo == "most_recent",
-                                 LB=triton.next_power_of_2(st.history_len), NS=AmaxHistory.SPREAD, NP=_PARTS,
-                                 num_warps=4)
+        state = history._state(x2.device)
+        hist, amax_slots, part, meta = state  # part: the state's two scales
+        st = history.settings
+        L, margin, most_recent = st.history_len, st.margin, st.algo == "most_recent"
+        if record and not history.primed:  # call 0 (or not known not to be): its scale from its own amax
+            _amax_partials(flat, delayed=(history, state, dtype))
+            history._mark_primed()
         nprog = 1
     # fp32 input (TorchTitan's fp32 weights on one GPU) with both outputs from one kernel: on the H200 (Triton 3.6,
     # ptxas 12.9) the transposed fp8 store leaves elements unwritten whenever the plain store is in the same
@@ -539,22 +576,25 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
         nr, nc = triton.cdiv(RP, meta["BR"]), triton.cdiv(C, meta["BC"])
         return (nr, nc) if history is not None else (nr * nc,)
 
-    for wy, wt in passes:
-        args = (x2, part, y if wy else sinv, yt if wt else sinv, sinv, amax_rows, meta, R, C, RP, x2.stride(0),
-                nprog, _fmax(dtype))
+    for i, (wy, wt) in enumerate(passes):
+        args = (x2, part, y if wy else sinv, yt if wt else sinv, sinv, amax_slots, meta, hist, R, C, RP,
+                x2.stride(0), nprog, L, _fmax(dtype), 2.0 ** -margin)
+        # a delayed call moves its state on in its last launch only (each launch reads this call's scale)
         consts = dict(NP=_PARTS, WRITE_Y=wy, WRITE_T=wt, DELAYED=history is not None, NS=AmaxHistory.SPREAD,
-                      RECORD=record)
+                      RECORD=record, ADVANCE=i == len(passes) - 1, MOST_RECENT=most_recent,
+                      LB=triton.next_power_of_2(L))
         if config is not None:
             _TENSORWISE.run(config, grid, args, **consts)
-        else:
-            _TENSORWISE.launch(grid, args, **consts)
+        else:  # a recorded delayed cast moves its state (scales, slots, META, history) on: tuned on copies
+            _TENSORWISE.launch(grid, args, stateful=(1, 5, 6, 7) if history is not None and record else (),
+                               **consts)
     return y, yt, sinv
 
 
 # The tensorwise (and delayed) cast pass ran one fixed 64x64 tile, 4 warps, since session 1 (55% of its minimum
 # bytes with the amax pass, session 7); autotuned per (R, C) and outputs since session 8, its tiles in reversed
 # row-major order since session 9. Wider tiles store Y and YT in whole 128-byte lines. Autotuning re-runs the
-# pass: its outputs and the delayed recipe's atomic amax are the same on every run.
+# pass: its outputs are the same on every run, and a recorded delayed cast tunes on copies of its state.
 _TENSORWISE = _common.Tuned(_cast_tensorwise, [
     {"BR": 64, "BC": 64, "num_warps": 4}, {"BR": 128, "BC": 64, "num_warps": 4},
     {"BR": 64, "BC": 128, "num_warps": 4}, {"BR": 128, "BC": 128, "num_warps": 8},
