@@ -622,6 +622,53 @@ def test_delayed_cast_scale_follows_the_history():
     assert int(st.meta[1]) == 0  # the arrival count is back to 0 between launches
 
 
+def test_delayed_cast_launches_the_amax_pass_until_call_0_ran_and_a_lost_flag_costs_no_bytes(monkeypatch):
+    """The amax pass (call 0's own amax) is launched only until the host knows the operand's first recorded cast
+    ran; then one kernel per call. A view rebuilt around a copy of META (no flag: e.g. a functionalised custom-op
+    input) launches the pass again, which the device skips after call 0: the same bytes and state as the primed
+    path. Replays (record=False) never launch it."""
+    launched = []
+    real = F8._amax_partials
+    monkeypatch.setattr(F8, "_amax_partials", lambda flat, delayed=None: launched.append(delayed is not None)
+                        or real(flat, delayed))
+    settings = F8.DelayedScaling(history_len=4, margin=0, algo="max")
+    a, b = settings.history(), settings.history()
+    xs = [torch.randn(40, 48, device=DEV, dtype=torch.bfloat16) * (1 + i) for i in range(4)]
+    for i, x in enumerate(xs):
+        launched.clear()
+        ya, ta, sa = F8.cast_tensorwise(x, E4, want_y=True, want_t=True, history=a)
+        assert launched == ([True] if i == 0 else []), i
+        if i == 0:
+            F8.cast_tensorwise(x, E4, want_y=True, want_t=True, history=b)
+        else:  # b's META flag lost: a fresh view around copies of its state
+            b = F8.AmaxHistory(settings, b.buf, b.meta.clone())
+            assert not b.primed
+            launched.clear()
+            yb, tb, sb = F8.cast_tensorwise(x, E4, want_y=True, want_t=True, history=b)
+            assert launched == [True]
+            assert torch.equal(ya.view(torch.uint8), yb.view(torch.uint8)) and torch.equal(sa, sb), i
+            assert torch.equal(ta.view(torch.uint8), tb.view(torch.uint8)), i
+        assert torch.equal(a.buf, b.buf) and torch.equal(a.meta, b.meta), i
+        assert a.primed
+    launched.clear()
+    _, _, s_replay = F8.cast_tensorwise(xs[0], E4, want_y=True, history=a, record=False)
+    assert launched == [] and torch.equal(s_replay, sa) and a.calls == 4  # the last call's scale, state unchanged
+
+
+def test_delayed_cast_of_fp32_input_moves_the_state_once_per_call():
+    """fp32 input with both outputs runs two launches (a Triton defect, see cast_tensorwise); only the last one
+    records the amax and moves the state on, so the state, scales and bytes equal one launch per output's."""
+    settings = F8.DelayedScaling(history_len=4, margin=0, algo="max")
+    both, one = settings.history(), settings.history()
+    for i in range(3):
+        x = torch.randn(40, 48, device=DEV, dtype=torch.float32) * (1 + i)
+        y, yt, s = F8.cast_tensorwise(x, E4, want_y=True, want_t=True, history=both, pad_t=False)
+        y1, _, s1 = F8.cast_tensorwise(x, E4, want_y=True, want_t=False, history=one, pad_t=False)
+        assert torch.equal(s, s1) and torch.equal(y.view(torch.uint8), y1.view(torch.uint8)), i
+        assert torch.equal(yt.view(torch.uint8), y.t().contiguous().view(torch.uint8)), i
+    assert both.calls == one.calls == 3 and torch.equal(both.buf, one.buf)
+
+
 def test_delayed_cast_most_recent_and_first_call():
     st = F8.DelayedScaling(history_len=16, margin=0, algo="most_recent").history()
     for a, w in zip([4.0, 1.0, 3.0], [4.0, 4.0, 1.0]):
