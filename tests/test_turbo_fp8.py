@@ -669,6 +669,42 @@ def test_delayed_cast_of_fp32_input_moves_the_state_once_per_call():
     assert both.calls == one.calls == 3 and torch.equal(both.buf, one.buf)
 
 
+def test_autotuning_a_stateful_launch_tunes_on_copies_and_runs_the_pick_once(monkeypatch):
+    """On a GPU, the first launch of a new key autotunes: the kernel runs again for every config. A recorded delayed
+    cast moves its state on at each run, so with stateful= the tuner gets copies of those args and the pick runs
+    once on the real ones; other args are passed as they are. (Triton's autotuner is replaced by a recorder here:
+    the interpreter never tunes.)"""
+    from types import SimpleNamespace
+
+    from primus.turbo import _common
+
+    tuned = _common.Tuned(F8._cast_tensorwise, [{"BR": 64, "BC": 64, "num_warps": 4},
+                                                {"BR": 32, "BC": 128, "num_warps": 4}], key=["R", "C"])
+    tuner_saw, ran = [], []
+
+    class Recorder:
+        cache: dict = {}
+        best_config = SimpleNamespace(kwargs={"BR": 32, "BC": 128}, num_warps=4)
+
+        def __getitem__(self, grid):
+            return lambda *args, **consts: tuner_saw.append(args)
+
+    monkeypatch.setattr(tuned, "_auto", Recorder())
+    monkeypatch.setattr(tuned, "run", lambda cfg, grid, args, **consts: ran.append((cfg, args)))
+    monkeypatch.setattr(_common, "interpreting", lambda: False)
+    x, state, out = torch.ones(4), torch.arange(3.0), torch.zeros(4)
+    tuned.launch(lambda meta: (1,), (x, state, out), stateful=(1,), DELAYED=True)
+    (tune_args,) = tuner_saw
+    assert tune_args[0] is x and tune_args[2] is out and tune_args[1] is not state
+    assert torch.equal(tune_args[1], state) and tune_args[1].data_ptr() != state.data_ptr()
+    assert len(ran) == 1 and ran[0][0] == {"BR": 32, "BC": 128, "num_warps": 4} and ran[0][1][1] is state
+    tuner_saw.clear(), ran.clear()
+    tuned.launch(lambda meta: (1,), (x, state, out), stateful=(1,), DELAYED=True)  # picked: no tuning again
+    assert tuner_saw == [] and len(ran) == 1
+    tuned.launch(lambda meta: (1,), (x, state, out), DELAYED=False)  # a stateless launch: the tuner's run is it
+    assert len(tuner_saw) == 1 and tuner_saw[0][1] is state and len(ran) == 1
+
+
 def test_delayed_cast_most_recent_and_first_call():
     st = F8.DelayedScaling(history_len=16, margin=0, algo="most_recent").history()
     for a, w in zip([4.0, 1.0, 3.0], [4.0, 4.0, 1.0]):
