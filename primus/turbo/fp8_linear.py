@@ -12,13 +12,13 @@ Recipes ("current scaling": the scale comes from this tensor's own amax, except 
   delayed     Transformer Engine's DelayedScaling, per tensor: the scale comes from the amax history of the
               earlier calls of the same operand (x, weight, dy of one linear; `DelayedScaling`: history length,
               margin, "max" | "most_recent"), so the cast is ONE pass: it writes fp8 (and the transpose) and feeds
-              this tensor's amax into the history in the same kernel (atomic max into a few spread slots). The
-              last program of the (call-0-only) amax pass before it turns history + last amax into the scale;
-              all on the device, no host sync, no host-side counter or flag (CUDA-graph safe; the same launches every call, so it runs as a
-              custom op inside compiled graphs: fp8_ops). The first call of each operand takes its scale from
-              its own amax (the amax pass reads the tensor at call 0 only) instead of TE's initial scale 1, which
-              would flush the first step's gradients to zero. Saves the amax pass of tensorwise (one read of every
-              operand). Activation recompute replays a forward inside the backward: a replayed cast reuses the
+              this tensor's amax into the history in the same kernel (atomic max into a few spread slots); its
+              last program pushes that amax into the history and computes the next call's scale. One kernel per
+              call, all on the device: no host sync, no host-side call counter (it runs as a custom op inside
+              compiled graphs: fp8_ops). The first call of each operand takes its scale from its own amax (an
+              amax pass, launched until the host has launched that first cast: AmaxHistory.primed) instead of
+              TE's initial scale 1, which would flush the first step's gradients to zero. Saves the amax pass of
+              tensorwise (one read of every operand). Activation recompute replays a forward inside the backward: a replayed cast reuses the
               operand's last scale and records nothing (`replaying_forward`), so a history counts each forward
               once and, without pipelining, the replay is bit-identical to the forward it repeats (TE keeps the
               forward's scales for its recompute too).
@@ -147,15 +147,21 @@ def _absmax_partial(X, PART, n, ITERS, META, SC, FP8_MAX, MARGIN_MULT, BLOCK: tl
                 p = tl.load(PART + tl.arange(0, BLOCK), mask=tl.arange(0, BLOCK) < nprog, other=0.0,
                             cache_modifier=".cg")
                 amax = tl.max(p, axis=0)
-                tl.store(SC, tl.where(amax > 0.0, FP8_MAX / tl.maximum(amax, 1e-30) * MARGIN_MULT, 1.0))
+                tl.store(SC, _delayed_scale(amax, FP8_MAX, MARGIN_MULT))
                 tl.store(META + 1, 0)
+
+
+@triton.jit
+def _delayed_scale(amax, FP8_MAX, MARGIN_MULT):
+    """TE's delayed scale from an amax: fp8_max / amax / 2^margin (1 for an all-zero tensor)."""
+    return tl.where(amax > 0.0, FP8_MAX / tl.maximum(amax, 1e-30) * MARGIN_MULT, 1.0)
 
 
 @triton.jit
 def _last_to_arrive(COUNT, nprog):
     """Whether this program is the last of the nprog to get here. The barrier orders every thread's earlier stores
-    and atomics before the counting atomic (acq_rel), so the last program sees every program's results; it
-    resets COUNT for the next launch."""
+    and atomics before the counting atomic (acq_rel), so the last program sees every program's results; the last
+    program resets COUNT for the next launch (in its epilogue)."""
     tl.debug_barrier()
     return tl.atomic_add(COUNT, 1, sem="acq_rel") == nprog - 1
 
@@ -177,7 +183,7 @@ def _delayed_next_scale(n, used, HIST, AMAX, SC, META, L, FP8_MAX, MARGIN_MULT, 
         amax = cur
     else:
         amax = tl.maximum(hmax, cur)
-    tl.store(SC, tl.where(amax > 0.0, FP8_MAX / tl.maximum(amax, 1e-30) * MARGIN_MULT, 1.0))
+    tl.store(SC, _delayed_scale(amax, FP8_MAX, MARGIN_MULT))
     tl.store(SC + 1, used)
     tl.store(HIST + slot, cur)
     tl.store(AMAX + s, tl.zeros((NS,), dtype=tl.float32))
