@@ -60,7 +60,8 @@ def configs():
                                (False, True, True, "dy and dy^T 1x128"), (True, True, True, "W and W^T 128x128")):
         for c in F8._CAST_BLOCK.space(TILE=tile, WRITE_Y=wy, WRITE_T=wt):
             yield ("blockwise_cast", case, F8._cast_block, cb,
-                   {"stride_xc": 1, "BR": c["BR"], "BC": c["BC"], "TILE": tile, "WRITE_Y": wy, "WRITE_T": wt},
+                   {"stride_xc": 1, "BR": c["BR"], "BC": c["BC"], "TILE": tile, "WRITE_Y": wy, "WRITE_T": wt,
+                    "SAT": True},
                    c["num_warps"])
     sw = {"H": "*bf16", "P": "*fp32", "Y": "*bf16", "N": "i32", "F": "i32", "s_h": "i32"}
     for c in SW._FWD.configs:

@@ -63,21 +63,20 @@ def checks():
                    {"X": x, "AMAX": "*fp32", "Y": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32", "YR": "i32",
                     "YC": "i32", "stride_xr": "i32", "FP8_MAX": "fp32"}, {"BM": cfg["BM"], "BK": cfg["BK"]})
     for x in ("*bf16", "*fp32"):
-        tw = {"X": x, "PART": "*fp32", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32",
-              "RP": "i32", "stride_xr": "i32", "NPART": "i32", "FP8_MAX": "fp32", "AMAX": "*fp32", "META": "*i32",
-              "HIST": "*fp32", "L": "i32", "MARGIN_MULT": "fp32"}
-        # record=False: a replayed forward; advance=False: the first of two launches (fp32 input, both outputs)
-        for delayed, record, advance, most_recent in ((False, True, True, False), (True, True, True, False),
-                                                      (True, True, True, True), (True, True, False, False),
-                                                      (True, False, True, False)):
+        tw = {"X": x, "PART": "*fp32", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "SINV": "*fp32", "AMAX": "*fp32", "R": "i32",
+              "C": "i32", "RP": "i32", "stride_xr": "i32", "NPART": "i32", "FP8_MAX": "fp32"}
+        # record=False: a replayed forward
+        for delayed, record in ((False, True), (True, True), (True, False)):
             for wy, wt in ((True, True), (True, False), (False, True)):
                 for cfg in F8._TENSORWISE.configs:
-                    yield (f"tensorwise {x} delayed={delayed} record={record} advance={advance} "
-                           f"most_recent={most_recent} y={wy} t={wt} BR={cfg['BR']} BC={cfg['BC']}",
-                           F8._cast_tensorwise, tw,
+                    yield (f"tensorwise {x} delayed={delayed} record={record} y={wy} t={wt} BR={cfg['BR']} "
+                           f"BC={cfg['BC']}", F8._cast_tensorwise, tw,
                            {"NP": 1024, "BR": cfg["BR"], "BC": cfg["BC"], "WRITE_Y": wy, "WRITE_T": wt,
-                            "DELAYED": delayed, "NS": 64, "RECORD": record, "ADVANCE": advance,
-                            "MOST_RECENT": most_recent, "LB": 1024})
+                            "DELAYED": delayed, "NS": 64, "RECORD": record})
+    for most_recent in (False, True):  # after a recorded delayed cast: the history and the next scale
+        yield (f"delayed advance most_recent={most_recent}", F8._delayed_advance,
+               {"SC": "*fp32", "AMAX": "*fp32", "META": "*i32", "HIST": "*fp32", "L": "i32", "FP8_MAX": "fp32",
+                "MARGIN_MULT": "fp32"}, {"MOST_RECENT": most_recent, "LB": 1024, "NS": 64})
     for x in ("*bf16", "*fp32"):  # the blockwise casts: every (tile, outputs) the wrapper launches, with its tiles
         cb = {"X": x, "Y": "*fp8e4nv", "YT": "*fp8e4nv", "S": "*fp32", "ST": "*fp32", "R": "i32", "C": "i32",
               "RP": "i32", "stride_xr": "i32", "stride_xc": "i32", "s_sr": "i32", "s_sc": "i32", "s_tr": "i32",
@@ -86,8 +85,10 @@ def checks():
             for wy, wt in ((True, True), (True, False), (False, True)):
                 space = F8._CAST_BLOCK.space(TILE=tile, WRITE_Y=wy, WRITE_T=wt)
                 for br, bc in sorted({(c["BR"], c["BC"]) for c in space}):
-                    yield (f"blockwise cast {x} tile={tile} y={wy} t={wt} BR={br} BC={bc}", F8._cast_block, cb,
-                           {"BR": br, "BC": bc, "TILE": tile, "WRITE_Y": wy, "WRITE_T": wt})
+                    for sat in (True, False):  # (the fp8 conversion saturates on CUDA: no clamp there)
+                        yield (f"blockwise cast {x} tile={tile} y={wy} t={wt} BR={br} BC={bc} sat={sat}",
+                               F8._cast_block, cb,
+                               {"BR": br, "BC": bc, "TILE": tile, "WRITE_Y": wy, "WRITE_T": wt, "SAT": sat})
     for b in ("*fp8e4nv", "*fp8e5"):  # the Triton blockwise GEMM (the fallback of torch's scaled_mm)
         gb = {"A": b, "B": "*fp8e4nv", "Cp": "*bf16", "SA": "*fp32", "SB": "*fp32", "M": "i32", "N": "i32", "K": "i32",
               **{s: "i32" for s in ("s_am", "s_ak", "s_bk", "s_bn", "s_cm", "s_cn", "s_sam", "s_sak", "s_sbk",

@@ -230,6 +230,32 @@ def test_every_config_of_the_tuned_blockwise_cast_gives_the_same_bytes(want_y, w
                 assert torch.equal(a, b), cfg
 
 
+@pytest.mark.parametrize("tile,want_y,want_t", [(False, True, True), (False, False, True), (True, True, True)])
+def test_blockwise_cast_without_its_clamp_gives_the_clamped_bytes(monkeypatch, tile, want_y, want_t):
+    """Where the fp8 conversion saturates (CUDA: cvt.rn.satfinite) the blockwise cast skips its clamp to +-max
+    (_conversion_saturates). Both kernels, same config, give the same bytes and scales, zero tiles and the largest
+    element of every group (scaled onto max itself, or one rounding above it) included. On CPU this runs the
+    unclamped path through the interpreter; on a GPU it checks the hardware conversion."""
+    R, C = 150, 260
+    torch.manual_seed(3)
+    x = torch.randn(R, C, device=DEV, dtype=torch.bfloat16) * torch.rand(R, 1, device=DEV).to(torch.bfloat16) * 300
+    x[:, 128:256] = 0  # all-zero groups: scale 1 / 1e-12 path
+    outs = {}
+    for sat in (False, True):
+        monkeypatch.setattr(F8, "_conversion_saturates", lambda dev, sat=sat: sat)
+        cfg = F8._CAST_BLOCK.space(TILE=tile, WRITE_Y=want_y, WRITE_T=want_t)[0]
+        outs[sat] = F8.cast_blockwise(x, E4, tile=tile, want_y=want_y, want_t=want_t, pad_rows=not tile,
+                                      config=cfg)
+    for a, b in zip(outs[False], outs[True]):
+        if a is None:
+            assert b is None
+        elif a.dtype == E4:
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+            assert int((a.view(torch.uint8) & 0x7F).max()) == 0x7E  # max (448) was written: the edge was there
+        else:
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
 @pytest.mark.parametrize("fmt", ["e4m3", "hybrid"])
 @pytest.mark.parametrize("M,K,N", [(50, 64, 48), (33, 144, 32)])

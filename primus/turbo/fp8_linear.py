@@ -12,9 +12,9 @@ Recipes ("current scaling": the scale comes from this tensor's own amax, except 
   delayed     Transformer Engine's DelayedScaling, per tensor: the scale comes from the amax history of the
               earlier calls of the same operand (x, weight, dy of one linear; `DelayedScaling`: history length,
               margin, "max" | "most_recent"), so the cast is ONE pass: it writes fp8 (and the transpose) and feeds
-              this tensor's amax into the history in the same kernel (atomic max into a few spread slots); its
-              last program pushes that amax into the history and computes the next call's scale. One kernel per
-              call, all on the device: no host sync, no host-side call counter (it runs as a custom op inside
+              this tensor's amax into a few spread slots in the same kernel (relaxed atomic max); a one-program
+              kernel after it pushes that amax into the history and computes the next call's scale. Two kernels
+              per call, all on the device: no host sync, no host-side call counter (it runs as a custom op inside
               compiled graphs: fp8_ops). The first call of each operand takes its scale from its own amax (an
               amax pass, launched until the host has launched that first cast: AmaxHistory.primed) instead of
               TE's initial scale 1, which would flush the first step's gradients to zero. Saves the amax pass of
@@ -169,7 +169,7 @@ def _last_to_arrive(COUNT, nprog):
 @triton.jit
 def _delayed_next_scale(n, used, HIST, AMAX, SC, META, L, FP8_MAX, MARGIN_MULT, MOST_RECENT: tl.constexpr,
                         LB: tl.constexpr, NS: tl.constexpr):
-    """End of delayed-scaling cast n (its last program): push this call's amax (AMAX, the NS slots the programs'
+    """After delayed-scaling cast n (_delayed_advance): push this call's amax (AMAX, the NS slots the programs'
     atomics filled) into the history, turn the history into call n+1's scale, keep the scale this call `used`
     (a replayed forward's), zero AMAX, count the call. TE semantics: scale = fp8_max / max(history) / 2^margin
     ("max") or fp8_max / the last amax ("most_recent"). One dependent round trip: the loads are independent."""
@@ -188,18 +188,17 @@ def _delayed_next_scale(n, used, HIST, AMAX, SC, META, L, FP8_MAX, MARGIN_MULT, 
     tl.store(HIST + slot, cur)
     tl.store(AMAX + s, tl.zeros((NS,), dtype=tl.float32))
     tl.store(META, n + 1)
-    tl.store(META + 1, 0)
 
 
 @triton.jit
-def _cast_tensorwise(X, PART, Y, YT, SINV, AMAX, META, HIST, R, C, RP, stride_xr, NPART, L, FP8_MAX, MARGIN_MULT,
+def _cast_tensorwise(X, PART, Y, YT, SINV, AMAX, R, C, RP, stride_xr, NPART, FP8_MAX,
                      NP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
                      WRITE_Y: tl.constexpr, WRITE_T: tl.constexpr, DELAYED: tl.constexpr, NS: tl.constexpr,
-                     RECORD: tl.constexpr, ADVANCE: tl.constexpr, MOST_RECENT: tl.constexpr, LB: tl.constexpr):
+                     RECORD: tl.constexpr):
     """DELAYED: PART is the state's [scale of this call, scale of the last recorded call]. RECORD: a recorded
-    call, cast with the first; with ADVANCE (its last launch) it also feeds this tensor's amax into the history,
-    and the last program computes the next call's scale (_delayed_next_scale): one kernel per call. RECORD off: a
-    replayed forward, cast with the second, the state left as it is."""
+    call, cast with the first; each program also max-es its tile's amax into AMAX's NS slots, which _delayed_advance
+    (launched after this kernel) turns into the history and the next call's scale. RECORD off: a replayed forward,
+    cast with the second, the state left as it is."""
     if DELAYED:
         if RECORD:
             scale = tl.load(PART)
@@ -234,14 +233,22 @@ def _cast_tensorwise(X, PART, Y, YT, SINV, AMAX, META, HIST, R, C, RP, stride_xr
         tl.store(YT + cols[None, :].to(tl.int64) * RP + rows[:, None], y.to(YT.dtype.element_ty), mask=tmask)
     if (pid_r == 0) & (pid_c == 0):
         tl.store(SINV, 1.0 / scale)
-    if DELAYED and RECORD and ADVANCE:  # this tensor's amax, for the next call's scale; NS slots (less contention)
-        # At the end, after the stores. Counting before them (a release atomic, the amax atomic relaxed) made the
-        # stores wait for the count's round trip: 0.97-0.98x this at 8192x14336 / 8192x28672 (session 10, call 7).
+    if DELAYED and RECORD:  # this tensor's amax, for the next call's scale; NS slots (less contention)
+        # Relaxed, and no arrival count: the kernel boundary orders these atomics before _delayed_advance. Session
+        # 10 had the last program to arrive (an acq_rel count after the stores) compute the next scale in this
+        # kernel; every program then waited for its stores to land: the cast ran 1.16-1.19x slower than now, from
+        # 4096x4096 to 8192x28672 (bench/delayed_record_probe.py, session 11, call 1).
         tile_amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-        tl.atomic_max(AMAX + (pid_r * tl.num_programs(1) + pid_c) % NS, tile_amax)
-        if _last_to_arrive(META + 1, tl.num_programs(0) * tl.num_programs(1)):
-            _delayed_next_scale(tl.load(META), scale, HIST, AMAX, PART, META, L, FP8_MAX, MARGIN_MULT, MOST_RECENT,
-                                LB, NS)
+        tl.atomic_max(AMAX + (pid_r * tl.num_programs(1) + pid_c) % NS, tile_amax, sem="relaxed")
+
+
+@triton.jit
+def _delayed_advance(SC, AMAX, META, HIST, L, FP8_MAX, MARGIN_MULT, MOST_RECENT: tl.constexpr, LB: tl.constexpr,
+                     NS: tl.constexpr):
+    """One program, launched after a recorded delayed cast: move the operand's state on (_delayed_next_scale) with
+    the scale that cast used (SC[0])."""
+    _delayed_next_scale(tl.load(META), tl.load(SC), HIST, AMAX, SC, META, L, FP8_MAX, MARGIN_MULT, MOST_RECENT, LB,
+                        NS)
 
 
 @triton.jit
@@ -320,9 +327,26 @@ def _cast_cols_t(X, AMAX, Y, SINV, R, C, YR, YC, stride_xr, FP8_MAX, BM: tl.cons
 
 
 @triton.jit
+def _sat(v, FP8_MAX, SAT: tl.constexpr):
+    """v clamped to +-FP8_MAX for the fp8 conversion, unless that conversion saturates by itself (SAT)."""
+    if not SAT:
+        v = tl.clamp(v, -FP8_MAX, FP8_MAX)
+    return v
+
+
+def _conversion_saturates(device) -> bool:
+    """Whether Triton's fp32 -> fp8 conversion saturates to the format's largest finite value on this device, so
+    that a clamp before it is redundant (inf -> max as well; NaN stays NaN, where Triton leaves a clamp's NaN
+    unspecified). On CUDA (sm89+, the GPUs with fp8) it compiles to `cvt.rn.satfinite.e4m3x2.f32` (read in the PTX
+    by bench/cast_sat_probe.py on the H200). Not assumed elsewhere: ROCm's conversion and the interpreter's (numpy)
+    are not known to saturate, so they keep the clamp."""
+    return device.type == "cuda" and torch.version.hip is None and not _common.interpreting()
+
+
+@triton.jit
 def _cast_block(X, Y, YT, S, ST, R, C, RP, stride_xr, stride_xc, s_sr, s_sc, s_tr, s_tc, SPAD, STPAD, FP8_MAX,
                 BR: tl.constexpr, BC: tl.constexpr, TILE: tl.constexpr, WRITE_Y: tl.constexpr,
-                WRITE_T: tl.constexpr):
+                WRITE_T: tl.constexpr, SAT: tl.constexpr):
     """Blockwise cast of X (R, C) (any strides) into Y (RP, C) and / or YT (C, RP) = its transpose, both row-major;
     rows R..RP-1 are zero pad. One program per BR x BC tile of X, read once (coalesced along C). scale_inv stores:
       TILE=False  Y in 1xBC groups along C (BC = 128): S[r, g] at S + r*s_sr + g*s_sc
@@ -330,7 +354,8 @@ def _cast_block(X, Y, YT, S, ST, R, C, RP, stride_xr, stride_xc, s_sr, s_sc, s_t
       TILE=True   one scale per tile (BR = BC = 128), tile (tr, tc): at S + tr*s_sr + tc*s_sc and ST + tc*s_tr +
                   tr*s_tc. S's tc in [C tiles, SPAD) and ST's tr in [R tiles, STPAD) are set to 0: the pad cuBLAS
                   wants on the contraction-block dim of 128x128 scales (see blockwise_scale_layout).
-    YT is stored from tl.trans of the fp8 tile, so that store is coalesced along R too (no column-view reads)."""
+    YT is stored from tl.trans of the fp8 tile, so that store is coalesced along R too (no column-view reads).
+    SAT: the fp8 conversion saturates by itself (_conversion_saturates): no clamp before it."""
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     r0 = pid_r * BR
@@ -352,7 +377,7 @@ def _cast_block(X, Y, YT, S, ST, R, C, RP, stride_xr, stride_xc, s_sr, s_sc, s_t
     # each output is stored as soon as it is computed (fewer live 128x128 tiles)
     if TILE:
         scale = FP8_MAX / tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-12)
-        q = tl.clamp(x * scale, -FP8_MAX, FP8_MAX)
+        q = _sat(x * scale, FP8_MAX, SAT)
         pad = tl.arange(0, 4)
         if WRITE_Y:
             tl.store(ypt, q.to(Y.dtype.element_ty), mask=ymask)
@@ -369,12 +394,12 @@ def _cast_block(X, Y, YT, S, ST, R, C, RP, stride_xr, stride_xc, s_sr, s_sc, s_t
     else:
         if WRITE_Y:  # one scale per row of the tile
             rs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
-            q = tl.clamp(x * rs[:, None], -FP8_MAX, FP8_MAX)
+            q = _sat(x * rs[:, None], FP8_MAX, SAT)
             tl.store(ypt, q.to(Y.dtype.element_ty), mask=ymask)
             tl.store(S + rows * s_sr + pid_c * s_sc, 1.0 / rs, mask=rows < RP)
         if WRITE_T:  # one scale per column of the tile
             cs = FP8_MAX / tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12)
-            qt = tl.clamp(x * cs[None, :], -FP8_MAX, FP8_MAX)
+            qt = _sat(x * cs[None, :], FP8_MAX, SAT)
             tl.store(tpt, tl.trans(qt.to(YT.dtype.element_ty)), mask=tmask)
             tl.store(ST + pid_r * s_tr + cols * s_tc, 1.0 / cs, mask=cols < C)
 
@@ -558,13 +583,10 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
     sinv = _common.empty((), torch.float32, x2.device)  # this call's own (read by GEMMs after later calls)
     if history is None:
         part, nprog = _amax_partials(flat)
-        amax_slots = meta = hist = sinv
-        L, margin, most_recent = 1, 0, False
+        amax_slots = sinv
     else:
         state = history._state(x2.device)
         hist, amax_slots, part, meta = state  # part: the state's two scales
-        st = history.settings
-        L, margin, most_recent = st.history_len, st.margin, st.algo == "most_recent"
         if record and not history.primed:  # call 0 (or not known not to be): its scale from its own amax
             _amax_partials(flat, delayed=(history, state, dtype))
             history._mark_primed()
@@ -582,18 +604,20 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
         nr, nc = triton.cdiv(RP, meta["BR"]), triton.cdiv(C, meta["BC"])
         return (nr, nc) if history is not None else (nr * nc,)
 
-    for i, (wy, wt) in enumerate(passes):
-        args = (x2, part, y if wy else sinv, yt if wt else sinv, sinv, amax_slots, meta, hist, R, C, RP,
-                x2.stride(0), nprog, L, _fmax(dtype), 2.0 ** -margin)
-        # a delayed call moves its state on in its last launch only (each launch reads this call's scale)
+    for wy, wt in passes:  # (two launches of a delayed cast record the same amax twice: a max, so no harm)
+        args = (x2, part, y if wy else sinv, yt if wt else sinv, sinv, amax_slots, R, C, RP, x2.stride(0), nprog,
+                _fmax(dtype))
         consts = dict(NP=_PARTS, WRITE_Y=wy, WRITE_T=wt, DELAYED=history is not None, NS=AmaxHistory.SPREAD,
-                      RECORD=record, ADVANCE=i == len(passes) - 1, MOST_RECENT=most_recent,
-                      LB=triton.next_power_of_2(L))
+                      RECORD=record)
         if config is not None:
             _TENSORWISE.run(config, grid, args, **consts)
-        else:  # a recorded delayed cast moves its state (scales, slots, META, history) on: tuned on copies
-            _TENSORWISE.launch(grid, args, stateful=(1, 5, 6, 7) if history is not None and record else (),
-                               **consts)
+        else:  # a recorded delayed cast writes its amax slots: tuned on copies of them
+            _TENSORWISE.launch(grid, args, stateful=(5,) if history is not None and record else (), **consts)
+    if history is not None and record:  # after every launch of this call: they all cast with this call's scale
+        st = history.settings
+        _delayed_advance[(1,)](part, amax_slots, meta, hist, st.history_len, _fmax(dtype), 2.0 ** -st.margin,
+                               MOST_RECENT=st.algo == "most_recent", LB=triton.next_power_of_2(st.history_len),
+                               NS=AmaxHistory.SPREAD, num_warps=4)
     return y, yt, sinv
 
 
@@ -893,7 +917,7 @@ def cast_blockwise(x2: torch.Tensor, dtype, tile: bool = False, want_y: bool = T
         ssr, ssc = (s_y.stride(1), s_y.stride(0)) if tile else (s_y.stride(0), s_y.stride(1))
         args = (x2, y if y is not None else yt, yt if yt is not None else y, s_y, s_t, R, C, RP, x2.stride(0),
                 x2.stride(1), ssr, ssc, s_t.stride(1), s_t.stride(0), s_y.shape[0], s_t.shape[0], _fmax(dtype))
-        consts = dict(TILE=tile, WRITE_Y=wy, WRITE_T=wt)
+        consts = dict(TILE=tile, WRITE_Y=wy, WRITE_T=wt, SAT=_conversion_saturates(dev))
 
         def grid(meta):
             return (triton.cdiv(RP, meta["BR"]), triton.cdiv(C, meta["BC"]))
