@@ -1,6 +1,6 @@
 """Probe (session 11): do the fp8 casts spend their time issuing instructions rather than moving bytes?
 
-    python bench/cast_sat_probe.py [--shapes 8192x4096,8192x14336]
+    python bench/cast_sat_probe.py [--shapes 8192x4096,8192x14336] [--baseline OLD/fp8_linear.py]
 
 Every cast kernel clamps x * scale to +-FP8_MAX before converting to fp8 (two instructions per element per
 output). On sm89+ Triton converts fp32 -> e4m3 / e5m2 with `cvt.rn.satfinite` (checked below in the PTX), which
@@ -12,7 +12,8 @@ issue-bound, dropping its two clamps per element should show.
 Variant: this tree's fp8_linear.py with every `tl.clamp(E, -FP8_MAX, FP8_MAX)` replaced by `E` (written to a temp
 file and imported). Same inputs (x scaled so some values saturate only in the delayed cast, whose scale comes from
 an older, smaller amax), outputs must be bit-equal. GPU time (`turbo_kernels.kernel_ms`, L2 flushed), % of copy
-bandwidth on min bytes.
+bandwidth on min bytes. With --baseline: that older tree's casts (column "A") vs this tree's ("B") instead, the
+delayed cast also recorded (state moving on, bytes compared call by call).
 """
 from __future__ import annotations
 
@@ -61,16 +62,25 @@ def same(a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="8192x4096,8192x14336,4096x4096")
+    ap.add_argument("--baseline", default="")
     a = ap.parse_args()
-    V, n = variant_module()
+    if a.baseline:
+        spec = importlib.util.spec_from_file_location("fp8_linear_baseline", a.baseline)
+        A = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(A)
+        V, n, B = F8, 0, A
+    else:
+        V, n = variant_module()
+        B = F8
     e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
     big = 1 << 29
     src = torch.randn(big, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     copy = 4 * big / do_bench(lambda: dst.copy_(src), warmup=20, rep=80, return_mode="median") / 1e6  # GB/s
     del src, dst
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, copy {copy:.0f} GB/s, {n} clamps removed")
-    print("| x | cast | clamp (now), ms (% copy) | no clamp, ms (% copy) | no clamp / clamp | same bytes |")
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, copy {copy:.0f} GB/s, "
+          + (f"A = {a.baseline}, B = this tree" if a.baseline else f"A = this tree, B = {n} clamps removed"))
+    print("| x | cast | A, ms (% copy) | B, ms (% copy) | B / A speed | same bytes |")
     print("|---|---|---:|---:|---:|---|")
     for shape in a.shapes.split(","):
         R, C = (int(v) for v in shape.split("x"))
@@ -79,7 +89,7 @@ def main():
         x_hot = x * 4  # larger than the history: the delayed cast saturates
         n_el = R * C
         hist = {}
-        for tag, mod in (("now", F8), ("sat", V)):
+        for tag, mod in (("now", B), ("sat", V)):
             h = hist[tag] = mod.DelayedScaling(16, 0, "max").history()
             for _ in range(2):
                 mod.cast_tensorwise(x, e4, want_y=True, want_t=True, history=h)
@@ -87,7 +97,9 @@ def main():
             ("tensorwise x, x^T", 4, lambda m: m.cast_tensorwise(x, e4, want_y=True, want_t=True)),
             ("delayed x, x^T (saturating)", 4,
              lambda m: m.cast_tensorwise(x_hot, e4, want_y=True, want_t=True,
-                                         history=hist["now" if m is F8 else "sat"], record=False)),
+                                         history=hist["now" if m is B else "sat"], record=False)),
+            ("delayed x, x^T (recorded)", 4,
+             lambda m: m.cast_tensorwise(x, e4, want_y=True, want_t=True, history=hist["now" if m is B else "sat"])),
             ("rowwise x", 3, lambda m: m.cast_rowwise(x, e4, pad_rows=True)),
             ("rowwise x^T (col amax + cast)", 3, lambda m: m.cast_rowwise(x, e5, transpose=True, pad=True)),
             ("blockwise x 1x128, x^T 1x128", 4, lambda m: m.cast_blockwise(x, e4, want_t=True, pad_rows=True)),
@@ -95,8 +107,8 @@ def main():
             ("blockwise W, W^T 128x128", 4, lambda m: m.cast_blockwise(x, e4, tile=True, want_t=True)),
         ]
         for name, bpe, fn in cases:
-            ok = same(fn(F8), fn(V))
-            t0 = kernel_ms(lambda: fn(F8))
+            ok = same(fn(B), fn(V))
+            t0 = kernel_ms(lambda: fn(B))
             t1 = kernel_ms(lambda: fn(V))
             gb = n_el * bpe / 1e9
             print(f"| {shape} | {name} | {t0:.4f} ({gb / t0 / copy * 1e5:.1f}) | {t1:.4f} "

@@ -1,0 +1,101 @@
+"""A/B (session 11): the fp8 linear of this tree vs an older tree's `fp8_linear.py`, per recipe, at the Llama-3-8B
+layer's four linears (8192 tokens: qkv 4096->6144, o 4096->4096, gate+up 4096->28672, down 14336->4096), fwd+bwd,
+with the bf16 linear as the baseline, all in one call.
+
+    python bench/fp8_linear_ab.py --baseline OLD/fp8_linear.py [--recipes tensorwise,delayed,rowwise,blockwise]
+
+GPU time: the sum of each call's kernel durations (`turbo_kernels.kernel_ms`, L2 flushed before each call), in the
+order old, new, old, new (the two readings of each show the noise). The delayed recipe runs on a per-linear state
+warmed up by 3 calls (steady state: the scale from the history). The outputs (y, dx, dw) of old and new must be
+bit-equal after the same sequence of calls.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import torch  # noqa: E402
+
+from primus.turbo import fp8_linear as F8  # noqa: E402
+from turbo_kernels import kernel_ms  # noqa: E402
+
+SHAPES = [(4096, 6144, "qkv"), (4096, 4096, "o"), (4096, 28672, "gate+up"), (14336, 4096, "down")]
+
+
+def load(path):
+    spec = importlib.util.spec_from_file_location("fp8_linear_baseline", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", required=True)
+    ap.add_argument("--recipes", default="tensorwise,delayed,rowwise,blockwise")
+    ap.add_argument("--tokens", type=int, default=8192)
+    a = ap.parse_args()
+    mods = {"old": load(a.baseline), "new": F8}
+    recipes = a.recipes.split(",")
+    M = a.tokens
+    tot = {}
+    same = {r: True for r in recipes}
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, {M} tokens")
+    print("| linear | bf16 ms | " + " | ".join(f"{r} old / new / old / new ms" for r in recipes) + " |")
+    print("|---|---:|" + "---|" * len(recipes))
+    for K, N, name in SHAPES:
+        torch.manual_seed(0)
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16).requires_grad_()
+        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        t_bf = kernel_ms(lambda: torch.nn.functional.linear(x, w).backward(dy), [x, w])
+        tot.setdefault("bf16", 0.0)
+        tot["bf16"] += t_bf
+        cells = []
+        for r in recipes:
+            fns, outs = {}, {}
+            for tag, mod in mods.items():
+                st = mod.DelayedScaling(16, 0, "max").linear_state() if r == "delayed" else None
+
+                def fn(mod=mod, st=st):
+                    y = mod.fp8_linear(x, w, None, r, delayed=st)
+                    y.backward(dy)
+                    return y
+
+                res = []
+                for _ in range(4):  # the same call sequence on both trees (the delayed state moves on)
+                    x.grad = w.grad = None
+                    y = fn()
+                    res.append((y.detach().clone(), x.grad.clone(), w.grad.clone()))
+                outs[tag] = res
+                fns[tag] = fn
+            same[r] &= all(torch.equal(p, q) for o, n in zip(outs["old"], outs["new"]) for p, q in zip(o, n))
+            ts = []
+            for tag in ("old", "new", "old", "new"):
+                t = kernel_ms(fns[tag], [x, w])
+                ts.append(t)
+                tot.setdefault((r, tag), []).append(t)
+            cells.append(" / ".join(f"{t:.3f}" for t in ts))
+        print(f"| {name} | {t_bf:.3f} | " + " | ".join(cells) + " |", flush=True)
+        del x, w, dy
+        torch.cuda.empty_cache()
+    print()
+    print("| recipe | old: ms (vs bf16) | new: ms (vs bf16) | new / old | outputs bit-equal |")
+    print("|---|---:|---:|---:|---|")
+    for r in recipes:
+        old = [sum(tot[(r, "old")][i::2]) for i in range(2)]
+        new = [sum(tot[(r, "new")][i::2]) for i in range(2)]
+        o, n = min(old), min(new)
+        print(f"| {r} | {o:.3f} ({tot['bf16'] / o:.3f}x) | {n:.3f} ({tot['bf16'] / n:.3f}x) | {o / n:.3f}x "
+              f"(readings {old[0]:.3f}/{new[0]:.3f}, {old[1]:.3f}/{new[1]:.3f}) | {same[r]} |")
+    print(f"bf16 total {tot['bf16']:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
