@@ -4,8 +4,9 @@
 #                                    # cast's recording variants (bench/delayed_record_probe.py); on 11a3cc7
 #   bash bench/session11.sh 2 BASE   # this tree's casts and fp8 linears vs BASE's fp8_linear.py
 #                                    # (cast_sat_probe.py --baseline, fp8_linear_ab.py), then test_turbo_fp8.py
-#   bash bench/session11.sh 3 BASE   # end to end, 14 steps: the megatron delayed and blockwise presets, this tree
-#                                    # vs BASE's fp8_linear.py swapped in
+#   bash bench/session11.sh 3 BASE   # the blockwise wgrad in both orientations (wgrad_orientation_probe.py); end to
+#                                    # end, 14 steps: the megatron delayed and blockwise presets, this tree vs BASE's
+#                                    # fp8_linear.py swapped in
 # $OUT: logs
 set -u
 OUT=${OUT:-outputs/bench}
@@ -24,6 +25,8 @@ case "${1:-}" in
        tests/test_turbo_fp8.py > "$OUT/pytest_gpu2.log" 2>&1
      tail -4 "$OUT/pytest_gpu2.log" ;;
   3) BASE=${2:?usage: session11.sh 3 BASELINE_DIR}
+     timeout 90 python bench/wgrad_orientation_probe.py > "$OUT/wgrad_probe.log" 2>&1
+     grep -E "^\||Error|error" "$OUT/wgrad_probe.log" | tail -12
      F=primus/turbo/fp8_linear.py
      B="training.train_iters=14"
      runs() {  # $1: tag, then "name=overrides" pairs
