@@ -7,6 +7,8 @@
 #   bash bench/session11.sh 3 BASE   # the blockwise wgrad in both orientations (wgrad_orientation_probe.py); end to
 #                                    # end, 14 steps: the megatron delayed and blockwise presets, this tree vs BASE's
 #                                    # fp8_linear.py swapped in
+#   bash bench/session11.sh 4 BASE BASE2   # the casts vs BASE2's fp8_linear.py, the fp8 linears vs BASE's, then the
+#                                    # blockwise / clamp tests of test_turbo_fp8.py
 # $OUT: logs
 set -u
 OUT=${OUT:-outputs/bench}
@@ -43,5 +45,14 @@ case "${1:-}" in
      runs before "fp8 delayed before=experiment=llama3_2_1b_megatron_fp8_delayed $B" \
        "fp8 blockwise before=experiment=llama3_2_1b_megatron_fp8 precision=fp8_blockwise $B"
      cp /tmp/fp8_linear_after.py $F ;;
-  *) echo "usage: bash bench/session11.sh 1|2 BASE|3 BASE" >&2; exit 2 ;;
+  4) BASE=${2:?usage: session11.sh 4 BASELINE_DIR BASELINE2_DIR}; BASE2=${3:?}
+     timeout 150 python bench/cast_sat_probe.py --baseline "$BASE2/fp8_linear.py" > "$OUT/cast_ab4.log" 2>&1
+     grep -E "^\||copy|Error|error" "$OUT/cast_ab4.log" | grep -v "rowwise\|tensorwise" | tail -30
+     timeout 200 python bench/fp8_linear_ab.py --baseline "$BASE/fp8_linear.py" --recipes delayed,blockwise \
+       > "$OUT/linear_ab4.log" 2>&1
+     grep -E "^\||total|Error|error" "$OUT/linear_ab4.log" | tail -12
+     timeout $((590 - SECONDS)) python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf \
+       tests/test_turbo_fp8.py -k "block or delayed" > "$OUT/pytest_gpu4.log" 2>&1
+     tail -4 "$OUT/pytest_gpu4.log" ;;
+  *) echo "usage: bash bench/session11.sh 1|2 BASE|3 BASE|4 BASE BASE2" >&2; exit 2 ;;
 esac

@@ -230,16 +230,18 @@ def test_every_config_of_the_tuned_blockwise_cast_gives_the_same_bytes(want_y, w
                 assert torch.equal(a, b), cfg
 
 
+@pytest.mark.skipif(DEV == "cpu", reason="the fast path is CUDA's (saturating conversion, rcp.approx)")
 @pytest.mark.parametrize("tile,want_y,want_t", [(False, True, True), (False, True, False), (True, True, True)])
-def test_blockwise_cast_without_its_clamp_gives_the_clamped_bytes(monkeypatch, tile, want_y, want_t):
-    """Where the fp8 conversion saturates (CUDA: cvt.rn.satfinite) the blockwise cast skips its clamp to +-max
-    (_conversion_saturates; x^T alone keeps it). Both kernels, same config, give the same bytes and scales, zero tiles and the largest
-    element of every group (scaled onto max itself, or one rounding above it) included. On CPU this runs the
-    unclamped path through the interpreter; on a GPU it checks the hardware conversion."""
+def test_blockwise_cast_fast_path_matches_the_exact_one(monkeypatch, tile, want_y, want_t):
+    """Where the fp8 conversion saturates (CUDA: cvt.rn.satfinite) the blockwise cast skips its clamp to +-max and
+    takes its scales from a fast reciprocal (_conversion_saturates, _group_scales; x^T alone keeps the exact path).
+    Same config, both paths: scale_inv within 2 ulp, fp8 codes equal or (a product on a rounding boundary) one code
+    apart in rare elements, zero groups and each group's largest element (scaled onto max, or just above it)
+    included."""
     R, C = 150, 260
     torch.manual_seed(3)
     x = torch.randn(R, C, device=DEV, dtype=torch.bfloat16) * torch.rand(R, 1, device=DEV).to(torch.bfloat16) * 300
-    x[:, 128:256] = 0  # all-zero groups: scale 1 / 1e-12 path
+    x[:, 128:256] = 0  # all-zero groups: the 1e-12 floor
     outs = {}
     for sat in (False, True):
         monkeypatch.setattr(F8, "_conversion_saturates", lambda dev, sat=sat: sat)
@@ -250,10 +252,12 @@ def test_blockwise_cast_without_its_clamp_gives_the_clamped_bytes(monkeypatch, t
         if a is None:
             assert b is None
         elif a.dtype == E4:
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-            assert int((a.view(torch.uint8) & 0x7F).max()) == 0x7E  # max (448) was written: the edge was there
+            ca, cb = a.view(torch.uint8).int(), b.view(torch.uint8).int()
+            assert torch.equal(ca & 0x80, cb & 0x80)  # signs
+            assert (ca - cb).abs().max() <= 1 and (ca != cb).float().mean() < 1e-3
+            assert int((cb & 0x7F).max()) == 0x7E  # max (448) was written: the edge was there, and saturated
         else:
-            assert torch.equal(a, b)
+            assert torch.allclose(a, b, rtol=2.5e-7, atol=0)
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
