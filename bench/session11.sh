@@ -9,6 +9,8 @@
 #                                    # fp8_linear.py swapped in
 #   bash bench/session11.sh 4 BASE BASE2   # the casts vs BASE2's fp8_linear.py, the fp8 linears vs BASE's, then the
 #                                    # blockwise / clamp tests of test_turbo_fp8.py
+#   bash bench/session11.sh 5 BASE2  # the blockwise casts vs BASE2's (tiles back on the exact division), then every
+#                                    # tests/test_turbo_*.py file on the GPU
 # $OUT: logs
 set -u
 OUT=${OUT:-outputs/bench}
@@ -54,5 +56,12 @@ case "${1:-}" in
      timeout $((590 - SECONDS)) python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf \
        tests/test_turbo_fp8.py -k "block or delayed" > "$OUT/pytest_gpu4.log" 2>&1
      tail -4 "$OUT/pytest_gpu4.log" ;;
-  *) echo "usage: bash bench/session11.sh 1|2 BASE|3 BASE|4 BASE BASE2" >&2; exit 2 ;;
+  5) BASE2=${2:?usage: session11.sh 5 BASELINE2_DIR}
+     timeout 100 python bench/cast_sat_probe.py --baseline "$BASE2/fp8_linear.py" --shapes 8192x4096,8192x14336 \
+       > "$OUT/cast_ab5.log" 2>&1
+     grep -E "^\||copy|Error|error" "$OUT/cast_ab5.log" | grep "blockwise\|copy\|rror" | tail -12
+     timeout $((530 - SECONDS)) python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf \
+       tests/test_turbo_*.py > "$OUT/pytest_gpu5.log" 2>&1
+     tail -6 "$OUT/pytest_gpu5.log" ;;
+  *) echo "usage: bash bench/session11.sh 1|2 BASE|3 BASE|4 BASE BASE2|5 BASE2" >&2; exit 2 ;;
 esac

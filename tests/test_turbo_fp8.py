@@ -234,7 +234,8 @@ def test_every_config_of_the_tuned_blockwise_cast_gives_the_same_bytes(want_y, w
 @pytest.mark.parametrize("tile,want_y,want_t", [(False, True, True), (False, True, False), (True, True, True)])
 def test_blockwise_cast_fast_path_matches_the_exact_one(monkeypatch, tile, want_y, want_t):
     """Where the fp8 conversion saturates (CUDA: cvt.rn.satfinite) the blockwise cast skips its clamp to +-max and
-    takes its scales from a fast reciprocal (_conversion_saturates, _group_scales; x^T alone keeps the exact path).
+    takes its 1x128 groups' scales from a fast reciprocal (_conversion_saturates, _group_scales; x^T alone keeps
+    the exact path, 128x128 tiles the exact division: their bytes are the clamped path's).
     Same config, both paths: scale_inv within 2 ulp, fp8 codes equal or (a product on a rounding boundary) one code
     apart in rare elements, zero groups and each group's largest element (scaled onto max, or just above it)
     included."""
@@ -256,8 +257,12 @@ def test_blockwise_cast_fast_path_matches_the_exact_one(monkeypatch, tile, want_
             assert torch.equal(ca & 0x80, cb & 0x80)  # signs
             assert (ca - cb).abs().max() <= 1 and (ca != cb).float().mean() < 1e-3
             assert int((cb & 0x7F).max()) == 0x7E  # max (448) was written: the edge was there, and saturated
+            if tile:
+                assert torch.equal(ca, cb)
         else:
             assert torch.allclose(a, b, rtol=2.5e-7, atol=0)
+            if tile:
+                assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
