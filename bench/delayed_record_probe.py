@@ -1,4 +1,7 @@
-"""Probe (written in session 10, for the next H200 call): what recording costs in the delayed cast, and variants.
+"""Probe (written in session 10, run in session 11 call 1): what recording costs in the delayed cast, and variants.
+
+Result (docs/benchmarks.md, session 11): "relaxed+kernel" ran 1.16-1.19x session 10's production kernel and became
+the production design; since then the "production (tuned)" row below times that design.
 
     python bench/delayed_record_probe.py [--shapes 8192x4096,8192x28672]
 
