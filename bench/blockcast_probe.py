@@ -245,10 +245,8 @@ def main():
     args = ap.parse_args()
     base = None
     if args.baseline:
-        import importlib.util
-        spec = importlib.util.spec_from_file_location("baseline_fp8_linear", args.baseline)
-        base = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(base)
+        from turbo_kernels import load_module
+        base = load_module(args.baseline)
     dt = torch.float8_e4m3fn
     gbs = None
     print("| shape | case | variant | tile | warps | ms | % copy bw | bit-equal |\n|---|---|---|---|---:|---:|---:|---|")

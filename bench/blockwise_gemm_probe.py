@@ -9,7 +9,6 @@ wgrad: dy^T 1x128 @ x 1x128, fp32 out). Outputs of the variants are checked agai
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 
@@ -20,16 +19,10 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import torch  # noqa: E402
 
 from primus.turbo import fp8_linear as F8  # noqa: E402
-from turbo_kernels import kernel_ms  # noqa: E402
+from turbo_kernels import kernel_ms, load_module  # noqa: E402
 
 LINEARS = {"qkv": (4096, 6144), "o": (4096, 4096), "gate+up": (4096, 28672), "down": (14336, 4096)}
 
-
-def load(path):
-    spec = importlib.util.spec_from_file_location("fp8_linear_baseline", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def rel(a, b):
@@ -43,7 +36,7 @@ def main():
     ap.add_argument("--linears", default="gate+up,down")
     ap.add_argument("--tokens", type=int, default=8192)
     a = ap.parse_args()
-    base = load(a.baseline) if a.baseline else None
+    base = load_module(a.baseline) if a.baseline else None
     e4 = torch.float8_e4m3fn
     M = a.tokens
     print("| linear | GEMM | scaled_mm (cuBLASLt) | Triton, baseline | Triton, this tree | this / baseline | "

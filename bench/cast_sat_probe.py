@@ -18,7 +18,6 @@ delayed cast also recorded (state moving on, bytes compared call by call).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 import sys
@@ -32,7 +31,7 @@ import torch  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 from primus.turbo import fp8_linear as F8  # noqa: E402
-from turbo_kernels import kernel_ms  # noqa: E402
+from turbo_kernels import kernel_ms, load_module  # noqa: E402
 
 CLAMP = re.compile(r"tl\.clamp\((.+?), -FP8_MAX, FP8_MAX\)")
 
@@ -43,10 +42,7 @@ def variant_module():
     path = os.path.join(tempfile.mkdtemp(), "fp8_linear_sat.py")
     with open(path, "w") as f:
         f.write(new)
-    spec = importlib.util.spec_from_file_location("fp8_linear_sat", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod, n
+    return load_module(path, "fp8_linear_sat"), n
 
 
 def same(a, b):
@@ -65,10 +61,7 @@ def main():
     ap.add_argument("--baseline", default="")
     a = ap.parse_args()
     if a.baseline:
-        spec = importlib.util.spec_from_file_location("fp8_linear_baseline", a.baseline)
-        A = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(A)
-        V, n, B = F8, 0, A
+        V, n, B = F8, 0, load_module(a.baseline)
     else:
         V, n = variant_module()
         B = F8

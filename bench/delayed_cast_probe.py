@@ -12,7 +12,6 @@ in fp8). Outputs (x and x^T in fp8, scale_inv) must be bit-equal to the baseline
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 
@@ -25,14 +24,8 @@ from triton.testing import do_bench  # noqa: E402
 
 from primus.turbo import _common  # noqa: E402
 from primus.turbo import fp8_linear as F8  # noqa: E402
-from turbo_kernels import kernel_breakdown, kernel_ms  # noqa: E402
+from turbo_kernels import kernel_breakdown, kernel_ms, load_module  # noqa: E402
 
-
-def load(path):
-    spec = importlib.util.spec_from_file_location("fp8_linear_baseline", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def main():
@@ -42,7 +35,7 @@ def main():
     ap.add_argument("--parts", default="", help="then: this tree with fp8_linear._PARTS (the amax pass's most "
                     "programs) at each of these values, e.g. 1024,512,256,132, and the kernels of each cast")
     a = ap.parse_args()
-    base = load(a.baseline)
+    base = load_module(a.baseline)
     e4 = torch.float8_e4m3fn
     n = 1 << 29
     src = torch.randn(n, device="cuda", dtype=torch.bfloat16)

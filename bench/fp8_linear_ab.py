@@ -12,7 +12,6 @@ bit-equal after the same sequence of calls.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 
@@ -23,16 +22,10 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import torch  # noqa: E402
 
 from primus.turbo import fp8_linear as F8  # noqa: E402
-from turbo_kernels import kernel_ms  # noqa: E402
+from turbo_kernels import kernel_ms, load_module  # noqa: E402
 
 SHAPES = [(4096, 6144, "qkv"), (4096, 4096, "o"), (4096, 28672, "gate+up"), (14336, 4096, "down")]
 
-
-def load(path):
-    spec = importlib.util.spec_from_file_location("fp8_linear_baseline", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def main():
@@ -41,7 +34,7 @@ def main():
     ap.add_argument("--recipes", default="tensorwise,delayed,rowwise,blockwise")
     ap.add_argument("--tokens", type=int, default=8192)
     a = ap.parse_args()
-    mods = {"old": load(a.baseline), "new": F8}
+    mods = {"old": load_module(a.baseline), "new": F8}
     recipes = a.recipes.split(",")
     M = a.tokens
     tot = {}

@@ -14,7 +14,6 @@ Prints a markdown table; writes $OUT/kernel_probe.json when OUT is set.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -77,10 +76,8 @@ def load_old(d, name):
     path = os.path.join(d, f"old_{name}.py")
     if not d or not os.path.exists(path):
         return None
-    spec = importlib.util.spec_from_file_location(f"old_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from turbo_kernels import load_module
+    return load_module(path, f"old_{name}")
 
 
 def cfg_name(c):

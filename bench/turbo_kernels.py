@@ -98,6 +98,17 @@ def kernel_ms(fn, grad_to_none=None, n=20) -> float:
     return us / n / 1e3
 
 
+def load_module(path: str, name: str = "fp8_linear_baseline"):
+    """An older tree's copy of a module (e.g. `outputs/baseline_sN/fp8_linear.py`) imported under `name`, beside
+    this tree's, for A/B probes in one call."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def kernel_breakdown(fn, grad_to_none=None, n=10, top=12):
     """[(kernel name, us per call)] of fn's kernels from a profiler trace, largest first (the L2 flush excluded)."""
     from torch.profiler import ProfilerActivity, profile
