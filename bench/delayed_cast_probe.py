@@ -20,11 +20,10 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import torch  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
 
 from primus.turbo import _common  # noqa: E402
 from primus.turbo import fp8_linear as F8  # noqa: E402
-from turbo_kernels import kernel_breakdown, kernel_ms, load_module  # noqa: E402
+from turbo_kernels import copy_gbps, kernel_breakdown, kernel_ms, load_module  # noqa: E402
 
 
 
@@ -37,11 +36,7 @@ def main():
     a = ap.parse_args()
     base = load_module(a.baseline)
     e4 = torch.float8_e4m3fn
-    n = 1 << 29
-    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    copy = 4 * n / do_bench(lambda: dst.copy_(src), warmup=20, rep=80, return_mode="median") / 1e6  # GB/s
-    del src, dst
+    copy = copy_gbps()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, copy {copy:.0f} GB/s")
     print("| x | tree | kernels' time, ms (% copy) | queued wall, ms (% copy) | new / old (kernels, wall) | same bytes |")
     print("|---|---|---:|---:|---:|---|")
