@@ -48,17 +48,26 @@ def _rcp(a):
 
 
 @gluon.jit
-def _cast_both_gluon(X, Y, YT, S, ST, R, C, RP, stride_xr, s_sr, s_sc, s_tr, s_tc, FP8_MAX,
-                     BR: gl.constexpr, BC: gl.constexpr):
+def _cast_t_gluon(X, Y, YT, S, ST, SRC, R, C, RT, CT, stride_xr, s_sr, s_sc, s_tr, s_tc, FP8_MAX,
+                  BR: gl.constexpr, BC: gl.constexpr, MODE: gl.constexpr):
+    """A cast of X (R, C) whose transposed output YT (CT, RT) (row-major, zero pad past C / R) is stored from
+    registers. MODE 0, blockwise: Y (RT, C) in 1x128 groups along C (scale_inv S) and YT in 1x128 groups along R
+    (ST), production's CUDA arithmetic (no clamp, rcp.approx). MODE 1, rowwise transposed: YT only, per-column
+    amax given in SRC (_colmax's), tiles in reversed order (as _cast_cols_t), exact division and clamp. MODE 2,
+    delayed replay: one scale (SRC[1]), Y (RT, C) and YT, clamp, scale_inv in S[0]."""
     # x tile (BR, BC): a thread owns 8 rows x 8 columns (8-byte bf16 loads along columns), 4 x 8 lanes, 4 x 2 warps
     L: gl.constexpr = gl.BlockedLayout([8, 8], [4, 8], [4, 2], [1, 0])
-    # the permuted tile (BC, BR) in the same threads, with each thread's registers ordered along BR (dy^T's rows)
+    # the permuted tile (BC, BR) in the same threads, with each thread's registers ordered along BR (YT's rows)
     LT: gl.constexpr = gl.DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
         lane_bases=[[8, 0], [16, 0], [32, 0], [0, 8], [0, 16]],
         warp_bases=[[64, 0], [0, 32], [0, 64]], block_bases=[], shape=[BC, BR])
-    pid_r = gl.program_id(0)
-    pid_c = gl.program_id(1)
+    if MODE == 1:
+        pid_r = gl.num_programs(0) - 1 - gl.program_id(0)
+        pid_c = gl.num_programs(1) - 1 - gl.program_id(1)
+    else:
+        pid_r = gl.program_id(0)
+        pid_c = gl.program_id(1)
     r0 = pid_r * BR
     c0 = pid_c * BC
     lr = gl.arange(0, BR, layout=gl.SliceLayout(1, L))
@@ -67,23 +76,39 @@ def _cast_both_gluon(X, Y, YT, S, ST, R, C, RP, stride_xr, s_sr, s_sc, s_tr, s_t
     cols = c0 + lc
     x = gl.load(X + (r0.to(gl.int64) * stride_xr + c0) + (lr[:, None] * stride_xr + lc[None, :]),
                 mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(gl.float32)
-    ax = gl.abs(x)
-    ra = gl.maximum(gl.max(ax, axis=1), 1e-12)  # one scale per row (1x128 along C)
-    q = x * (FP8_MAX * _rcp(ra))[:, None]
-    gl.store(Y + (r0.to(gl.int64) * C + c0) + (lr[:, None] * C + lc[None, :]), q.to(Y.dtype.element_ty),
-             mask=(rows[:, None] < RP) & (cols[None, :] < C))
-    gl.store(S + rows * s_sr + pid_c * s_sc, ra * (1.0 / FP8_MAX), mask=rows < RP)
-    ca = gl.maximum(gl.max(ax, axis=0), 1e-12)  # one scale per column (1x128 along R, for dy^T)
-    qt = gl.convert_layout(gl.permute(x * (FP8_MAX * _rcp(ca))[None, :], [1, 0]), LT).to(YT.dtype.element_ty)
+    ymask = (rows[:, None] < RT) & (cols[None, :] < C)
+    ypt = Y + (r0.to(gl.int64) * C + c0) + (lr[:, None] * C + lc[None, :])
+    if MODE == 0:
+        ax = gl.abs(x)
+        ra = gl.maximum(gl.max(ax, axis=1), 1e-12)  # one scale per row (1x128 along C)
+        gl.store(ypt, (x * (FP8_MAX * _rcp(ra))[:, None]).to(Y.dtype.element_ty), mask=ymask)
+        gl.store(S + rows * s_sr + pid_c * s_sc, ra * (1.0 / FP8_MAX), mask=rows < RT)
+        ca = gl.maximum(gl.max(ax, axis=0), 1e-12)  # one scale per column (1x128 along R, for YT)
+        yt = x * (FP8_MAX * _rcp(ca))[None, :]
+        gl.store(ST + pid_r * s_tr + cols * s_tc, ca * (1.0 / FP8_MAX), mask=cols < C)
+    elif MODE == 1:
+        cs = FP8_MAX / gl.maximum(gl.load(SRC + cols, mask=cols < C, other=0.0), 1e-12)
+        yt = gl.minimum(gl.maximum(x * cs[None, :], -FP8_MAX), FP8_MAX)
+        gl.store(ST + cols, 1.0 / cs, mask=(cols < CT) & (pid_r == 0))
+    else:
+        scale = gl.load(SRC + 1)
+        yt = gl.minimum(gl.maximum(x * scale, -FP8_MAX), FP8_MAX)
+        gl.store(ypt, yt.to(Y.dtype.element_ty), mask=ymask)
+        if (pid_r == 0) & (pid_c == 0):
+            gl.store(S, 1.0 / scale)
+    qt = gl.convert_layout(gl.permute(yt, [1, 0]), LT).to(YT.dtype.element_ty)
     tc = gl.arange(0, BC, layout=gl.SliceLayout(1, LT))
     tr = gl.arange(0, BR, layout=gl.SliceLayout(0, LT))
-    gl.store(YT + (c0.to(gl.int64) * RP + r0) + (tc[:, None] * RP + tr[None, :]), qt,
-             mask=((c0 + tc)[:, None] < C) & ((r0 + tr)[None, :] < RP))
-    gl.store(ST + pid_r * s_tr + cols * s_tc, ca * (1.0 / FP8_MAX), mask=cols < C)
+    gl.store(YT + (c0.to(gl.int64) * RT + r0) + (tc[:, None] * RT + tr[None, :]), qt,
+             mask=((c0 + tc)[:, None] < CT) & ((r0 + tr)[None, :] < RT))
 
 
-SIG = {"X": "*bf16", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "S": "*fp32", "ST": "*fp32", "R": "i32", "C": "i32",
-       "RP": "i32", "stride_xr": "i32", "s_sr": "i32", "s_sc": "i32", "s_tr": "i32", "s_tc": "i32", "FP8_MAX": "fp32"}
+PROD_SIG = {"X": "*bf16", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "S": "*fp32", "ST": "*fp32", "R": "i32", "C": "i32",
+            "RP": "i32", "stride_xr": "i32", "stride_xc": "constexpr", "s_sr": "i32", "s_sc": "i32", "s_tr": "i32",
+            "s_tc": "i32", "SPAD": "i32", "STPAD": "i32", "FP8_MAX": "fp32"}
+GLU_SIG = {"X": "*bf16", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "S": "*fp32", "ST": "*fp32", "SRC": "*fp32", "R": "i32",
+           "C": "i32", "RT": "i32", "CT": "i32", "stride_xr": "i32", "s_sr": "i32", "s_sc": "i32", "s_tr": "i32",
+           "s_tc": "i32", "FP8_MAX": "fp32"}
 
 
 def sass_counts(src, num_warps, elements):
@@ -108,30 +133,74 @@ def sass():
         return {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, t in sig.items()
                 if t.startswith("*") or t == "i32"}
 
-    prod_sig = {**{k: v for k, v in SIG.items()}, "stride_xc": "constexpr", "SPAD": "i32", "STPAD": "i32"}
     prod_ce = {"stride_xc": 1, "BR": BR, "BC": BC, "TILE": False, "WRITE_Y": True, "WRITE_T": True, "SAT": True}
-    sig = {**prod_sig, **{k: "constexpr" for k in prod_ce}}
-    real = {k: v for k, v in prod_sig.items() if v != "constexpr"}
-    prod = ASTSource(fn=F8._cast_block, signature=sig, constexprs=prod_ce, attrs=attrs(F8._cast_block, real))
-    g_ce = {"BR": BR, "BC": BC}
-    glu = GluonASTSource(fn=_cast_both_gluon, signature={**SIG, **{k: "constexpr" for k in g_ce}}, constexprs=g_ce,
-                         attrs=attrs(_cast_both_gluon, SIG))
-    for name, src in (("production Triton", prod), ("Gluon", glu)):
-        n, per, top = sass_counts(src, NUM_WARPS, BR * BC)
-        print(f"{name}: {n} instructions per thread, {per:.2f} per element; {top}")
+    real = {k: v for k, v in PROD_SIG.items() if v != "constexpr"}
+    prod = ASTSource(fn=F8._cast_block, signature={**PROD_SIG, **{k: "constexpr" for k in prod_ce}},
+                     constexprs=prod_ce, attrs=attrs(F8._cast_block, real))
+    print(f"production blockwise both-ways: %d instructions per thread, %.2f per element; %s"
+          % sass_counts(prod, NUM_WARPS, BR * BC))
+    for mode, name in ((0, "blockwise both-ways"), (1, "rowwise transposed"), (2, "delayed replay both-ways")):
+        g_ce = {"BR": BR, "BC": BC, "MODE": mode}
+        glu = GluonASTSource(fn=_cast_t_gluon, signature={**GLU_SIG, **{k: "constexpr" for k in g_ce}},
+                             constexprs=g_ce, attrs=attrs(_cast_t_gluon, GLU_SIG))
+        print(f"Gluon {name}: %d instructions per thread, %.2f per element; %s"
+              % sass_counts(glu, NUM_WARPS, BR * BC))
 
 
-def cast_gluon(x, dtype):
+def _launch(x, y, yt, s, st, src, RT, CT, ssr, ssc, str_, stc, fmax, mode):
+    R, C = x.shape
+    grid = (triton.cdiv(max(R, RT), BR), triton.cdiv(max(C, CT), BC))
+    _cast_t_gluon[grid](x, y, yt, s, st, src, R, C, RT, CT, x.stride(0), ssr, ssc, str_, stc, fmax, BR=BR, BC=BC,
+                        MODE=mode, num_warps=NUM_WARPS)
+
+
+def gluon_blockwise(x, dtype):
+    """= F8.cast_blockwise(x, dtype, want_t=True, pad_rows=True), in Gluon."""
     R, C = x.shape
     RP = F8._round_up(R, F8.GROUP)
     y = torch.empty((RP, C), dtype=dtype, device=x.device)
     yt = torch.empty((C, RP), dtype=dtype, device=x.device)
     sy = F8._scale_tensor(RP, C, False, x.device)
     syt = F8._scale_tensor(C, RP, False, x.device)
-    grid = (triton.cdiv(RP, BR), triton.cdiv(C, BC))
-    _cast_both_gluon[grid](x, y, yt, sy, syt, R, C, RP, x.stride(0), sy.stride(0), sy.stride(1), syt.stride(1),
-                           syt.stride(0), F8._fmax(dtype), BR=BR, BC=BC, num_warps=NUM_WARPS)
+    _launch(x, y, yt, sy, syt, sy, RP, C, sy.stride(0), sy.stride(1), syt.stride(1), syt.stride(0), F8._fmax(dtype),
+            0)
     return y, sy, yt, syt
+
+
+def gluon_cols_t(x, amax, dtype, YR, YC):
+    """= F8._cast_along_rows_t's cast pass (amax from F8.column_amax), in Gluon: (y (YR, YC), scale_inv (YR, 1))."""
+    y = torch.empty((YR, YC), dtype=dtype, device=x.device)
+    sinv = torch.empty((YR, 1), dtype=torch.float32, device=x.device)
+    _launch(x, y, y, sinv, sinv, amax, YC, YR, 0, 0, 0, 0, F8._fmax(dtype), 1)
+    return y, sinv
+
+
+def prod_cols_t(x, amax, dtype, YR, YC):
+    """F8._cast_along_rows_t's cast pass alone (tuned), amax given."""
+    R, C = x.shape
+    y = torch.empty((YR, YC), dtype=dtype, device=x.device)
+    sinv = torch.empty((YR, 1), dtype=torch.float32, device=x.device)
+    args = (x, amax, y, sinv, R, C, YR, YC, x.stride(0), F8._fmax(dtype))
+    F8._COLS_T.launch(lambda m: (triton.cdiv(YC, m["BM"]), triton.cdiv(YR, m["BK"])), args,
+                      default=F8._COLS_T.configs[0])
+    return y, sinv
+
+
+def gluon_delayed_replay(x, hist, dtype):
+    """= F8.cast_tensorwise(x, dtype, want_t=True, history=hist, record=False), in Gluon: (y, yt, scale_inv)."""
+    R, C = x.shape
+    RP = F8._pad16(R)
+    y = torch.empty((RP, C), dtype=dtype, device=x.device)
+    yt = torch.empty((C, RP), dtype=dtype, device=x.device)
+    sinv = torch.empty((), dtype=torch.float32, device=x.device)
+    part = hist._state(x.device)[2]
+    _launch(x, y, yt, sinv, sinv, part, RP, C, 0, 0, 0, 0, F8._fmax(dtype), 2)
+    return y, yt, sinv
+
+
+def _same(ref, got):
+    return all(torch.equal(p.view(torch.uint8), q.view(torch.uint8)) if p.dtype.itemsize == 1 else torch.equal(p, q)
+               for p, q in zip(ref, got))
 
 
 def main():
@@ -148,23 +217,37 @@ def main():
     copy = copy_gbps()
     print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name(0)}, "
           f"copy {copy:.0f} GB/s")
-    print("| x | production, ms (% copy) | Gluon, ms (% copy) | Gluon / production speed | same bytes and scales |")
-    print("|---|---:|---:|---:|---|")
+    print("| cast | x | production, ms (% copy) | Gluon, ms (% copy) | Gluon / production speed | same bytes |")
+    print("|---|---|---:|---:|---:|---|")
+
+    def row(name, shape, gb, ref_fn, got_fn):
+        same = _same(ref_fn(), got_fn())
+        t0, t1 = kernel_ms(ref_fn), kernel_ms(got_fn)
+        print(f"| {name} | {shape} | {t0:.4f} ({gb / t0 / copy * 1e5:.1f}) | {t1:.4f} ({gb / t1 / copy * 1e5:.1f}) "
+              f"| {t0 / t1:.3f}x | {same} |", flush=True)
+
     for shape in a.shapes.split(","):
         R, C = (int(v) for v in shape.split("x"))
         torch.manual_seed(0)
         x = torch.randn(R, C, device="cuda", dtype=torch.bfloat16) * torch.rand(R, 1, device="cuda").to(
             torch.bfloat16) * 4
-        ref = F8.cast_blockwise(x, e4, want_t=True, pad_rows=True)
-        got = cast_gluon(x, e4)
-        same = all(torch.equal(p.view(torch.uint8), q.view(torch.uint8)) if p.dtype == e4 else torch.equal(p, q)
-                   for p, q in zip(ref, got))
-        t0 = kernel_ms(lambda: F8.cast_blockwise(x, e4, want_t=True, pad_rows=True))
-        t1 = kernel_ms(lambda: cast_gluon(x, e4))
-        gb = R * C * 4 / 1e9
-        print(f"| {shape} | {t0:.4f} ({gb / t0 / copy * 1e5:.1f}) | {t1:.4f} ({gb / t1 / copy * 1e5:.1f}) | "
-              f"{t0 / t1:.3f}x | {same} |", flush=True)
-        del x, ref, got
+        n = R * C
+        row("blockwise dy, dy^T", shape, n * 4 / 1e9,
+            lambda: F8.cast_blockwise(x, e4, want_t=True, pad_rows=True), lambda: gluon_blockwise(x, e4))
+        amax = F8.column_amax(x)
+        YR, YC = F8._pad16(C), F8._pad16(R)
+        row("rowwise x^T, cast pass", shape, n * 3 / 1e9,
+            lambda: prod_cols_t(x, amax, e4, YR, YC), lambda: gluon_cols_t(x, amax, e4, YR, YC))
+        row("rowwise x^T, both passes", shape, n * 3 / 1e9,
+            lambda: F8._cast_along_rows_t(x, e4, YR, YC),
+            lambda: gluon_cols_t(x, F8.column_amax(x), e4, YR, YC))
+        hist = F8.DelayedScaling().history().allocate(x.device)
+        F8.cast_tensorwise(x, e4, want_t=True, history=hist)  # call 0: primes the scale
+        F8.cast_tensorwise(x, e4, want_t=True, history=hist)
+        row("delayed replay x, x^T", shape, n * 4 / 1e9,
+            lambda: F8.cast_tensorwise(x, e4, want_t=True, history=hist, record=False),
+            lambda: gluon_delayed_replay(x, hist, e4))
+        del x
         torch.cuda.empty_cache()
 
 
