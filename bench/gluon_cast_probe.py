@@ -3,6 +3,8 @@
 
     python bench/gluon_cast_probe.py --sass            # on the CPU: sm90 SASS instruction counts of both kernels
     python bench/gluon_cast_probe.py [--shapes ...]    # on the GPU: bytes vs production, GPU time, % copy bw
+    python bench/gluon_cast_probe.py --threshold       # on the GPU: production's cast with / without the Gluon
+                                                       # kernel (primus/turbo/fp8_cast_gluon.py), small to large
 
 Why (session 11, SASS read on the CPU with Triton's ptxas): the production kernel, 128x128 tile, 8 warps, runs
 1,240 instructions per thread (19.4 per element) at 60-71% of copy bandwidth, and the blockwise linear's casts are
@@ -203,13 +205,49 @@ def _same(ref, got):
                for p, q in zip(ref, got))
 
 
+def threshold():
+    """fp8_linear.cast_blockwise both ways through fp8_cast_gluon (MIN_TILES 0) vs the Triton kernel's tuned pick
+    (MIN_TILES off), from a few tiles to many: where fp8_cast_gluon.MIN_TILES should sit."""
+    from turbo_kernels import copy_gbps, kernel_ms
+
+    from primus.turbo import fp8_cast_gluon as G
+
+    e4 = torch.float8_e4m3fn
+    copy = copy_gbps()
+    print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name(0)}, "
+          f"copy {copy:.0f} GB/s, MIN_TILES in the tree {G.MIN_TILES}")
+    print("| dy | tiles | Triton, ms (% copy) | Gluon, ms (% copy) | Gluon / Triton speed | same bytes |")
+    print("|---|---:|---:|---:|---:|---|")
+    keep = G.MIN_TILES
+    for shape in ("150x260", "256x1024", "512x1024", "1024x1024", "512x4096", "2048x2048", "1024x4096",
+                  "4096x2048", "4096x4096", "16384x4096"):
+        R, C = (int(v) for v in shape.split("x"))
+        x = torch.randn(R, C, device="cuda", dtype=torch.bfloat16)
+        outs, times = [], []
+        for mt in (1 << 60, 0):
+            G.MIN_TILES = mt
+            fn = lambda: F8.cast_blockwise(x, e4, want_t=True, pad_rows=True)  # noqa: E731
+            outs.append(fn())
+            times.append(kernel_ms(fn))
+        G.MIN_TILES = keep
+        gb = R * C * 4 / 1e9
+        t0, t1 = times
+        print(f"| {shape} | {-(-R // 128) * -(-C // 128)} | {t0:.4f} ({gb / t0 / copy * 1e5:.1f}) | "
+              f"{t1:.4f} ({gb / t1 / copy * 1e5:.1f}) | {t0 / t1:.3f}x | {_same(*outs)} |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sass", action="store_true", help="instruction counts only, on the CPU")
     ap.add_argument("--shapes", default="8192x4096,8192x14336,4096x4096,8192x28672,150x260")
+    ap.add_argument("--threshold", action="store_true",
+                    help="production's cast_blockwise (dy, dy^T) with and without fp8_cast_gluon, small to large")
     a = ap.parse_args()
     if a.sass:
         sass()
+        return
+    if a.threshold:
+        threshold()
         return
     from turbo_kernels import copy_gbps, kernel_ms
 

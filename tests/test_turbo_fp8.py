@@ -265,6 +265,45 @@ def test_blockwise_cast_fast_path_matches_the_exact_one(monkeypatch, tile, want_
                 assert torch.equal(a, b)
 
 
+@pytest.mark.skipif(DEV == "cpu", reason="the Gluon kernel is NVIDIA's (no interpreter)")
+@pytest.mark.parametrize("R,C,dtype,out,row_stride", [
+    (1100, 1040, torch.bfloat16, E4, None), (8192, 1024, torch.bfloat16, E4, None),
+    (1024, 4096, torch.float16, E4, None), (1100, 1040, torch.bfloat16, torch.float8_e5m2, None),
+    (1000, 1104, torch.bfloat16, E4, 1536), (257, 1024, torch.bfloat16, E4, None),
+])
+def test_gluon_both_ways_cast_gives_the_triton_kernels_bytes(R, C, dtype, out, row_stride):
+    """dy and dy^T in 1x128 groups (the blockwise backward's cast) come from fp8_cast_gluon's kernel on NVIDIA
+    GPUs: its bytes and scale_inv must be the Triton kernel's (same arithmetic), every element written (outputs
+    poisoned), awkward sizes (neither dim a multiple of 128; the kernel takes rows 16-element aligned), fp16 /
+    e5m2, a row stride wider than the row, rows of very different magnitude and all-zero groups (the 1e-12
+    floor). Unaligned rows keep the Triton kernel."""
+    from primus.turbo import fp8_cast_gluon
+
+    torch.manual_seed(5)
+    base = torch.randn(R, row_stride or C, device=DEV, dtype=dtype)
+    x = base[:, :C]
+    x.mul_(torch.rand(R, 1, device=DEV).to(dtype) * 40)
+    x[:, 256:384] = 0
+    x[:128] = 0
+    assert fp8_cast_gluon.unavailable(x, F8._conversion_saturates(x.device)) is None
+    assert "aligned" in fp8_cast_gluon.unavailable(base[:, : C - 8], True)
+    cfg = F8._CAST_BLOCK.space(TILE=False, WRITE_Y=True, WRITE_T=True)[0]
+    ref = F8.cast_blockwise(x, out, want_t=True, pad_rows=True, config=cfg)  # the Triton kernel
+    got = F8.cast_blockwise(x, out, want_t=True, pad_rows=True)
+    for a, b in zip(ref, got):
+        assert a.shape == b.shape and a.stride() == b.stride()
+        assert not torch.isnan(b.float()).any()
+        if a.dtype.itemsize == 1:
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        else:
+            assert torch.equal(a, b)
+    y, sy, yt, syt = got
+    RP = y.shape[0]
+    assert (y[R:].float() == 0).all() and (yt[:, R:].float() == 0).all()
+    deq = yt.double().view(C, RP // 128, 128) * syt[:, :, None].double()
+    assert relerr(deq.reshape(C, RP)[:, :R], x.t()) < (0.06 if out == E4 else 0.12)
+
+
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
 @pytest.mark.parametrize("fmt", ["e4m3", "hybrid"])
 @pytest.mark.parametrize("M,K,N", [(50, 64, 48), (33, 144, 32)])

@@ -36,3 +36,28 @@ def test_every_kernel_config_compiles_for_sm90(results):
     assert len(results) >= 39  # distinct constexpr sets (num_warps does not change the TTIR)
     bad = {k: v for k, v in results.items() if v != "ok"}
     assert not bad, bad
+
+
+@pytest.fixture(scope="module")
+def gluon():
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, os.path.join(HERE, "gluon_compile.py")], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_gluon_cast_transposes_in_registers_for_sm90(gluon):
+    """fp8_cast_gluon's kernel, compiled to sm90 SASS on the CPU for each input / fp8 type it serves: no spill, no
+    byte-wide shared-memory traffic (the Triton control has 64 LDS.U8 per thread: its transpose) and fewer
+    instructions per thread than that control."""
+    control = gluon.pop("triton control")
+    assert isinstance(control, dict), control
+    assert control["lds_u8"] >= 32
+    assert len(gluon) == 4
+    for case, r in gluon.items():
+        assert isinstance(r, dict), (case, r)
+        assert r["stack"] == 0 and r["lds_u8"] == 0, (case, r)
+        assert r["regs"] <= 128, (case, r)  # 2 CTAs of 8 warps per SM: 2 x 256 x 128 = the 65,536 registers
+        assert r["instructions"] < 0.8 * control["instructions"], (case, r, control)
