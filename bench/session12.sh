@@ -39,5 +39,11 @@ case "${1:-}" in
      timeout $((590 - SECONDS)) python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf \
        tests/test_turbo_fp8.py > "$OUT/pytest_gpu3.log" 2>&1
      tail -4 "$OUT/pytest_gpu3.log" ;;
-  *) echo "usage: bash bench/session12.sh 1|2 BASE|3 BASE" >&2; exit 2 ;;
+  4) timeout 200 python bench/cols_t_strip_probe.py --shapes 8192x4096,8192x14336,4096x4096,8192x28672,16384x4096 \
+       > "$OUT/strip_probe.log" 2>&1
+     grep -E "^\||copy|Error|error" "$OUT/strip_probe.log" | tail -12
+     timeout $((590 - SECONDS)) python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf \
+       tests/test_turbo_fp8.py tests/test_turbo_frontend_compile.py > "$OUT/pytest_gpu4.log" 2>&1
+     tail -4 "$OUT/pytest_gpu4.log" ;;
+  *) echo "usage: bash bench/session12.sh 1|2 BASE|3 BASE|4" >&2; exit 2 ;;
 esac
