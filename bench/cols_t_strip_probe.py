@@ -14,6 +14,8 @@ BK = 16), the second read comes from L2, and DRAM sees one read and one write. N
 row; neighbouring programs read neighbouring strips at about the same time. Variants: strip width BK, rows per
 step BM, warps, programs per SM, and the second pass down (fwd) instead of back up (the control for the reversed
 walk). Same arithmetic as production (exact division, clamp): the bytes must be equal.
+Result (session 12 call 4, docs/benchmarks.md): equal bytes, but 0.61-0.97x production (27% of copy bandwidth at
+best): too few bytes in flight per SM. Not adopted.
 """
 from __future__ import annotations
 

@@ -1,22 +1,20 @@
-"""Probe (written in session 11 for the next H200 call): the blockwise both-ways cast (dy 1x128 along N and dy^T
-1x128 along M from one read) written in Gluon, Triton's explicit-layout dialect, vs the production Triton kernel.
+"""Probe (written in session 11, run in session 12): the fp8 casts with a transposed output, their transpose done
+in registers with Gluon (Triton's explicit-layout dialect), vs the production Triton kernels.
 
-    python bench/gluon_cast_probe.py --sass            # on the CPU: sm90 SASS instruction counts of both kernels
+    python bench/gluon_cast_probe.py --sass            # on the CPU: sm90 SASS instruction counts
     python bench/gluon_cast_probe.py [--shapes ...]    # on the GPU: bytes vs production, GPU time, % copy bw
     python bench/gluon_cast_probe.py --threshold       # on the GPU: production's cast with / without the Gluon
                                                        # kernel (primus/turbo/fp8_cast_gluon.py), small to large
 
-Why (session 11, SASS read on the CPU with Triton's ptxas): the production kernel, 128x128 tile, 8 warps, runs
-1,240 instructions per thread (19.4 per element) at 60-71% of copy bandwidth, and the blockwise linear's casts are
-what it has left to give. Triton transposes the fp8 tile for dy^T through shared memory byte by byte (4 STS.128,
-64 LDS.U8 and ~48 PRMT per thread). Plain Triton cannot ask for a register layout in which that transpose is free.
-Here each thread holds an 8x8 block of the tile (BlockedLayout [8, 8] per thread, [4, 8] threads per warp, [4, 2]
-warps): the transpose is a permute of a thread's own registers, then a register-only reorder (a linear layout with
-the same lanes and warps, registers along dy^T's rows first) done on the fp32 values, so the fp8 conversion packs
-bytes in store order: 16 8-byte stores, no shared-memory transpose. Compiled offline: 936 instructions per thread
-(14.6 per element), 126 registers, no spill. Same arithmetic as production on CUDA (no clamp: the conversion
-saturates; scales from rcp.approx, scale_inv = amax x (1 / max)), so the bytes should be bit-equal.
-Not for ROCm (Gluon's layouts here are NVIDIA's 32-lane warps); production would keep the Triton kernel there.
+Why (session 11, SASS read on the CPU with Triton's ptxas): the blockwise both-ways cast (dy 1x128 along N and
+dy^T 1x128 along M from one read), 128x128 tile, 8 warps, ran 1,240 instructions per thread at 60-71% of copy
+bandwidth; Triton transposes its fp8 tile through shared memory byte by byte (64 LDS.U8 and ~48 PRMT per thread).
+With each thread holding an 8x8 block (fp8_cast_gluon.TILE) the transpose is a permute of its own registers plus a
+register-only reorder (TILE_T): 936 instructions, no byte-wide shared-memory traffic. Session 12 call 1: 1.11-1.12x
+at Llama shapes, bytes equal, so that kernel is production's since (primus/turbo/fp8_cast_gluon.py, timed here
+from there). The same transpose in the rowwise x^T cast pass (MODE 1) and the delayed replay (MODE 2), kept below
+as the record: 0.96-1.01x, since those kernels store through a strided pointer, which Triton already converts well.
+Not for ROCm (the layouts are NVIDIA's 32-lane warps).
 """
 from __future__ import annotations
 
@@ -37,6 +35,7 @@ import triton  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 
+from primus.turbo import fp8_cast_gluon as G  # noqa: E402
 from primus.turbo import fp8_linear as F8  # noqa: E402
 
 BR = BC = 128
@@ -44,26 +43,12 @@ NUM_WARPS = 8
 
 
 @gluon.jit
-def _rcp(a):
-    return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [a], dtype=gl.float32, is_pure=True,
-                                     pack=1)
-
-
-@gluon.jit
-def _cast_t_gluon(X, Y, YT, S, ST, SRC, R, C, RT, CT, stride_xr, s_sr, s_sc, s_tr, s_tc, FP8_MAX,
-                  BR: gl.constexpr, BC: gl.constexpr, MODE: gl.constexpr):
-    """A cast of X (R, C) whose transposed output YT (CT, RT) (row-major, zero pad past C / R) is stored from
-    registers. MODE 0, blockwise: Y (RT, C) in 1x128 groups along C (scale_inv S) and YT in 1x128 groups along R
-    (ST), production's CUDA arithmetic (no clamp, rcp.approx). MODE 1, rowwise transposed: YT only, per-column
-    amax given in SRC (_colmax's), tiles in reversed order (as _cast_cols_t), exact division and clamp. MODE 2,
-    delayed replay: one scale (SRC[1]), Y (RT, C) and YT, clamp, scale_inv in S[0]."""
-    # x tile (BR, BC): a thread owns 8 rows x 8 columns (8-byte bf16 loads along columns), 4 x 8 lanes, 4 x 2 warps
-    L: gl.constexpr = gl.BlockedLayout([8, 8], [4, 8], [4, 2], [1, 0])
-    # the permuted tile (BC, BR) in the same threads, with each thread's registers ordered along BR (YT's rows)
-    LT: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
-        lane_bases=[[8, 0], [16, 0], [32, 0], [0, 8], [0, 16]],
-        warp_bases=[[64, 0], [0, 32], [0, 64]], block_bases=[], shape=[BC, BR])
+def _cast_t_gluon(X, Y, YT, S, ST, SRC, R, C, RT, CT, stride_xr, FP8_MAX, BR: gl.constexpr, BC: gl.constexpr,
+                  MODE: gl.constexpr):
+    """fp8_cast_gluon's register transpose applied to the other transposed casts (call 1: no faster there), the
+    transposed output YT (CT, RT) (row-major, zero pad past C / R). MODE 1, rowwise transposed: YT only,
+    per-column amax given in SRC (_colmax's), tiles in reversed order (as _cast_cols_t), exact division and clamp.
+    MODE 2, delayed replay: one scale (SRC[1]), Y (RT, C) and YT, clamp, scale_inv in S[0]."""
     if MODE == 1:
         pid_r = gl.num_programs(0) - 1 - gl.program_id(0)
         pid_c = gl.num_programs(1) - 1 - gl.program_id(1)
@@ -72,35 +57,21 @@ def _cast_t_gluon(X, Y, YT, S, ST, SRC, R, C, RT, CT, stride_xr, s_sr, s_sc, s_t
         pid_c = gl.program_id(1)
     r0 = pid_r * BR
     c0 = pid_c * BC
-    lr = gl.arange(0, BR, layout=gl.SliceLayout(1, L))
-    lc = gl.arange(0, BC, layout=gl.SliceLayout(0, L))
-    rows = r0 + lr
-    cols = c0 + lc
-    x = gl.load(X + (r0.to(gl.int64) * stride_xr + c0) + (lr[:, None] * stride_xr + lc[None, :]),
-                mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(gl.float32)
-    ymask = (rows[:, None] < RT) & (cols[None, :] < C)
-    ypt = Y + (r0.to(gl.int64) * C + c0) + (lr[:, None] * C + lc[None, :])
-    if MODE == 0:
-        ax = gl.abs(x)
-        ra = gl.maximum(gl.max(ax, axis=1), 1e-12)  # one scale per row (1x128 along C)
-        gl.store(ypt, (x * (FP8_MAX * _rcp(ra))[:, None]).to(Y.dtype.element_ty), mask=ymask)
-        gl.store(S + rows * s_sr + pid_c * s_sc, ra * (1.0 / FP8_MAX), mask=rows < RT)
-        ca = gl.maximum(gl.max(ax, axis=0), 1e-12)  # one scale per column (1x128 along R, for YT)
-        yt = x * (FP8_MAX * _rcp(ca))[None, :]
-        gl.store(ST + pid_r * s_tr + cols * s_tc, ca * (1.0 / FP8_MAX), mask=cols < C)
-    elif MODE == 1:
+    lr, lc, rows, cols, x = G.load_tile(X, R, C, stride_xr, r0, c0, BR, BC)
+    if MODE == 1:
         cs = FP8_MAX / gl.maximum(gl.load(SRC + cols, mask=cols < C, other=0.0), 1e-12)
         yt = gl.minimum(gl.maximum(x * cs[None, :], -FP8_MAX), FP8_MAX)
         gl.store(ST + cols, 1.0 / cs, mask=(cols < CT) & (pid_r == 0))
     else:
         scale = gl.load(SRC + 1)
         yt = gl.minimum(gl.maximum(x * scale, -FP8_MAX), FP8_MAX)
-        gl.store(ypt, yt.to(Y.dtype.element_ty), mask=ymask)
+        gl.store(Y + (r0.to(gl.int64) * C + c0) + (lr[:, None] * C + lc[None, :]), yt.to(Y.dtype.element_ty),
+                 mask=(rows[:, None] < RT) & (cols[None, :] < C))
         if (pid_r == 0) & (pid_c == 0):
             gl.store(S, 1.0 / scale)
-    qt = gl.convert_layout(gl.permute(yt, [1, 0]), LT).to(YT.dtype.element_ty)
-    tc = gl.arange(0, BC, layout=gl.SliceLayout(1, LT))
-    tr = gl.arange(0, BR, layout=gl.SliceLayout(0, LT))
+    qt = gl.convert_layout(gl.permute(yt, [1, 0]), G.TILE_T).to(YT.dtype.element_ty)
+    tc = gl.arange(0, BC, layout=gl.SliceLayout(1, G.TILE_T))
+    tr = gl.arange(0, BR, layout=gl.SliceLayout(0, G.TILE_T))
     gl.store(YT + (c0.to(gl.int64) * RT + r0) + (tc[:, None] * RT + tr[None, :]), qt,
              mask=((c0 + tc)[:, None] < CT) & ((r0 + tr)[None, :] < RT))
 
@@ -109,8 +80,10 @@ PROD_SIG = {"X": "*bf16", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "S": "*fp32", "ST":
             "RP": "i32", "stride_xr": "i32", "stride_xc": "constexpr", "s_sr": "i32", "s_sc": "i32", "s_tr": "i32",
             "s_tc": "i32", "SPAD": "i32", "STPAD": "i32", "FP8_MAX": "fp32"}
 GLU_SIG = {"X": "*bf16", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "S": "*fp32", "ST": "*fp32", "SRC": "*fp32", "R": "i32",
-           "C": "i32", "RT": "i32", "CT": "i32", "stride_xr": "i32", "s_sr": "i32", "s_sc": "i32", "s_tr": "i32",
-           "s_tc": "i32", "FP8_MAX": "fp32"}
+           "C": "i32", "RT": "i32", "CT": "i32", "stride_xr": "i32", "FP8_MAX": "fp32"}
+PROD_GLU_SIG = {"X": "*bf16", "Y": "*fp8e4nv", "YT": "*fp8e4nv", "S": "*fp32", "ST": "*fp32", "R": "i32", "C": "i32",
+                "RP": "i32", "stride_xr": "i32", "s_sr": "i32", "s_sc": "i32", "s_tr": "i32", "s_tc": "i32",
+                "FP8_MAX": "fp32"}
 
 
 def sass_counts(src, num_warps, elements):
@@ -141,7 +114,12 @@ def sass():
                      constexprs=prod_ce, attrs=attrs(F8._cast_block, real))
     print(f"production blockwise both-ways: %d instructions per thread, %.2f per element; %s"
           % sass_counts(prod, NUM_WARPS, BR * BC))
-    for mode, name in ((0, "blockwise both-ways"), (1, "rowwise transposed"), (2, "delayed replay both-ways")):
+    ce = {"BR": BR, "BC": BC}
+    glu = GluonASTSource(fn=G._cast_both_1x128, signature={**PROD_GLU_SIG, **{k: "constexpr" for k in ce}},
+                         constexprs=ce, attrs=attrs(G._cast_both_1x128, PROD_GLU_SIG))
+    print("Gluon blockwise both-ways (fp8_cast_gluon): %d instructions per thread, %.2f per element; %s"
+          % sass_counts(glu, NUM_WARPS, BR * BC))
+    for mode, name in ((1, "rowwise transposed"), (2, "delayed replay both-ways")):
         g_ce = {"BR": BR, "BC": BC, "MODE": mode}
         glu = GluonASTSource(fn=_cast_t_gluon, signature={**GLU_SIG, **{k: "constexpr" for k in g_ce}},
                              constexprs=g_ce, attrs=attrs(_cast_t_gluon, GLU_SIG))
@@ -149,23 +127,22 @@ def sass():
               % sass_counts(glu, NUM_WARPS, BR * BC))
 
 
-def _launch(x, y, yt, s, st, src, RT, CT, ssr, ssc, str_, stc, fmax, mode):
+def _launch(x, y, yt, s, st, src, RT, CT, fmax, mode):
     R, C = x.shape
     grid = (triton.cdiv(max(R, RT), BR), triton.cdiv(max(C, CT), BC))
-    _cast_t_gluon[grid](x, y, yt, s, st, src, R, C, RT, CT, x.stride(0), ssr, ssc, str_, stc, fmax, BR=BR, BC=BC,
-                        MODE=mode, num_warps=NUM_WARPS)
+    _cast_t_gluon[grid](x, y, yt, s, st, src, R, C, RT, CT, x.stride(0), fmax, BR=BR, BC=BC, MODE=mode,
+                        num_warps=NUM_WARPS)
 
 
 def gluon_blockwise(x, dtype):
-    """= F8.cast_blockwise(x, dtype, want_t=True, pad_rows=True), in Gluon."""
+    """= F8.cast_blockwise(x, dtype, want_t=True, pad_rows=True) through fp8_cast_gluon whatever the shape."""
     R, C = x.shape
     RP = F8._round_up(R, F8.GROUP)
     y = torch.empty((RP, C), dtype=dtype, device=x.device)
     yt = torch.empty((C, RP), dtype=dtype, device=x.device)
     sy = F8._scale_tensor(RP, C, False, x.device)
     syt = F8._scale_tensor(C, RP, False, x.device)
-    _launch(x, y, yt, sy, syt, sy, RP, C, sy.stride(0), sy.stride(1), syt.stride(1), syt.stride(0), F8._fmax(dtype),
-            0)
+    G.cast_both_1x128(x, y, sy, yt, syt, RP, F8._fmax(dtype))
     return y, sy, yt, syt
 
 
@@ -173,7 +150,7 @@ def gluon_cols_t(x, amax, dtype, YR, YC):
     """= F8._cast_along_rows_t's cast pass (amax from F8.column_amax), in Gluon: (y (YR, YC), scale_inv (YR, 1))."""
     y = torch.empty((YR, YC), dtype=dtype, device=x.device)
     sinv = torch.empty((YR, 1), dtype=torch.float32, device=x.device)
-    _launch(x, y, y, sinv, sinv, amax, YC, YR, 0, 0, 0, 0, F8._fmax(dtype), 1)
+    _launch(x, y, y, sinv, sinv, amax, YC, YR, F8._fmax(dtype), 1)
     return y, sinv
 
 
@@ -196,7 +173,7 @@ def gluon_delayed_replay(x, hist, dtype):
     yt = torch.empty((C, RP), dtype=dtype, device=x.device)
     sinv = torch.empty((), dtype=torch.float32, device=x.device)
     part = hist._state(x.device)[2]
-    _launch(x, y, yt, sinv, sinv, part, RP, C, 0, 0, 0, 0, F8._fmax(dtype), 2)
+    _launch(x, y, yt, sinv, sinv, part, RP, C, F8._fmax(dtype), 2)
     return y, yt, sinv
 
 
@@ -209,8 +186,6 @@ def threshold():
     """fp8_linear.cast_blockwise both ways through fp8_cast_gluon (MIN_TILES 0) vs the Triton kernel's tuned pick
     (MIN_TILES off), from a few tiles to many: where fp8_cast_gluon.MIN_TILES should sit."""
     from turbo_kernels import copy_gbps, kernel_ms
-
-    from primus.turbo import fp8_cast_gluon as G
 
     e4 = torch.float8_e4m3fn
     copy = copy_gbps()

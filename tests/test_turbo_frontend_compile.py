@@ -1,4 +1,5 @@
-"""Triton's front end (Python AST -> TTIR) for an sm90 target, on the CPU: catches what the interpreter does not.
+"""Triton's front end (Python AST -> TTIR) for an sm90 target, on the CPU: catches what the interpreter does not;
+and the Gluon kernel (fp8_cast_gluon) compiled to sm90 SASS, which the interpreter cannot run at all.
 
 The CPU tests run the kernels through TRITON_INTERPRET=1, which executes them as Python: a name set to different
 types in the two branches of a runtime `if` (bf16 in one, fp32 in the other) runs there but does not compile for a
@@ -18,13 +19,18 @@ pytest.importorskip("triton")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(scope="module")
-def results():
+def _script(name: str) -> dict:
+    """The JSON object a compile script of tests/ prints, run in its own process without the interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, os.path.join(HERE, "frontend_compile.py")], capture_output=True, text=True,
-                       env=env, timeout=300)
+    p = subprocess.run([sys.executable, os.path.join(HERE, name)], capture_output=True, text=True, env=env,
+                       timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def results():
+    return _script("frontend_compile.py")
 
 
 def test_the_check_rejects_mismatched_branch_types(results):
@@ -41,11 +47,7 @@ def test_every_kernel_config_compiles_for_sm90(results):
 @pytest.fixture(scope="module")
 def gluon():
     pytest.importorskip("triton.experimental.gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, os.path.join(HERE, "gluon_compile.py")], capture_output=True, text=True,
-                       env=env, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return _script("gluon_compile.py")
 
 
 def test_gluon_cast_transposes_in_registers_for_sm90(gluon):

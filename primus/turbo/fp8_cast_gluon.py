@@ -32,35 +32,44 @@ MIN_TILES = 16
 ALIGN = 16  # elements: the columns and the row stride (fp8 GEMM operands' dims are multiples of 16 anyway)
 
 if gluon is not None:
+    # The 128x128 x tile: a thread owns 8 rows x 8 columns (16-byte loads along the columns), 4 x 8 lanes, 4 x 2
+    # warps
+    TILE = gl.constexpr(gl.BlockedLayout([8, 8], [4, 8], [4, 2], [1, 0]))
+    # Its transpose (128 columns x 128 rows) in the same threads (TILE's lane and warp bases, swapped), each
+    # thread's registers ordered along the rows first: YT's rows are contiguous along x's rows
+    TILE_T = gl.constexpr(gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+        lane_bases=[[8, 0], [16, 0], [32, 0], [0, 8], [0, 16]],
+        warp_bases=[[64, 0], [0, 32], [0, 64]], block_bases=[], shape=[BC, BR]))
+
     @gluon.jit
     def _rcp(a):
         return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [a], dtype=gl.float32,
                                          is_pure=True, pack=1)
 
     @gluon.jit
+    def load_tile(X, R, C, stride_xr, r0, c0, BR: gl.constexpr, BC: gl.constexpr):
+        """The (BR, BC) tile of X (R, C) (rows contiguous) at (r0, c0), in TILE, fp32, zero past R / C:
+        (lr, lc, rows, cols, x), lr / lc its row / column offsets. 64-bit tile base, 32-bit offsets inside the
+        tile (as _cast_block)."""
+        lr = gl.arange(0, BR, layout=gl.SliceLayout(1, TILE))
+        lc = gl.arange(0, BC, layout=gl.SliceLayout(0, TILE))
+        rows = r0 + lr
+        cols = c0 + lc
+        x = gl.load(X + (r0.to(gl.int64) * stride_xr + c0) + (lr[:, None] * stride_xr + lc[None, :]),
+                    mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(gl.float32)
+        return lr, lc, rows, cols, x
+
+    @gluon.jit
     def _cast_both_1x128(X, Y, YT, S, ST, R, C, RP, stride_xr, s_sr, s_sc, s_tr, s_tc, FP8_MAX,
                          BR: gl.constexpr, BC: gl.constexpr):
         """X (R, C), rows contiguous -> Y (RP, C) with scale_inv S[r, g] at S + r*s_sr + g*s_sc, and YT (C, RP)
         with ST[g, c] at ST + g*s_tr + c*s_tc; rows R..RP-1 (Y) and columns R..RP-1 (YT) are the zero pad."""
-        # x tile (BR, BC): a thread owns 8 rows x 8 columns (16-byte loads along columns), 4 x 8 lanes, 4 x 2 warps
-        L: gl.constexpr = gl.BlockedLayout([8, 8], [4, 8], [4, 2], [1, 0])
-        # the permuted tile (BC, BR) in the same threads (the lane and warp bases are L's, swapped), each thread's
-        # registers ordered along BR first: YT's rows are contiguous in memory along BR
-        LT: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
-            lane_bases=[[8, 0], [16, 0], [32, 0], [0, 8], [0, 16]],
-            warp_bases=[[64, 0], [0, 32], [0, 64]], block_bases=[], shape=[BC, BR])
         pid_r = gl.program_id(0)
         pid_c = gl.program_id(1)
         r0 = pid_r * BR
         c0 = pid_c * BC
-        lr = gl.arange(0, BR, layout=gl.SliceLayout(1, L))
-        lc = gl.arange(0, BC, layout=gl.SliceLayout(0, L))
-        rows = r0 + lr
-        cols = c0 + lc
-        # 64-bit tile bases, 32-bit offsets inside the tile (as _cast_block)
-        x = gl.load(X + (r0.to(gl.int64) * stride_xr + c0) + (lr[:, None] * stride_xr + lc[None, :]),
-                    mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(gl.float32)
+        lr, lc, rows, cols, x = load_tile(X, R, C, stride_xr, r0, c0, BR, BC)
         ax = gl.abs(x)
         ra = gl.maximum(gl.max(ax, axis=1), 1e-12)  # one group per row of the tile
         gl.store(Y + (r0.to(gl.int64) * C + c0) + (lr[:, None] * C + lc[None, :]),
@@ -68,10 +77,10 @@ if gluon is not None:
                  mask=(rows[:, None] < RP) & (cols[None, :] < C))
         gl.store(S + rows * s_sr + pid_c * s_sc, ra * (1.0 / FP8_MAX), mask=rows < RP)
         ca = gl.maximum(gl.max(ax, axis=0), 1e-12)  # one group per column of the tile (a row of YT)
-        qt = gl.convert_layout(gl.permute(x * (FP8_MAX * _rcp(ca))[None, :], [1, 0]), LT).to(YT.dtype.element_ty)
-        tc = gl.arange(0, BC, layout=gl.SliceLayout(1, LT))
-        tr = gl.arange(0, BR, layout=gl.SliceLayout(0, LT))
-        gl.store(YT + (c0.to(gl.int64) * RP + r0) + (tc[:, None] * RP + tr[None, :]), qt,
+        qt = gl.convert_layout(gl.permute(x * (FP8_MAX * _rcp(ca))[None, :], [1, 0]), TILE_T)
+        tc = gl.arange(0, BC, layout=gl.SliceLayout(1, TILE_T))
+        tr = gl.arange(0, BR, layout=gl.SliceLayout(0, TILE_T))
+        gl.store(YT + (c0.to(gl.int64) * RP + r0) + (tc[:, None] * RP + tr[None, :]), qt.to(YT.dtype.element_ty),
                  mask=((c0 + tc)[:, None] < C) & ((r0 + tr)[None, :] < RP))
         gl.store(ST + pid_r * s_tr + cols * s_tc, ca * (1.0 / FP8_MAX), mask=cols < C)
 
