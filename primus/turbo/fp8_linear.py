@@ -29,8 +29,9 @@ Recipes ("current scaling": the scale comes from this tensor's own amax, except 
   blockwise   DeepSeek-V3 / Megatron: activations and grads 1x128 groups, weights 128x128 tiles. One cast kernel
               per operand, reading it once (coalesced) and writing the fp8 layouts the GEMMs need: x (M, K);
               W (N, K) and W^T (K, N); dy (M, N) and dy^T (N, M) together; x^T (K, M) in the backward; the token
-              dim padded to 128. Scales are written in the layout torch.nn.functional.scaled_mm takes
-              (blockwise_scale_layout). GEMMs: torch.nn.functional.scaled_mm (cuBLASLt 1x128 / 128x128 block
+              dim padded to 128. dy and dy^T of 16-bit, 16-aligned rows on NVIDIA GPUs: fp8_cast_gluon's Gluon
+              kernel (the transpose in registers; the same bytes). Scales are written in the layout
+              torch.nn.functional.scaled_mm takes (blockwise_scale_layout). GEMMs: torch.nn.functional.scaled_mm (cuBLASLt 1x128 / 128x128 block
               scaling) on CUDA sm90 with CUDA >= 12.9 for e4m3 x e4m3 with the contraction dim a multiple of 128;
               else this file's Triton kernel applying the per-block scales inside the K loop (ROCm, the
               interpreter, other GPUs, e5m2 gradients). `blockwise_gemm_provider(device)` / `blockwise_gemms(...)`
