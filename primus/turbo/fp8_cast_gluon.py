@@ -1,5 +1,6 @@
-"""The blockwise fp8 cast of a gradient both ways (dy in 1x128 groups along its columns and dy^T in 1x128 groups
-along its rows, from one read of dy), written in Gluon, Triton's explicit-layout dialect, for NVIDIA GPUs.
+"""The blockwise fp8 cast both ways, in Gluon (Triton's explicit-layout dialect), for NVIDIA GPUs: a tensor in
+1x128 groups along its columns and its transpose in 1x128 groups along its rows (along the tokens), from one read.
+The blockwise linear casts x and x^T so in the forward, dy and dy^T in the backward.
 
 Why a second kernel beside fp8_linear._cast_block (which stays the portable one: ROCm, the interpreter, fp32
 input, the other outputs): plain Triton stores dy^T from `tl.trans` of the fp8 tile, and it moves that transpose
