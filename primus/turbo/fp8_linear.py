@@ -27,15 +27,16 @@ Recipes ("current scaling": the scale comes from this tensor's own amax, except 
               per cast: amax and cast in the same program (the row chunk is re-read from L2). torch._scaled_mm
               with (M,1) x (1,N) scales.
   blockwise   DeepSeek-V3 / Megatron: activations and grads 1x128 groups, weights 128x128 tiles. One cast kernel
-              per operand, reading it once (coalesced) and writing the fp8 layouts the GEMMs need: x (M, K);
-              W (N, K) and W^T (K, N); dy (M, N) and dy^T (N, M) together; x^T (K, M) in the backward; the token
-              dim padded to 128. x and x^T, dy and dy^T (16-bit, 16-aligned rows, NVIDIA GPUs): fp8_cast_gluon's
-              Gluon kernel (the transpose in registers; the same bytes). Scales are written in the layout
-              torch.nn.functional.scaled_mm takes (blockwise_scale_layout). GEMMs: torch.nn.functional.scaled_mm
-              (cuBLASLt 1x128 / 128x128 block scaling) on CUDA sm90 with CUDA >= 12.9 for e4m3 x e4m3 with the
-              contraction dim a multiple of 128; else this file's Triton kernel applying the per-block scales
-              inside the K loop (ROCm, the interpreter, other GPUs, e5m2 gradients). `blockwise_gemm_provider(device)` / `blockwise_gemms(...)`
-              say which; the choice is logged once per shape.
+              per operand, reading it once (coalesced) and writing the fp8 layouts the GEMMs need: x (M, K) and
+              x^T (K, M) together in the forward (x^T saved for the wgrad); W (N, K) and W^T (K, N); dy (M, N)
+              and dy^T (N, M) together; the token dim padded to 128. x and x^T, dy and dy^T (16-bit, 16-aligned
+              rows, NVIDIA GPUs): fp8_cast_gluon's Gluon kernel (the transpose in registers; the same bytes).
+              Scales are written in the layout torch.nn.functional.scaled_mm takes (blockwise_scale_layout).
+              GEMMs: torch.nn.functional.scaled_mm (cuBLASLt 1x128 / 128x128 block scaling) on CUDA sm90 with
+              CUDA >= 12.9 for e4m3 x e4m3 with the contraction dim a multiple of 128; else this file's Triton
+              kernel applying the per-block scales inside the K loop (ROCm, the interpreter, other GPUs, e5m2
+              gradients). `blockwise_gemm_provider(device)` / `blockwise_gemms(...)` say which; the choice is
+              logged once per shape.
 Formats: e4m3 everywhere, or "hybrid" (e4m3 forward, e5m2 gradients). On MI300 (gfx942) the fnuz variants are used.
 fp8 GEMM needs K and N (in/out features) multiples of 16; the token dim M is padded to 16 (blockwise: 128) where it
 is the contraction dim (wgrad) by the cast kernels themselves (they write zeros in the pad).
