@@ -18,9 +18,9 @@ Recipes ("current scaling": the scale comes from this tensor's own amax, except 
               compiled graphs: fp8_ops). The first call of each operand takes its scale from its own amax (an
               amax pass, launched until the host has launched that first cast: AmaxHistory.primed) instead of
               TE's initial scale 1, which would flush the first step's gradients to zero. Saves the amax pass of
-              tensorwise (one read of every operand). Activation recompute replays a forward inside the backward: a replayed cast reuses the
-              operand's last scale and records nothing (`replaying_forward`), so a history counts each forward
-              once and, without pipelining, the replay is bit-identical to the forward it repeats (TE keeps the
+              tensorwise (one read of every operand). Activation recompute replays a forward inside the
+              backward: a replayed cast reuses the operand's last scale and records nothing
+              (`replaying_forward`), so a history counts each forward once and, without pipelining, the replay is bit-identical to the forward it repeats (TE keeps the
               forward's scales for its recompute too).
   rowwise     one scale per row of each GEMM operand along the contraction dim (torchao's "rowwise"): each
               operand is quantised once per GEMM it feeds (x along K for fprop, along M for wgrad...). One kernel
