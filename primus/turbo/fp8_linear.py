@@ -20,8 +20,8 @@ Recipes ("current scaling": the scale comes from this tensor's own amax, except 
               TE's initial scale 1, which would flush the first step's gradients to zero. Saves the amax pass of
               tensorwise (one read of every operand). Activation recompute replays a forward inside the
               backward: a replayed cast reuses the operand's last scale and records nothing
-              (`replaying_forward`), so a history counts each forward once and, without pipelining, the replay is bit-identical to the forward it repeats (TE keeps the
-              forward's scales for its recompute too).
+              (`replaying_forward`), so a history counts each forward once and, without pipelining, the replay
+              is bit-identical to the forward it repeats (TE keeps the forward's scales for its recompute too).
   rowwise     one scale per row of each GEMM operand along the contraction dim (torchao's "rowwise"): each
               operand is quantised once per GEMM it feeds (x along K for fprop, along M for wgrad...). One kernel
               per cast: amax and cast in the same program (the row chunk is re-read from L2). torch._scaled_mm
