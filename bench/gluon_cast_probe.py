@@ -183,8 +183,10 @@ def _same(ref, got):
 
 
 def threshold():
-    """fp8_linear.cast_blockwise both ways through fp8_cast_gluon (MIN_TILES 0) vs the Triton kernel's tuned pick
-    (MIN_TILES off), from a few tiles to many: where fp8_cast_gluon.MIN_TILES should sit."""
+    """The both-ways cast through fp8_cast_gluon whatever the shape (gluon_blockwise) vs fp8_linear.cast_blockwise
+    with the Gluon kernel off (the Triton kernel's tuned pick), from a few tiles to many: where
+    fp8_cast_gluon.MIN_TILES should sit. (Session 12 call 2 toggled MIN_TILES instead, before the alignment rule,
+    which now keeps unaligned rows such as 150x260 on Triton whatever MIN_TILES says.)"""
     from turbo_kernels import copy_gbps, kernel_ms
 
     e4 = torch.float8_e4m3fn
@@ -198,10 +200,9 @@ def threshold():
                   "4096x2048", "4096x4096", "16384x4096"):
         R, C = (int(v) for v in shape.split("x"))
         x = torch.randn(R, C, device="cuda", dtype=torch.bfloat16)
+        G.MIN_TILES = 1 << 60
         outs, times = [], []
-        for mt in (1 << 60, 0):
-            G.MIN_TILES = mt
-            fn = lambda: F8.cast_blockwise(x, e4, want_t=True, pad_rows=True)  # noqa: E731
+        for fn in (lambda: F8.cast_blockwise(x, e4, want_t=True, pad_rows=True), lambda: gluon_blockwise(x, e4)):
             outs.append(fn())
             times.append(kernel_ms(fn))
         G.MIN_TILES = keep
