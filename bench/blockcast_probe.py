@@ -24,6 +24,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from primus.turbo import _common  # noqa: E402
 from primus.turbo import fp8_linear as F8  # noqa: E402
+from turbo_kernels import same_bytes  # noqa: E402
 
 
 @triton.jit
@@ -225,14 +226,6 @@ CASES = {  # name: (tile, want_y, want_t, the tile shapes tried)
 }
 
 
-def same(out, ref):
-    for a, b in zip(out, ref):
-        if (a is None) != (b is None):
-            return False
-        if a is not None and not torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)):
-            return False
-    return True
-
 
 def main():
     ap = argparse.ArgumentParser()
@@ -292,7 +285,7 @@ def main():
             for name, t, w, fn in cands:
                 try:
                     out = fn()
-                    eq = same(out, ref)
+                    eq = same_bytes(out, ref)
                     ms = _common.queued_gpu_time(fn)[0]
                     print(f"| {s} | {case} | {name} | {t} | {w} | {ms:.4f} | {need / ms / 1e6 / gbs * 100:.1f} "
                           f"| {eq} |", flush=True)

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import torch  # noqa: E402
 
 from primus.turbo import fp8_linear as F8  # noqa: E402
-from turbo_kernels import copy_gbps, kernel_ms, load_module  # noqa: E402
+from turbo_kernels import copy_line, kernel_ms, load_module, same_bytes  # noqa: E402
 
 CLAMP = re.compile(r"tl\.clamp\((.+?), -FP8_MAX, FP8_MAX\)")
 
@@ -44,15 +44,6 @@ def variant_module():
     return load_module(path, "fp8_linear_sat"), n
 
 
-def same(a, b):
-    if isinstance(a, (tuple, list)):
-        return all(same(u, v) for u, v in zip(a, b))
-    if a is None or b is None:
-        return a is b
-    if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        a, b = a.view(torch.uint8), b.view(torch.uint8)
-    return bool(torch.equal(a, b))
-
 
 def main():
     ap = argparse.ArgumentParser()
@@ -65,9 +56,7 @@ def main():
         V, n = variant_module()
         B = F8
     e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
-    copy = copy_gbps()
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, copy {copy:.0f} GB/s, "
-          + (f"A = {a.baseline}, B = this tree" if a.baseline else f"A = this tree, B = {n} clamps removed"))
+    copy = copy_line(f"A = {a.baseline}, B = this tree" if a.baseline else f"A = this tree, B = {n} clamps removed")
     print("| x | cast | A, ms (% copy) | B, ms (% copy) | B / A speed | same bytes |")
     print("|---|---|---:|---:|---:|---|")
     for shape in a.shapes.split(","):
@@ -95,7 +84,7 @@ def main():
             ("blockwise W, W^T 128x128", 4, lambda m: m.cast_blockwise(x, e4, tile=True, want_t=True)),
         ]
         for name, bpe, fn in cases:
-            ok = same(fn(B), fn(V))
+            ok = same_bytes(fn(B), fn(V))
             t0 = kernel_ms(lambda: fn(B))
             t1 = kernel_ms(lambda: fn(V))
             gb = n_el * bpe / 1e9

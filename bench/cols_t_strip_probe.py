@@ -36,6 +36,7 @@ import triton.language as tl  # noqa: E402
 
 from primus.turbo import _common  # noqa: E402
 from primus.turbo import fp8_linear as F8  # noqa: E402
+from turbo_kernels import same_bytes  # noqa: E402
 
 
 @triton.jit
@@ -86,10 +87,6 @@ def strips(x, dtype, YR, YC, v):
     return y, sinv
 
 
-def same(a, b):
-    return all(torch.equal(p.view(torch.uint8), q.view(torch.uint8)) if p.dtype.itemsize == 1 else torch.equal(p, q)
-               for p, q in zip(a, b))
-
 
 def main():
     ap = argparse.ArgumentParser()
@@ -99,11 +96,9 @@ def main():
     dev = "cpu" if CPU else "cuda"
     e4 = torch.float8_e4m3fn
     if not CPU:
-        from turbo_kernels import copy_gbps, kernel_ms
+        from turbo_kernels import copy_line, kernel_ms
 
-        copy = copy_gbps()
-        print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name(0)}, "
-              f"copy {copy:.0f} GB/s")
+        copy = copy_line()
         print("| x | production (colmax + cast), ms (% copy) | best strip variant (BK, BM, warps, per SM, rev) | "
               "ms (% copy) | vs production | all variants' bytes equal | every variant, ms |")
         print("|---|---:|---|---:|---:|---|---|")
@@ -115,7 +110,7 @@ def main():
         x[:, : min(C, 16)] = 0  # a zero strip: the 1e-12 floor
         YR, YC = F8._pad16(C), F8._pad16(R)
         ref = F8._cast_along_rows_t(x, e4, YR, YC)
-        eq = all(same(ref, strips(x, e4, YR, YC, v)) for v in VARIANTS)
+        eq = all(same_bytes(ref, strips(x, e4, YR, YC, v)) for v in VARIANTS)
         if CPU:
             print(f"{shape}: every variant's bytes equal production's: {eq}")
             continue

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 from primus.turbo import _common  # noqa: E402
 from primus.turbo import fp8_linear as F8  # noqa: E402
-from turbo_kernels import copy_gbps, kernel_breakdown, kernel_ms, load_module  # noqa: E402
+from turbo_kernels import copy_line, kernel_breakdown, kernel_ms, load_module  # noqa: E402
 
 
 
@@ -36,8 +36,7 @@ def main():
     a = ap.parse_args()
     base = load_module(a.baseline)
     e4 = torch.float8_e4m3fn
-    copy = copy_gbps()
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, copy {copy:.0f} GB/s")
+    copy = copy_line()
     print("| x | tree | kernels' time, ms (% copy) | queued wall, ms (% copy) | new / old (kernels, wall) | same bytes |")
     print("|---|---|---:|---:|---:|---|")
     for shape in a.shapes.split(","):

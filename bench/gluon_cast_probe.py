@@ -37,6 +37,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 
 from primus.turbo import fp8_cast_gluon as G  # noqa: E402
 from primus.turbo import fp8_linear as F8  # noqa: E402
+from turbo_kernels import same_bytes  # noqa: E402
 
 BR = BC = 128
 NUM_WARPS = 8
@@ -177,22 +178,16 @@ def gluon_delayed_replay(x, hist, dtype):
     return y, yt, sinv
 
 
-def _same(ref, got):
-    return all(torch.equal(p.view(torch.uint8), q.view(torch.uint8)) if p.dtype.itemsize == 1 else torch.equal(p, q)
-               for p, q in zip(ref, got))
-
 
 def threshold():
     """The both-ways cast through fp8_cast_gluon whatever the shape (gluon_blockwise) vs fp8_linear.cast_blockwise
     with the Gluon kernel off (the Triton kernel's tuned pick), from a few tiles to many: where
     fp8_cast_gluon.MIN_TILES should sit. (Session 12 call 2 toggled MIN_TILES instead, before the alignment rule,
     which now keeps unaligned rows such as 150x260 on Triton whatever MIN_TILES says.)"""
-    from turbo_kernels import copy_gbps, kernel_ms
+    from turbo_kernels import copy_line, kernel_ms
 
     e4 = torch.float8_e4m3fn
-    copy = copy_gbps()
-    print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name(0)}, "
-          f"copy {copy:.0f} GB/s, MIN_TILES in the tree {G.MIN_TILES}")
+    copy = copy_line(f"MIN_TILES in the tree {G.MIN_TILES}")
     print("| dy | tiles | Triton, ms (% copy) | Gluon, ms (% copy) | Gluon / Triton speed | same bytes |")
     print("|---|---:|---:|---:|---:|---|")
     keep = G.MIN_TILES
@@ -209,7 +204,7 @@ def threshold():
         gb = R * C * 4 / 1e9
         t0, t1 = times
         print(f"| {shape} | {-(-R // 128) * -(-C // 128)} | {t0:.4f} ({gb / t0 / copy * 1e5:.1f}) | "
-              f"{t1:.4f} ({gb / t1 / copy * 1e5:.1f}) | {t0 / t1:.3f}x | {_same(*outs)} |", flush=True)
+              f"{t1:.4f} ({gb / t1 / copy * 1e5:.1f}) | {t0 / t1:.3f}x | {same_bytes(*outs)} |", flush=True)
 
 
 def main():
@@ -225,17 +220,15 @@ def main():
     if a.threshold:
         threshold()
         return
-    from turbo_kernels import copy_gbps, kernel_ms
+    from turbo_kernels import copy_line, kernel_ms
 
     e4 = torch.float8_e4m3fn
-    copy = copy_gbps()
-    print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name(0)}, "
-          f"copy {copy:.0f} GB/s")
+    copy = copy_line()
     print("| cast | x | production, ms (% copy) | Gluon, ms (% copy) | Gluon / production speed | same bytes |")
     print("|---|---|---:|---:|---:|---|")
 
     def row(name, shape, gb, ref_fn, got_fn):
-        same = _same(ref_fn(), got_fn())
+        same = same_bytes(ref_fn(), got_fn())
         t0, t1 = kernel_ms(ref_fn), kernel_ms(got_fn)
         print(f"| {name} | {shape} | {t0:.4f} ({gb / t0 / copy * 1e5:.1f}) | {t1:.4f} ({gb / t1 / copy * 1e5:.1f}) "
               f"| {t0 / t1:.3f}x | {same} |", flush=True)

@@ -36,6 +36,7 @@ import triton.language as tl  # noqa: E402
 
 from primus.turbo import _common  # noqa: E402
 from primus.turbo import fp8_linear as F8  # noqa: E402
+from turbo_kernels import same_bytes  # noqa: E402
 
 
 @triton.jit
@@ -105,10 +106,6 @@ def production(x, dtype):
     return (*F8.cast_rowwise(x, dtype, pad_rows=True), *F8.cast_rowwise(x, dtype, transpose=True, pad=True))
 
 
-def same(a, b):
-    return all(torch.equal(p.view(torch.uint8), q.view(torch.uint8)) if p.dtype.itemsize == 1 else torch.equal(p, q)
-               for p, q in zip(a, b))
-
 
 def main():
     ap = argparse.ArgumentParser()
@@ -119,11 +116,9 @@ def main():
     e4 = torch.float8_e4m3fn
     _common.POISON = CPU  # on the CPU both sides' outputs start as NaN, so an element left unwritten shows
     if not CPU:
-        from turbo_kernels import copy_gbps, kernel_ms
+        from turbo_kernels import copy_line, kernel_ms
 
-        copy = copy_gbps()
-        print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name(0)}, "
-              f"copy {copy:.0f} GB/s")
+        copy = copy_line()
         print("| dy | production (rowwise + colmax + cast^T), ms (% copy) | best fused (BR, ROWS, warps) | ms (% copy) "
               "| fused / production speed | bytes equal (every variant) | every variant, ms |")
         print("|---|---:|---|---:|---:|---|---|")
@@ -138,7 +133,7 @@ def main():
         # bench/kernel_resources.py's compile: 104 / 56 bytes of stack at 128 per thread)
         vs = [v for v in VARIANTS if v[0] * triton.next_power_of_2(C) <= 64 * 32 * v[2]]
         ref = production(x, e4)
-        eq = all(same(ref, fused(x, e4, v)) for v in vs)
+        eq = all(same_bytes(ref, fused(x, e4, v)) for v in vs)
         if CPU:
             print(f"{shape}: every variant's bytes equal production's: {eq}")
             continue

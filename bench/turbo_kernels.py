@@ -22,7 +22,10 @@ import time
 import traceback
 
 SMOKE = "--smoke" in sys.argv  # CPU smoke run of this script: Triton interpreter, tiny sizes, no timing loop
-os.environ["TRITON_INTERPRET"] = "1" if SMOKE else "0"
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+else:  # real kernels, unless a probe importing this module for its helpers runs on the CPU (it set "1" first)
+    os.environ.setdefault("TRITON_INTERPRET", "0")
 DEV = "cpu" if SMOKE else "cuda"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -199,6 +202,26 @@ def env_and_copy():
                           timing="kernel time (profiler)" if ARGS.gpu_time else "do_bench")
     RESULTS["env"]["copy_GBps"] = copy_gbps()
     print("env:", RESULTS["env"], flush=True)
+
+
+def copy_line(extra: str = "") -> float:
+    """copy_gbps(), after printing the line a probe's table starts with: versions, GPU, that copy bandwidth."""
+    copy = copy_gbps()
+    print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name(0)}, "
+          f"copy {copy:.0f} GB/s" + (f", {extra}" if extra else ""), flush=True)
+    return copy
+
+
+def same_bytes(a, b) -> bool:
+    """Whether two outputs (tensors, None, or tuples / lists of them) are equal bit for bit: fp8 tensors compared
+    as bytes (torch.equal on fp8 compares values: NaN codes would never match), others with torch.equal."""
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(same_bytes(u, v) for u, v in zip(a, b))
+    if a is None or b is None:
+        return a is b
+    if a.dtype.itemsize == 1 and a.dtype.is_floating_point:
+        a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+    return a.shape == b.shape and bool(torch.equal(a, b))
 
 
 def copy_gbps() -> float:
