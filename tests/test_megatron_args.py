@@ -173,6 +173,36 @@ def test_dp_and_microbatches_follow_world_size():
     assert a["schedule"]["num_microbatches"] == 8
 
 
+@pytest.mark.parametrize("overrides,on", [
+    (["precision=bf16", "training.global_batch_size=16", "training.micro_batch_size=2"], False),  # no fp8 linears
+    (["precision=fp8", "training.global_batch_size=2", "training.micro_batch_size=2"], False),  # one forward a step
+    (["precision=fp8", "training.global_batch_size=4", "training.micro_batch_size=2"], True),  # two micro batches
+    (["precision=fp8", "training.global_batch_size=2", "training.micro_batch_size=2", "recompute=full"], True),
+    (["precision=fp8", "training.global_batch_size=2", "training.micro_batch_size=2", "recompute=selective"], False),
+    (["precision=fp8", "training.global_batch_size=2", "training.micro_batch_size=2", "recompute=selective",
+      "recompute.recompute_modules=[core_attn,mlp]"], True),  # the mlp's linears are replayed
+    (["precision=fp8", "training.global_batch_size=2", "training.micro_batch_size=2",
+      "precision.fp8_weight_cache=true"], True),
+    (["precision=fp8", "training.global_batch_size=4", "training.micro_batch_size=2",
+      "precision.fp8_weight_cache=false"], False),
+])
+def test_fp8_weight_cache_resolution(monkeypatch, overrides, on):
+    """null: on when a step runs a linear's forward more than once (micro batches, recompute replaying linears);
+    an explicit value is the answer; never on without the portable fp8 linears."""
+    monkeypatch.setattr(margs, "te_available", lambda: False)
+    assert build("backend.layer_spec=auto", *overrides)["fp8_weight_cache"] is on
+
+
+def test_fp8_weight_cache_off_under_te_is_an_issue(monkeypatch):
+    monkeypatch.setattr(margs, "te_available", lambda: True)
+    cfg = compose(["precision=fp8", "precision.fp8_weight_cache=false"])
+    assert margs.build_args(cfg, GPU8)["fp8_weight_cache"] is False  # TE's linears: not this switch's
+    issues = [i for i in margs.capability_issues(cfg, GPU8) if "precision.fp8_weight_cache" in i.keys]
+    assert len(issues) == 1 and "Transformer Engine" in issues[0].rule and "layer_spec=local" in issues[0].fix
+    on = compose(["precision=fp8", "precision.fp8_weight_cache=true"])
+    assert not [i for i in margs.capability_issues(on, GPU8) if "precision.fp8_weight_cache" in i.keys]
+
+
 def test_single_connection_env_only_when_an_overlap_needs_it():
     assert build(ctx=GPU8)["env"] == {}
     assert build("overlap.overlap_grad_reduce=true", ctx=GPU8)["env"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}

@@ -108,8 +108,11 @@ from primus.backends.megatron.testing import train_steps
 from primus.train_loop import compile_stats
 ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=2, check=False)
 hist = [[h.calls, h.amax_history.sum().item()] for s in states for h in (s.x, s.w, s.dy)]
+from primus.turbo.fp8_linear import WEIGHT_CASTS
 print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "compile": compile_stats(), "histories": hist,
-                              "converted": info.get("fp8_linears_on_this_rank", 0)}), flush=True)
+                              "converted": info.get("fp8_linears_on_this_rank", 0),
+                              "weight_cache": info.get("fp8_weight_cache"),
+                              "weight_casts": [WEIGHT_CASTS.misses, WEIGHT_CASTS.hits]}), flush=True)
 '''
 
 
@@ -128,8 +131,9 @@ def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
     assert comp["compile"]["graph_breaks"] == 0, comp["compile"]
     assert comp["compile"]["unique_graphs"] >= 1
     assert comp["losses"] == pytest.approx(eager["losses"], abs=2e-2)
-    if recipe == "delayed":  # 2 steps x 2 micro batches: 4 casts of every x, weight and dy, amaxes recorded
-        assert len(comp["histories"]) == 3 * 8 and {c for c, _ in comp["histories"]} == {4}
+    if recipe == "delayed":  # 2 steps x 2 micro batches: 4 casts of every x and dy; the weight cast once a step
+        # (two micro batches turn precision.fp8_weight_cache on), amaxes recorded
+        assert [c for c, _ in comp["histories"]] == [4, 2, 4] * 8
         assert all(a > 0 for _, a in comp["histories"])
         assert [a for _, a in comp["histories"]] == pytest.approx([a for _, a in eager["histories"]], rel=0.05)
 
@@ -137,23 +141,40 @@ def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
 def test_delayed_custom_ops_under_the_pipeline_schedule(tmp_path):
     """pp=2, 4 micro batches per step (1F1B: a micro batch's backward runs between later forwards): the delayed
     recipe's custom ops (real kernels, interpreter) keep the dy state on the autograd ctx, not in save_for_backward,
-    so the backwards that ran in between (they bump its version) raise nothing; every history counts its 8 casts."""
+    so the backwards that ran in between (they bump its version) raise nothing; every x / dy history counts its 8
+    casts, every weight history 2 (the weight cast once a step: the fp8 weight cache)."""
     over = [*BASE, "model.num_layers=2", "precision=fp8_delayed", "precision.fp8=e4m3", "launcher.nproc_per_node=2",
             "parallel.pipeline_model_parallel_size=2", "training.global_batch_size=8"]
     ranks = run_ranks(tmp_path, "fp8_real.py", REAL, over, 2)
     for r in ranks:
         assert r["converted"] == 4 and len(r["losses"]) == 2  # this stage's layer: 4 linears
-        assert len(r["histories"]) == 3 * 4 and {c for c, _ in r["histories"]} == {8}
+        assert [c for c, _ in r["histories"]] == [8, 2, 8] * 4
         assert all(a > 0 for _, a in r["histories"])
     assert ranks[0]["losses"] == ranks[1]["losses"]
 
 
 def test_delayed_histories_count_each_forward_once_under_full_recompute(tmp_path):
     """recompute=full: megatron's CheckpointFunction replays every layer's forward inside the backward. The replayed
-    casts record nothing, so each x / weight / dy history counts one cast per micro batch (2 steps x 2), as without
-    recompute (the code before counted 8 for x and the weight). Bit-identity of the replay: test_turbo_fp8."""
+    casts record nothing, so each x / dy history counts one cast per micro batch (2 steps x 2), as without
+    recompute (the code before counted 8 for x and the weight), and the weight one per step (the fp8 weight cache,
+    which the replay reuses). Bit-identity of the replay: test_turbo_fp8."""
     over = [*BASE, "model.num_layers=2", "precision=fp8_delayed", "precision.fp8=e4m3", "recompute=full"]
     full = run_ranks(tmp_path, "fp8_real.py", REAL, over, 1)[0]
     assert full["converted"] == 8 and len(full["losses"]) == 2
-    assert [c for c, _ in full["histories"]] == [4] * 24
+    assert [c for c, _ in full["histories"]] == [4, 2, 4] * 8
     assert all(a > 0 for _, a in full["histories"])
+
+
+def test_fp8_weight_cache_keeps_the_losses_bit_for_bit(tmp_path):
+    """Two micro batches per step turn the fp8 weight cache on (precision.fp8_weight_cache=null): each weight is
+    cast by the step's first micro batch and reused by the second, and the trainer clears the casts around the
+    optimizer step, so every step trains on its new weights. The losses are the uncached run's bit for bit (a cache
+    not cleared would have step 2 run step 1's weights); 8 linears x 2 steps casts, as many reuses."""
+    over = [*BASE, "model.num_layers=2", "precision=fp8", "precision.fp8=e4m3"]
+    (tmp_path / "on").mkdir()
+    (tmp_path / "off").mkdir()
+    on = run_ranks(tmp_path / "on", "fp8_real.py", REAL, over, 1)[0]
+    off = run_ranks(tmp_path / "off", "fp8_real.py", REAL, [*over, "precision.fp8_weight_cache=false"], 1)[0]
+    assert on["weight_cache"] is True and on["weight_casts"] == [16, 16]
+    assert off["weight_cache"] is False and off["weight_casts"] == [0, 0]
+    assert on["losses"] == off["losses"] and len(on["losses"]) == 2

@@ -865,6 +865,64 @@ def test_delayed_recompute_replays_the_forward_bit_for_bit_and_records_it_once(p
     assert not F8.replaying_forward()
 
 
+@pytest.fixture
+def weight_casts():
+    F8.WEIGHT_CASTS.enable(True)
+    F8.WEIGHT_CASTS.hits = F8.WEIGHT_CASTS.misses = 0
+    yield F8.WEIGHT_CASTS
+    F8.WEIGHT_CASTS.enable(False)
+
+
+@pytest.mark.parametrize("path", ["eager", "custom_ops"])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise", "delayed"])
+def test_weight_casts_are_reused_until_cleared(weight_casts, recipe, path):
+    """WEIGHT_CASTS (the megatron trainer's fp8 weight cache): two micro batches with the cache give the uncached
+    run's outputs and gradients bit for bit, the weight cast once (rowwise: W for the fprop, W^T for the dgrad).
+    A weight changed in place through .data (as megatron's optimizer writes it) is served stale until clear(), then
+    cast again: the cache is what serves the weight, and clear() is what makes a step see new weights."""
+    from primus.turbo import fp8_ops
+
+    torch.manual_seed(0)
+    M, K, N = 50, 64, 48
+    w0 = (torch.randn(N, K, device=DEV) / 8).to(torch.bfloat16)
+    xs = [(torch.randn(M, K, device=DEV) * (1 + i)).to(torch.bfloat16) for i in range(3)]
+    dys = [torch.randn(M, N, device=DEV).to(torch.bfloat16) for _ in range(3)]
+    settings = F8.DelayedScaling(history_len=4)
+
+    def run(cached: bool, w, state, i):
+        weight_casts.enabled = cached
+        x = xs[i].clone().requires_grad_()
+        y = (F8.fp8_linear(x, w, None, recipe, "e4m3", state) if path == "eager"
+             else fp8_ops.fp8_linear_traced(x, w, None, recipe, "e4m3", delayed=state))
+        y.backward(dys[i])
+        out = (y.detach().clone(), x.grad, w.grad.clone())
+        w.grad = None
+        return out
+
+    w_c, w_u = w0.clone().requires_grad_(), w0.clone().requires_grad_()
+    s_c, s_u = [(settings.linear_state().allocate(DEV) if recipe == "delayed" else None) for _ in range(2)]
+    for i in range(2):  # two micro batches of one step
+        got, want = run(True, w_c, s_c, i), run(False, w_u, s_u, i)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (recipe, i)
+    forms = 2 if recipe == "rowwise" else 1
+    assert (weight_casts.misses, weight_casts.hits) == (forms, forms)
+    if recipe == "delayed":  # the weight's amax recorded by its first cast of the step only (TE's rule)
+        assert s_c.w.calls == 1 and s_u.w.calls == 2 and s_c.x.calls == s_u.x.calls == 2
+
+    # the optimizer step, as megatron writes it (no version bump); by a power of two, so a delayed history's older,
+    # larger amax still gives the bytes of a fresh state's scale
+    w_c.data.mul_(0.5)
+    w_u.data.mul_(0.5)
+    stale, fresh = run(True, w_c, s_c, 2), run(False, w_u, s_u, 2)
+    assert not torch.equal(stale[0], fresh[0])
+    weight_casts.clear()
+    w_r = w0.clone().mul_(0.5).requires_grad_()
+    s_r = settings.linear_state().allocate(DEV) if recipe == "delayed" else None
+    redone, want = run(True, w_c, s_c, 2), run(False, w_r, s_r, 2)
+    assert torch.equal(redone[0], want[0]) and torch.equal(redone[1], want[1])
+    assert weight_casts.misses == 2 * forms
+
+
 def test_fp8_module_swap():
     torch.manual_seed(0)
     m = torch.nn.Module()

@@ -237,3 +237,13 @@ def test_multi_node_needs_slurm(monkeypatch):
     msg = error_of(["launcher.nnodes=2", "training.global_batch_size=8"], world=2)
     assert "launcher.nnodes = 2" in msg and "hydra/launcher=slurm" in msg
     check(["launcher.nnodes=2", "training.global_batch_size=8", "dry_run=true"], world=2)
+
+
+def test_fp8_weight_cache_needs_fp8_and_the_megatron_backend():
+    msg = error_of(["precision.fp8_weight_cache=true"])
+    assert "precision.fp8_weight_cache" in msg and "needs precision.fp8" in msg and "precision=fp8" in msg
+    assert "needs precision.fp8" in error_of(["precision.fp8_weight_cache=false"])  # off: still no fp8 to cache
+    msg = error_of(["backend=torchtitan", "precision=fp8", "precision.fp8_weight_cache=true"])
+    assert "megatron backend's" in msg and "backend=megatron" in msg
+    check(["backend=torchtitan", "precision=fp8", "precision.fp8_weight_cache=false"])  # what it does anyway
+    check(["precision=fp8", "precision.fp8_weight_cache=true"])

@@ -192,6 +192,9 @@ class PrecisionConfig:
     first_last_layers_bf16: bool = False  # keep first/last layers in BF16 under fp8/fp4
     num_layers_at_start_in_bf16: int = 1  # leading layers kept in BF16
     num_layers_at_end_in_bf16: int = 1  # trailing layers kept in BF16
+    # megatron, portable fp8 (no TE): reuse each weight's fp8 cast within a step (TE's fp8 weight cache); null =
+    # when a step runs a linear's forward more than once (micro batches > 1, recompute replaying linears)
+    fp8_weight_cache: Optional[bool] = None
     # TorchTitan (training.* and quantize.linear.float8.*)
     mixed_precision_param: Dtype = Dtype.bfloat16  # FSDP parameter dtype
     mixed_precision_reduce: Dtype = Dtype.float32  # FSDP gradient reduce dtype

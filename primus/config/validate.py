@@ -185,6 +185,22 @@ def first_last_layers_bf16(cfg, ctx):
     return out
 
 
+@rule
+def fp8_weight_cache(cfg, ctx):
+    v = cfg.precision.fp8_weight_cache
+    if v is None:
+        return []
+    if cfg.precision.fp8 is None:
+        return [ConfigIssue(["precision.fp8_weight_cache", "precision.fp8"], v,
+                            "caches the fp8 casts of weights: needs precision.fp8", "set precision=fp8, or drop it")]
+    if v and cfg.backend.name != Backend.megatron:
+        # FSDP's unsharded weights reuse buffers, so a cast keyed by storage could serve another layer's weight
+        return [ConfigIssue(["precision.fp8_weight_cache", "backend.name"], True,
+                            "the fp8 weight cache is the megatron backend's (TorchTitan's FSDP all-gathers weights "
+                            "into reused buffers)", "drop precision.fp8_weight_cache, or use backend=megatron")]
+    return []
+
+
 # Which recipes each backend can run at all (the installed-library checks are the backend's capability_issues).
 FP8_RECIPES = {
     Backend.megatron: {"delayed", "tensorwise", "blockwise", "mxfp8"},

@@ -434,6 +434,16 @@ class MemoryBreakdown:
         return self.capacity - self.needed
 
 
+def _portable_weight_cache(cfg, lay) -> bool:
+    """Whether the portable fp8 linears keep their weights' fp8 casts through a step (megatron args' rule)."""
+    try:
+        from primus.backends.megatron import args as margs
+
+        return margs.fp8_weight_cache(cfg, lay.num_microbatches)
+    except ImportError:  # planning never depends on the backend importing
+        return bool(cfg.precision.fp8_weight_cache)
+
+
 def _megatron_stage(cfg, lay, hints, stage, sp: StageParams) -> Dict[str, float]:
     mem = cfg.memory
     P = sp.total
@@ -449,6 +459,8 @@ def _megatron_stage(cfg, lay, hints, stage, sp: StageParams) -> Dict[str, float]
          "states_numel": 2 * opt_elems}
     if cfg.precision.fp8 is not None and hints.te_linears:
         d["fp8_weight_copies"] = 2 * sp.linear  # TE: fp8 weight + its transpose per linear
+    elif cfg.precision.fp8 is not None and _portable_weight_cache(cfg, lay):
+        d["fp8_weight_copies"] = 2 * sp.linear  # fp8_weight_cache: each weight's two fp8 forms, kept through a step
     elif hints.portable_fp8_saves_fp8:
         d["fp8_weight_copies"] = 1 * sp.linear  # the transposed fp8 weight each forward keeps for its backward
     # optimizer step: fp32 main grads (bf16 buffer -> .float() copies) + torch AdamW foreach sqrt temporaries

@@ -37,6 +37,8 @@ Recipes ("current scaling": the scale comes from this tensor's own amax, except 
               kernel applying the per-block scales inside the K loop (ROCm, the interpreter, other GPUs, e5m2
               gradients). `blockwise_gemm_provider(device)` / `blockwise_gemms(...)` say which; the choice is
               logged once per shape.
+Weight casts: with WEIGHT_CASTS enabled (the megatron trainer, precision.fp8_weight_cache) a weight is cast once per
+step and its fp8 forms reused by the step's other micro batches and recompute's replays; the trainer clears it.
 Formats: e4m3 everywhere, or "hybrid" (e4m3 forward, e5m2 gradients). On MI300 (gfx942) the fnuz variants are used.
 fp8 GEMM needs K and N (in/out features) multiples of 16; the token dim M is padded to 16 (blockwise: 128) where it
 is the contraction dim (wgrad) by the cast kernels themselves (they write zeros in the pad).
@@ -572,6 +574,48 @@ class DelayedLinearState:
         return self
 
 
+class WeightCasts:
+    """The fp8 casts of weights, made at a step's first forward and reused until the weights change: the micro
+    batches of one step and activation recompute's replayed forwards see the same weights (Transformer Engine's fp8
+    weight cache, refreshed at each step's first micro batch through megatron's is_first_microbatch).
+
+    Off unless a trainer turns it on (`enable`): only the trainer knows when the weights change, and it `clear`s the
+    cache around every optimizer step. A cast is keyed by the weight's storage (address, shape, strides, dtype,
+    device) and by the cast (recipe form, fp8 dtype). That is sound for weights that stay in one place through a
+    step, as megatron's parameters do; an FSDP-style unsharded weight can land at another layer's address (so the
+    TorchTitan backend does not use it). Casts captured into a CUDA graph are not cached. Under the delayed recipe a
+    weight's amax is recorded by its first cast of a step only, as TE records it."""
+
+    def __init__(self):
+        self.enabled = False
+        self._casts: dict = {}
+        self.hits = self.misses = 0
+
+    def enable(self, on: bool = True) -> None:
+        self.enabled = bool(on)
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every cast (the weights are about to change, or have): the next forward of each weight casts it."""
+        self._casts.clear()
+
+    def get(self, weight: torch.Tensor, form, make):
+        """make()'s result for this weight and form, made once until the next clear()."""
+        if not self.enabled or (weight.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return make()
+        key = (weight.data_ptr(), weight.device, weight.dtype, tuple(weight.shape), weight.stride(), form)
+        got = self._casts.get(key)
+        if got is None:
+            got = self._casts[key] = make()
+            self.misses += 1
+        else:
+            self.hits += 1
+        return got
+
+
+WEIGHT_CASTS = WeightCasts()
+
+
 def _amax_partials(flat: torch.Tensor, delayed=None):
     """(partial maxima of |flat|, their count). delayed: (history, its _state tensors, fp8 dtype): the pass reads
     flat only at that operand's call 0, and its last program writes call 0's scale into the state."""
@@ -1087,14 +1131,14 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
         hx, hw = (delayed.x, delayed.w) if delayed is not None else (None, None)
         record = delayed is None or not replaying_forward()
         xq, xqt, sx = cast_tensorwise(x2, f_dt, want_y=True, want_t=need_wgrad, history=hx, record=record)
-        wq, wqt, sw = cast_tensorwise(weight, f_dt, want_y=True, want_t=True, pad_t=False, history=hw,
-                                      record=record)
+        wq, wqt, sw = WEIGHT_CASTS.get(weight, (recipe, f_dt), lambda: cast_tensorwise(
+            weight, f_dt, want_y=True, want_t=True, pad_t=False, history=hw, record=record))
         y = _mm(xq, wq.t(), sx, sw, out_dt, bias=bias.to(out_dt) if bias is not None else None, fast=fast)
         y = y[:x2.shape[0]]
         tensors = [xqt, sx, wqt, sw]
     elif recipe == "rowwise":
         xq, sx = cast_rowwise(x2, f_dt, pad_rows=True)
-        wq, sw = cast_rowwise(weight, f_dt)
+        wq, sw = WEIGHT_CASTS.get(weight, ("rowwise", f_dt), lambda: cast_rowwise(weight, f_dt))
         y = _mm(xq, wq.t(), sx, sw.t(), out_dt, fast=fast)[:x2.shape[0]]
         if bias is not None:
             y = y + bias.to(out_dt)
@@ -1106,7 +1150,8 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
         # tokens (saved in fp8: the backward neither re-reads nor keeps the bf16 input)
         xq, sx, xqt, sxt = cast_blockwise(x2, f_dt, want_t=need_wgrad, pad_rows=True)
         # 128x128 tiles, W (N, K) and W^T (K, N) from one read of the weight, with both scale layouts
-        wq, sw, wqt, swt = cast_blockwise(weight, f_dt, tile=True, want_t=True)
+        wq, sw, wqt, swt = WEIGHT_CASTS.get(weight, ("blockwise", f_dt),
+                                            lambda: cast_blockwise(weight, f_dt, tile=True, want_t=True))
         y = blockwise_mm(xq, sx, wq.t(), sw, True, out_dt, gemms["fprop"])[:x2.shape[0]]  # B = W^T col-major
         if bias is not None:
             y = y + bias.to(out_dt)
@@ -1143,7 +1188,8 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
         x2, weight = st.tensors
         if need_dx:
             dyq, sdy = cast_rowwise(dy2, g_dt, pad_rows=True)  # along N
-            wqt, swt = cast_rowwise(weight, f_dt, transpose=True)  # W^T (K, N) rows along N
+            wqt, swt = WEIGHT_CASTS.get(weight, ("rowwise_t", f_dt),  # W^T (K, N) rows along N
+                                        lambda: cast_rowwise(weight, f_dt, transpose=True))
             dx = _mm(dyq, wqt.t(), sdy, swt.t(), out_dt)[:dy2.shape[0]]
         if after_dgrad is not None:
             after_dgrad(dx)

@@ -103,6 +103,31 @@ def num_microbatches(cfg: PrimusConfig, ctx: RunContext) -> int:
     return max(1, t.global_batch_size // (t.micro_batch_size * dp))
 
 
+# megatron-core's selective-recompute modules whose replay runs linears
+LINEAR_RECOMPUTE_MODULES = {"mlp", "moe", "shared_experts", "mla_up_proj"}
+
+
+def replays_linears(cfg: PrimusConfig) -> bool:
+    """Whether activation recompute runs linears' forwards again inside the backward."""
+    r = cfg.recompute
+    if r.recompute_layer_ids or (r.recompute_granularity is not None and r.recompute_granularity.value == "full"):
+        return True
+    return r.recompute_granularity is not None and bool(set(r.recompute_modules) & LINEAR_RECOMPUTE_MODULES)
+
+
+def fp8_weight_cache(cfg: PrimusConfig, microbatches: int) -> bool:
+    """Whether the portable fp8 linears reuse each weight's fp8 cast within a step (fp8_linear.WEIGHT_CASTS, which
+    trainer.py enables and clears around every optimizer step): precision.fp8_weight_cache, or, when null, whenever
+    a step runs a linear's forward more than once (several micro batches, or recompute replaying it). The cache
+    costs the fp8 weight copies' memory (as TE's does) and saves one weight cast per extra forward."""
+    p = cfg.precision
+    if p.fp8 is None or fp8_backend(cfg) != "portable":
+        return False
+    if p.fp8_weight_cache is not None:
+        return bool(p.fp8_weight_cache)
+    return microbatches > 1 or replays_linears(cfg)
+
+
 def moe_layer_freq(cfg: PrimusConfig) -> List[int]:
     m = cfg.model
     return [0] * m.moe_first_k_dense + [1] * (m.num_layers - m.moe_first_k_dense)
@@ -471,6 +496,7 @@ def build_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
         "megatron_core": {"installed": mcore_version(), "pinned": PINNED_MCORE},
         "layer_spec": resolved_layer_spec(cfg),
         "fp8_backend": fp8_backend(cfg),
+        "fp8_weight_cache": fp8_weight_cache(cfg, num_microbatches(cfg, ctx)),
         "parallel_state": parallel_state_kwargs(cfg),
         "data_parallel_size": data_parallel_size(cfg, ctx.world_size),
         "transformer_config": transformer_config_kwargs(cfg, ctx),
@@ -637,6 +663,11 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
                 rule = "Transformer Engine is not installed and the portable fp8 linear is not available yet"
             out.append(_issue(["precision.fp8", "precision.fp8_recipe"], {"fp8": p.fp8.value, "recipe": r}, rule,
                               "use precision=bf16, or install Transformer Engine"))
+        if p.fp8_weight_cache is False and fp8_backend(cfg) == "te":
+            out.append(_issue(["precision.fp8_weight_cache", "backend.layer_spec"], False,
+                              "Transformer Engine's linears keep their own fp8 weight cache (megatron refreshes it "
+                              "at each step's first micro batch); this switch is the portable fp8 linear's",
+                              "drop precision.fp8_weight_cache, or use backend.layer_spec=local"))
         if r == "delayed" and spec == "local":  # the portable DelayedScaling (primus.turbo.fp8_linear)
             from primus.turbo.providers import delayed_recipe_issues
 

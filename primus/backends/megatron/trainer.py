@@ -226,8 +226,10 @@ class MegatronTrainer(Trainer):
                                          "triton": "primus.turbo.swiglu (Triton)"}[a["activation_fusion"]]
         if a["fp8_backend"]:
             info["fp8_backend"] = a["fp8_backend"]
+        self.weight_casts = self._weight_casts(bool(a["fp8_weight_cache"]) and self.fp8_hook is not None)
         if self.fp8_hook is not None:
             info["fp8_linears_on_this_rank"] = self.fp8_converted
+            info["fp8_weight_cache"] = self.weight_casts is not None
             if tconfig.num_moe_experts and tconfig.moe_grouped_gemm:
                 fp8_gg = a["turbo"].get("grouped_gemm_fp8")
                 if fp8_gg:  # which fp8 grouped GEMM the experts' two GEMMs run here (grouped_gemm_fp8's rule)
@@ -313,6 +315,19 @@ class MegatronTrainer(Trainer):
 
         self.fp8_hook = fp8.apply
 
+    @staticmethod
+    def _weight_casts(on: bool):
+        """The portable fp8 linears' weight-cast cache (primus.turbo.fp8_linear.WEIGHT_CASTS), on or off for this
+        run; train_step clears it around the optimizer step, the only place the weights change."""
+        import sys
+
+        if not on and "primus.turbo.fp8_linear" not in sys.modules:  # nothing to turn off (and no Triton import)
+            return None
+        from primus.turbo.fp8_linear import WEIGHT_CASTS
+
+        WEIGHT_CASTS.enable(on)
+        return WEIGHT_CASTS if on else None
+
     def _wire_sync_hooks(self, tconfig, finalize_model_grads) -> None:
         """As Megatron-LM's training loop does: let the schedules drive grad/param sync of the DDP chunks."""
         a, ov = self.args, self.cfg.overlap
@@ -385,6 +400,9 @@ class MegatronTrainer(Trainer):
             m.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.optimizer.param_groups[0]["lr"]
+        casts = self.weight_casts
+        if casts is not None:  # weights may have changed since the last step's casts (a checkpoint load)
+            casts.clear()
         losses = self.fb_func(
             forward_step_func=self._forward_step,
             data_iterator=self.iters if len(self.iters) > 1 else self.iters[0],
@@ -395,6 +413,8 @@ class MegatronTrainer(Trainer):
             decoder_seq_length=s["seq_length"],
             forward_only=False,
         )
+        if casts is not None:  # the optimizer step changes the weights; their casts' memory is free for it
+            casts.clear()
         level = a["empty_unused_memory_level"]
         if level >= 2 and self.ctx.device == "cuda":
             torch.cuda.empty_cache()
