@@ -168,8 +168,9 @@ def test_delayed_histories_count_each_forward_once_under_full_recompute(tmp_path
 def test_fp8_weight_cache_keeps_the_losses_bit_for_bit(tmp_path):
     """Two micro batches per step turn the fp8 weight cache on (precision.fp8_weight_cache=null): each weight is
     cast by the step's first micro batch and reused by the second, and the trainer clears the casts around the
-    optimizer step, so every step trains on its new weights. The losses are the uncached run's bit for bit (a cache
-    not cleared would have step 2 run step 1's weights); 4 linears x 2 steps casts, as many reuses."""
+    optimizer step, so every step trains on its new weights: 4 linears x 2 steps casts, as many reuses. The losses
+    are the uncached run's (bit for bit in practice; rel 2e-6 allows the 1e-6 run-to-run noise a CPU run once
+    showed). A cache never cleared makes 4 casts and 12 reuses, and step 2 runs step 1's weights: 1.8e-5 off."""
     over = [*BASE, "model.num_layers=1", "precision=fp8", "precision.fp8=e4m3"]
     (tmp_path / "on").mkdir()
     (tmp_path / "off").mkdir()
@@ -177,4 +178,4 @@ def test_fp8_weight_cache_keeps_the_losses_bit_for_bit(tmp_path):
     off = run_ranks(tmp_path / "off", "fp8_real.py", REAL, [*over, "precision.fp8_weight_cache=false"], 1)[0]
     assert on["weight_cache"] is True and on["weight_casts"] == [8, 8]
     assert off["weight_cache"] is False and off["weight_casts"] == [0, 0]
-    assert on["losses"] == off["losses"] and len(on["losses"]) == 2
+    assert on["losses"] == pytest.approx(off["losses"], rel=2e-6, abs=0) and len(on["losses"]) == 2
