@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import torch  # noqa: E402
 
 from primus.turbo import fp8_linear as F8  # noqa: E402
-from turbo_kernels import kernel_ms, load_module  # noqa: E402
+from turbo_kernels import ab_cell, ab_summary, kernel_ms, load_module  # noqa: E402
 
 SHAPES = [(4096, 6144, "qkv"), (4096, 4096, "o"), (4096, 28672, "gate+up"), (14336, 4096, "down")]
 
@@ -69,24 +69,12 @@ def main():
                 outs[tag] = res
                 fns[tag] = fn
             same[r] &= all(torch.equal(p, q) for o, n in zip(outs["old"], outs["new"]) for p, q in zip(o, n))
-            ts = []
-            for tag in ("old", "new", "old", "new"):
-                t = kernel_ms(fns[tag], [x, w])
-                ts.append(t)
-                tot.setdefault((r, tag), []).append(t)
-            cells.append(" / ".join(f"{t:.3f}" for t in ts))
+            cells.append(ab_cell(fns, "old", "new", r, tot, [x, w]))
         print(f"| {name} | {t_bf:.3f} | " + " | ".join(cells) + " |", flush=True)
         del x, w, dy
         torch.cuda.empty_cache()
     print()
-    print("| recipe | old: ms (vs bf16) | new: ms (vs bf16) | new / old | outputs bit-equal |")
-    print("|---|---:|---:|---:|---|")
-    for r in recipes:
-        old = [sum(tot[(r, "old")][i::2]) for i in range(2)]
-        new = [sum(tot[(r, "new")][i::2]) for i in range(2)]
-        o, n = min(old), min(new)
-        print(f"| {r} | {o:.3f} ({tot['bf16'] / o:.3f}x) | {n:.3f} ({tot['bf16'] / n:.3f}x) | {o / n:.3f}x "
-              f"(readings {old[0]:.3f}/{new[0]:.3f}, {old[1]:.3f}/{new[1]:.3f}) | {same[r]} |")
+    ab_summary(tot, recipes, same, "old", "new")
     print(f"bf16 total {tot['bf16']:.3f} ms")
 
 

@@ -112,6 +112,30 @@ def load_module(path: str, name: str = "fp8_linear_baseline"):
     return mod
 
 
+def ab_cell(fns, a: str, b: str, key, tot, grad_to_none=None) -> str:
+    """kernel_ms of fns[a], fns[b], fns[a], fns[b] (alternated: the two readings of each show the noise), each
+    appended to tot[(key, tag)]; returns the table cell "a / b / a / b"."""
+    ts = []
+    for tag in (a, b, a, b):
+        t = kernel_ms(fns[tag], grad_to_none)
+        ts.append(t)
+        tot.setdefault((key, tag), []).append(t)
+    return " / ".join(f"{t:.3f}" for t in ts)
+
+
+def ab_summary(tot, keys, same, a: str, b: str, base: str = "bf16") -> None:
+    """The A/B table over ab_cell's readings: per key the best of each tag's two summed readings, both vs
+    tot[base], b's speed-up over a, the readings, and whether the outputs were bit-equal (same[key])."""
+    print(f"| recipe | {a}: ms (vs {base}) | {b}: ms (vs {base}) | {b} vs {a} | outputs bit-equal |")
+    print("|---|---:|---:|---:|---|")
+    for k in keys:
+        ra = [sum(tot[(k, a)][i::2]) for i in range(2)]
+        rb = [sum(tot[(k, b)][i::2]) for i in range(2)]
+        o, n = min(ra), min(rb)
+        print(f"| {k} | {o:.3f} ({tot[base] / o:.3f}x) | {n:.3f} ({tot[base] / n:.3f}x) | {o / n:.3f}x "
+              f"(readings {ra[0]:.3f}/{rb[0]:.3f}, {ra[1]:.3f}/{rb[1]:.3f}) | {same[k]} |")
+
+
 def kernel_breakdown(fn, grad_to_none=None, n=10, top=12):
     """[(kernel name, us per call)] of fn's kernels from a profiler trace, largest first (the L2 flush excluded)."""
     from torch.profiler import ProfilerActivity, profile

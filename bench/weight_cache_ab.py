@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import torch  # noqa: E402
 
 from primus.turbo import fp8_linear as F8  # noqa: E402
-from turbo_kernels import copy_line, kernel_ms  # noqa: E402
+from turbo_kernels import ab_cell, ab_summary, copy_line, kernel_ms  # noqa: E402
 
 SHAPES = [(4096, 6144, "qkv"), (4096, 4096, "o"), (4096, 28672, "gate+up"), (14336, 4096, "down")]
 CACHE = F8.WEIGHT_CASTS
@@ -77,24 +77,12 @@ def main():
                 outs[tag], fns[tag] = res, step
             same[r] &= all(torch.equal(p, q) for o, n in zip(outs["off"], outs["on"])
                            for p, q in zip([*o[0], *o[1], o[2]], [*n[0], *n[1], n[2]]))
-            ts = []
-            for tag in ("off", "on", "off", "on"):
-                t = kernel_ms(fns[tag], [*xs, w])
-                ts.append(t)
-                tot.setdefault((r, tag), []).append(t)
-            cells.append(" / ".join(f"{t:.3f}" for t in ts))
+            cells.append(ab_cell(fns, "off", "on", r, tot, [*xs, w]))
         print(f"| {name} | {t_bf:.3f} | " + " | ".join(cells) + " |", flush=True)
         del xs, w, dys
         torch.cuda.empty_cache()
     print()
-    print("| recipe | off: ms (vs bf16) | on: ms (vs bf16) | on vs off | outputs bit-equal |")
-    print("|---|---:|---:|---:|---|")
-    for r in recipes:
-        off = [sum(tot[(r, "off")][i::2]) for i in range(2)]
-        on = [sum(tot[(r, "on")][i::2]) for i in range(2)]
-        o, n = min(off), min(on)
-        print(f"| {r} | {o:.3f} ({tot['bf16'] / o:.3f}x) | {n:.3f} ({tot['bf16'] / n:.3f}x) | {o / n:.3f}x "
-              f"(readings {off[0]:.3f}/{on[0]:.3f}, {off[1]:.3f}/{on[1]:.3f}) | {same[r]} |")
+    ab_summary(tot, recipes, same, "off", "on")
     print(f"bf16 total {tot['bf16']:.3f} ms per step")
 
 
