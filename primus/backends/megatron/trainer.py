@@ -326,6 +326,9 @@ class MegatronTrainer(Trainer):
         from primus.turbo.fp8_linear import WEIGHT_CASTS
 
         WEIGHT_CASTS.enable(on)
+        if on:
+            log.info("fp8 weight cache on: each weight cast once a step, reused by its other forwards "
+                     "(precision.fp8_weight_cache)")
         return WEIGHT_CASTS if on else None
 
     def _wire_sync_hooks(self, tconfig, finalize_model_grads) -> None:
