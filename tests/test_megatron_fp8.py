@@ -131,6 +131,14 @@ def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
     assert comp["compile"]["graph_breaks"] == 0, comp["compile"]
     assert comp["compile"]["unique_graphs"] >= 1
     assert comp["losses"] == pytest.approx(eager["losses"], abs=2e-2)
+    if recipe == "tensorwise":  # two micro batches: the fp8 weight cache is on. Inductor may reuse a backward's
+        # saved tensors in place (donated buffers); the cached casts it saves must come out unchanged: the same
+        # compiled run without the cache gives the same losses
+        (tmp_path / "uncached").mkdir()
+        off = run_ranks(tmp_path / "uncached", "fp8_real.py", REAL,
+                        [*over, "training.compile=true", "precision.fp8_weight_cache=false"], 1)[0]
+        assert comp["weight_casts"][1] > 0 and off["weight_casts"] == [0, 0]
+        assert comp["losses"] == pytest.approx(off["losses"], rel=2e-6, abs=0)
     if recipe == "delayed":  # 2 steps x 2 micro batches: 4 casts of every x and dy; the weight cast once a step
         # (two micro batches turn precision.fp8_weight_cache on), amaxes recorded
         assert [c for c, _ in comp["histories"]] == [4, 2, 4] * 8
