@@ -453,6 +453,8 @@ class MegatronTrainer(Trainer):
         return mckpt.load(self, path)
 
     def close(self) -> None:
+        if getattr(self, "weight_casts", None) is not None:  # a later run in this process (a sweep) starts clean
+            self.weight_casts.enable(False)
         try:
             self.ps.destroy_model_parallel()
         except Exception:  # noqa: BLE001
