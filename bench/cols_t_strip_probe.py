@@ -36,7 +36,7 @@ import triton.language as tl  # noqa: E402
 
 from primus.turbo import _common  # noqa: E402
 from primus.turbo import fp8_linear as F8  # noqa: E402
-from turbo_kernels import same_bytes  # noqa: E402
+from turbo_kernels import variants_row  # noqa: E402
 
 
 @triton.jit
@@ -95,8 +95,9 @@ def main():
     a = ap.parse_args()
     dev = "cpu" if CPU else "cuda"
     e4 = torch.float8_e4m3fn
+    copy = None
     if not CPU:
-        from turbo_kernels import copy_line, kernel_ms
+        from turbo_kernels import copy_line
 
         copy = copy_line()
         print("| x | production (colmax + cast), ms (% copy) | best strip variant (BK, BM, warps, per SM, rev) | "
@@ -109,20 +110,11 @@ def main():
         x = (torch.randn(R, C, device=dev) * torch.rand(1, C, device=dev) * 8).to(torch.bfloat16)
         x[:, : min(C, 16)] = 0  # a zero strip: the 1e-12 floor
         YR, YC = F8._pad16(C), F8._pad16(R)
-        ref = F8._cast_along_rows_t(x, e4, YR, YC)
-        eq = all(same_bytes(ref, strips(x, e4, YR, YC, v)) for v in VARIANTS)
-        if CPU:
-            print(f"{shape}: every variant's bytes equal production's: {eq}")
-            continue
-        t0 = kernel_ms(lambda: F8._cast_along_rows_t(x, e4, YR, YC))
-        ts = [kernel_ms(lambda v=v: strips(x, e4, YR, YC, v)) for v in VARIANTS]
-        k = min(range(len(ts)), key=ts.__getitem__)
-        gb = R * C * 3 / 1e9
-        print(f"| {shape} | {t0:.4f} ({gb / t0 / copy * 1e5:.1f}) | {VARIANTS[k]} | {ts[k]:.4f} "
-              f"({gb / ts[k] / copy * 1e5:.1f}) | {t0 / ts[k]:.3f}x | {eq} | "
-              f"{' / '.join(f'{t:.4f}' for t in ts)} |", flush=True)
-        del x, ref
-        torch.cuda.empty_cache()
+        variants_row(shape, lambda: F8._cast_along_rows_t(x, e4, YR, YC), lambda v: strips(x, e4, YR, YC, v),
+                     VARIANTS, R * C * 3 / 1e9, copy)
+        del x
+        if not CPU:
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

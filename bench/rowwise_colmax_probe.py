@@ -36,7 +36,7 @@ import triton.language as tl  # noqa: E402
 
 from primus.turbo import _common  # noqa: E402
 from primus.turbo import fp8_linear as F8  # noqa: E402
-from turbo_kernels import same_bytes  # noqa: E402
+from turbo_kernels import variants_row  # noqa: E402
 
 
 @triton.jit
@@ -115,8 +115,9 @@ def main():
     dev = "cpu" if CPU else "cuda"
     e4 = torch.float8_e4m3fn
     _common.POISON = CPU  # on the CPU both sides' outputs start as NaN, so an element left unwritten shows
+    copy = None
     if not CPU:
-        from turbo_kernels import copy_line, kernel_ms
+        from turbo_kernels import copy_line
 
         copy = copy_line()
         print("| dy | production (rowwise + colmax + cast^T), ms (% copy) | best fused (BR, ROWS, warps) | ms (% copy) "
@@ -132,20 +133,11 @@ def main():
         # at most 64 elements of the tile per thread: more spills (sm90, read on the CPU with
         # bench/kernel_resources.py's compile: 104 / 56 bytes of stack at 128 per thread)
         vs = [v for v in VARIANTS if v[0] * triton.next_power_of_2(C) <= 64 * 32 * v[2]]
-        ref = production(x, e4)
-        eq = all(same_bytes(ref, fused(x, e4, v)) for v in vs)
-        if CPU:
-            print(f"{shape}: every variant's bytes equal production's: {eq}")
-            continue
-        t0 = kernel_ms(lambda: production(x, e4))
-        ts = [kernel_ms(lambda v=v: fused(x, e4, v)) for v in vs]
-        k = min(range(len(ts)), key=ts.__getitem__)
-        gb = R * C * 4 / 1e9  # min bytes: read dy once, write dy and dy^T in fp8
-        print(f"| {shape} | {t0:.4f} ({gb / t0 / copy * 1e5:.1f}) | {vs[k]} | {ts[k]:.4f} "
-              f"({gb / ts[k] / copy * 1e5:.1f}) | {t0 / ts[k]:.3f}x | {eq} | "
-              f"{' / '.join(f'{t:.4f}' for t in ts)} |", flush=True)
-        del x, ref
-        torch.cuda.empty_cache()
+        # min bytes: read dy once, write dy and dy^T in fp8
+        variants_row(shape, lambda: production(x, e4), lambda v: fused(x, e4, v), vs, R * C * 4 / 1e9, copy)
+        del x
+        if not CPU:
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import traceback
+from typing import Optional
 
 SMOKE = "--smoke" in sys.argv  # CPU smoke run of this script: Triton interpreter, tiny sizes, no timing loop
 if SMOKE:
@@ -134,6 +135,23 @@ def ab_summary(tot, keys, same, a: str, b: str, base: str = "bf16") -> None:
         o, n = min(ra), min(rb)
         print(f"| {k} | {o:.3f} ({tot[base] / o:.3f}x) | {n:.3f} ({tot[base] / n:.3f}x) | {o / n:.3f}x "
               f"(readings {ra[0]:.3f}/{rb[0]:.3f}, {ra[1]:.3f}/{rb[1]:.3f}) | {same[k]} |")
+
+
+def variants_row(shape: str, production, variant, variants, gbytes: float, copy: Optional[float]) -> None:
+    """One row of a probe's table: whether every variant(v) writes production()'s bytes (same_bytes). With `copy`
+    (a GPU run: copy_line's bandwidth) also production's time, the fastest variant's and every variant's, each as %
+    of copy bandwidth on `gbytes` minimum GB; without (the interpreter) the byte check alone."""
+    ref = production()
+    eq = all(same_bytes(ref, variant(v)) for v in variants)
+    if copy is None:
+        print(f"{shape}: every variant's bytes equal production's: {eq}")
+        return
+    t0 = kernel_ms(production)
+    ts = [kernel_ms(lambda v=v: variant(v)) for v in variants]
+    k = min(range(len(ts)), key=ts.__getitem__)
+    print(f"| {shape} | {t0:.4f} ({gbytes / t0 / copy * 1e5:.1f}) | {variants[k]} | {ts[k]:.4f} "
+          f"({gbytes / ts[k] / copy * 1e5:.1f}) | {t0 / ts[k]:.3f}x | {eq} | "
+          f"{' / '.join(f'{t:.4f}' for t in ts)} |", flush=True)
 
 
 def kernel_breakdown(fn, grad_to_none=None, n=10, top=12):
