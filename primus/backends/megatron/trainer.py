@@ -318,7 +318,8 @@ class MegatronTrainer(Trainer):
     @staticmethod
     def _weight_casts(on: bool):
         """The portable fp8 linears' weight-cast cache (primus.turbo.fp8_linear.WEIGHT_CASTS), on or off for this
-        run; train_step clears it around the optimizer step, the only place the weights change."""
+        run. train_step clears it after the step's forwards and backwards, before the optimizer step, so casts live
+        only inside one step's forward/backward: a checkpoint load or an optimizer step never meets one."""
         import sys
 
         if not on and "primus.turbo.fp8_linear" not in sys.modules:  # nothing to turn off (and no Triton import)
@@ -403,9 +404,6 @@ class MegatronTrainer(Trainer):
             m.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.optimizer.param_groups[0]["lr"]
-        casts = self.weight_casts
-        if casts is not None:  # weights may have changed since the last step's casts (a checkpoint load)
-            casts.clear()
         losses = self.fb_func(
             forward_step_func=self._forward_step,
             data_iterator=self.iters if len(self.iters) > 1 else self.iters[0],
@@ -416,8 +414,8 @@ class MegatronTrainer(Trainer):
             decoder_seq_length=s["seq_length"],
             forward_only=False,
         )
-        if casts is not None:  # the optimizer step changes the weights; their casts' memory is free for it
-            casts.clear()
+        if self.weight_casts is not None:  # the optimizer step changes the weights; their casts' memory is free
+            self.weight_casts.clear()
         level = a["empty_unused_memory_level"]
         if level >= 2 and self.ctx.device == "cuda":
             torch.cuda.empty_cache()
