@@ -36,6 +36,18 @@ def cfg_of():
     return compose_cfg
 
 
+@pytest.fixture
+def weight_casts():
+    """primus.turbo.fp8_linear.WEIGHT_CASTS on, counters at 0, off again after the test (imported here, after the
+    test module's turbo_util has chosen Triton's interpreter on CPU)."""
+    from primus.turbo.fp8_linear import WEIGHT_CASTS
+
+    WEIGHT_CASTS.enable(True)
+    WEIGHT_CASTS.hits = WEIGHT_CASTS.misses = 0
+    yield WEIGHT_CASTS
+    WEIGHT_CASTS.enable(False)
+
+
 @pytest.fixture(autouse=True)
 def _restore_environ():
     """Tests that drive trainers in-process set RANK/WORLD_SIZE/MASTER_PORT... and process-wide switches: never
