@@ -221,3 +221,50 @@ def test_scaled_grouped_gemm_on_gpu(sizes, K, N, trans_b):
                                                                                 dtype=torch.bfloat16)
     assert GF.fp8_grouped_provider(x, w, "e4m3") == "torch_scaled"
     _run_vs_float64(sizes, K, N, trans_b, None)
+
+
+# ------------------------------------------------------------------------------------ the experts' weight casts
+
+
+@pytest.mark.parametrize("provider", ["triton", "torch_scaled"])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_expert_weight_casts_are_reused_until_cleared(monkeypatch, weight_casts, provider, trans_b):
+    """The experts' fp8 weights under WEIGHT_CASTS (the megatron trainer's fp8 weight cache): two micro batches give
+    the uncached outputs and gradients bit for bit with each cast made once (torch_scaled: w along K for the
+    forward, along N for the dgrad; triton: one tensorwise cast per expert, reused by the backward). A weight
+    changed through .data is served stale until clear(), then cast again. torch_scaled runs the real op on an sm90
+    GPU, else the float64 emulation above."""
+    if provider == "torch_scaled" and _sm90_scaled():
+        monkeypatch.setattr(torch, "_scaled_grouped_mm", _emulated_scaled_grouped_mm([]), raising=False)
+    torch.manual_seed(0)
+    sizes, K, N = [5, 0, 17, 3], 32, 48
+    G, M = len(sizes), sum(sizes)
+    w0 = ((torch.randn(G, N, K) if trans_b else torch.randn(G, K, N)) / K ** 0.5).to(DEV, torch.bfloat16)
+    xs = [(torch.randn(M, K) * (1 + i)).to(DEV, torch.bfloat16) for i in range(3)]
+    dys = [torch.randn(M, N).to(DEV, torch.bfloat16) for _ in range(3)]
+    counts = torch.tensor(sizes, device=DEV)
+
+    def run(cached: bool, w, i):
+        weight_casts.enabled = cached
+        x = xs[i].clone().requires_grad_()
+        y = fp8_grouped_gemm(x, w, counts, trans_b=trans_b, fmt="e4m3", provider=provider)
+        y.backward(dys[i])
+        out = (y.detach().clone(), x.grad, w.grad.clone())
+        w.grad = None
+        return out
+
+    w_c, w_u = w0.clone().requires_grad_(), w0.clone().requires_grad_()
+    for i in range(2):  # two micro batches of one step
+        got, want = run(True, w_c, i), run(False, w_u, i)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (provider, i)
+    forms = 2 if provider == "torch_scaled" else 1
+    assert (weight_casts.misses, weight_casts.hits) == (forms, forms)
+
+    w_c.data.mul_(0.5)  # the optimizer step, as megatron writes it (no version bump)
+    w_u.data.mul_(0.5)
+    stale, fresh = run(True, w_c, 2), run(False, w_u, 2)
+    assert not torch.equal(stale[0], fresh[0])
+    weight_casts.clear()
+    redone, want = run(True, w_c, 2), run(False, w_u, 2)
+    assert all(torch.equal(a, b) for a, b in zip(redone, want)), provider
+    assert weight_casts.misses == 2 * forms

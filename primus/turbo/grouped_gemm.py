@@ -163,11 +163,12 @@ class _Fp8GroupedGemm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, ends, trans_b, fmt):
-        from primus.turbo.fp8_linear import cast_tensorwise, fp8_formats
+        from primus.turbo.fp8_linear import WEIGHT_CASTS, cast_tensorwise, fp8_formats
 
         f_dt, g_dt = fp8_formats(x.device, fmt)
         xq, _, sx = cast_tensorwise(x, f_dt, want_y=True, want_t=False, pad_t=False)
-        wq, sw = _quantize_experts(w, f_dt)
+        # kept through a step when the trainer keeps weight casts (fp8_linear.WEIGHT_CASTS); the backward reuses it
+        wq, sw = WEIGHT_CASTS.get(w, ("experts_tensorwise", f_dt), lambda: _quantize_experts(w, f_dt))
         w_kn = wq.transpose(1, 2) if trans_b else wq
         K, N = w_kn.shape[1], w_kn.shape[2]
         ctx.save_for_backward(xq, sx, wq, sw, ends)

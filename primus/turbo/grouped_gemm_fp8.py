@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from primus.turbo import _common
-from primus.turbo.fp8_linear import _fmax, cast_rowwise
+from primus.turbo.fp8_linear import WEIGHT_CASTS, _fmax, cast_rowwise
 
 log = logging.getLogger("primus.turbo")
 
@@ -199,7 +199,8 @@ class _ScaledGroupedMM(torch.autograd.Function):
             ctx.save_for_backward(w, ends)
             return x.new_zeros((0, N))
         xq, sx = cast_tokens(x, f_dt)
-        wq, sw = cast_experts(w_kn.transpose(1, 2), f_dt)  # (G, N, K) along K, scales (G, N)
+        # (G, N, K) along K, scales (G, N); kept through a step when the trainer keeps weight casts (WEIGHT_CASTS)
+        wq, sw = WEIGHT_CASTS.get(w, ("experts_k", f_dt, trans_b), lambda: cast_experts(w_kn.transpose(1, 2), f_dt))
         y = _sgmm(xq, wq.transpose(1, 2), sx, sw, ends, fast=True)  # (M, K) @ (G, K, N) column-major
         if need_dw:  # the wgrad operand now (fp8 saved instead of x): x^T (K, MP), per (expert, column) scales
             pends = padded_ends(ends)
@@ -225,7 +226,8 @@ class _ScaledGroupedMM(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             w_kn = w.transpose(1, 2) if ctx.trans_b else w
             dyq, sdy = cast_tokens(dy, f_dt)
-            wq, sw = cast_experts(w_kn, f_dt)  # (G, K, N) along N, scales (G, K)
+            wq, sw = WEIGHT_CASTS.get(w, ("experts_n", f_dt, ctx.trans_b),
+                                      lambda: cast_experts(w_kn, f_dt))  # (G, K, N) along N, scales (G, K)
             dx = _sgmm(dyq, wq.transpose(1, 2), sdy, sw, ends, fast=False)  # (M, N) @ (G, N, K) column-major
         if ctx.needs_input_grad[1]:
             pends, xt, sxt = ctx.saved_tensors[2:]
