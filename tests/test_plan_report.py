@@ -182,3 +182,25 @@ def test_portable_fp8_saves_one_byte_linear_inputs_and_transposed_weights():
     assert backend_hints(compose_cfg(["experiment=llama3_2_1b_megatron_fp8_delayed"])).portable_fp8_saves_fp8
     blockwise = compose_cfg(["experiment=llama3_2_1b_megatron_fp8", "precision=fp8_blockwise"])
     assert backend_hints(blockwise).portable_fp8_saves_fp8  # x^T cast in the forward (fp8_linear.fp8_forward)
+
+
+@pytest.mark.parametrize("extra,dense_bytes,expert_bytes", [
+    ([], 2, 2),  # the preset: 2 micro batches, so the cache is on; e4m3 experts on torch._scaled_grouped_mm: 2 forms
+    (["precision.fp8_weight_cache=false"], 1, 0),  # each forward's transposed fp8 weight; experts keep bf16 w
+    (["turbo.grouped_gemm_fp8=false"], 2, 0),  # bf16 experts: never cast to fp8
+    (["precision.fp8=hybrid"], 2, 1),  # hybrid experts on the Triton path: one tensorwise cast
+])
+def test_fp8_weight_copies_follow_the_weight_cache_and_the_experts_gemm(extra, dense_bytes, expert_bytes):
+    """The portable fp8 path's weight copies (megatron, MoE): the fp8 weight cache's two forms per dense linear
+    weight, and per expert weight what its grouped GEMM casts (primus/turbo/grouped_gemm_fp8.py). The preset plans
+    just above its measured peaks (H200, session 14: 64.9 GiB with the cache off, 69.4 GiB on)."""
+    from primus.plan.memory import layout_of, stage_params
+
+    cfg = compose_cfg(["experiment=mixtral_small_moe_fp8", *extra])
+    sp = stage_params(cfg, layout_of(cfg, 1), 0)
+    assert 0 < sp.experts < sp.linear
+    mem = estimate_memory(cfg, resolve_gpu("H200", None), 1)
+    assert mem.details["fp8_weight_copies"] == dense_bytes * (sp.linear - sp.experts) + expert_bytes * sp.experts
+    measured = {(): 69.4, ("precision.fp8_weight_cache=false",): 64.9}.get(tuple(extra))
+    if measured:
+        assert measured <= mem.total / GiB <= measured * 1.10, mem.total / GiB

@@ -146,6 +146,7 @@ class StageParams:
     output: int  # output projection + final norm (last stage)
     largest_block: int  # the largest single decoder layer on this rank (FSDP gathers one at a time)
     linear: int  # params in matmul weights (autocast / fp8 copies)
+    experts: int = 0  # of those, the routed experts' (their fp8 casts follow the grouped GEMM's rules)
 
     @property
     def total(self) -> int:
@@ -161,9 +162,10 @@ def _layer_params(m, moe_layer: bool, tp: int, ep: int) -> Dict[str, int]:
     attn = attention_params(m) // tp
     if moe_layer:
         router = h * m.num_experts  # replicated
-        mlp = m.num_experts // ep * expert_params(m) // tp + shared_expert_params(m) // tp
-        return {"linear": attn + mlp, "other": norms + router}
-    return {"linear": attn + dense_mlp_params(m) // tp, "other": norms}
+        experts = m.num_experts // ep * expert_params(m) // tp
+        return {"linear": attn + experts + shared_expert_params(m) // tp, "other": norms + router,
+                "experts": experts}
+    return {"linear": attn + dense_mlp_params(m) // tp, "other": norms, "experts": 0}
 
 
 def stage_params(cfg: PrimusConfig, lay: Layout, stage: int) -> StageParams:
@@ -172,11 +174,12 @@ def stage_params(cfg: PrimusConfig, lay: Layout, stage: int) -> StageParams:
     first = stage * per_stage
     ids = range(first, first + per_stage)
     moe_start = m.num_layers - num_moe_layers(m)
-    layer_total, linear, largest = 0, 0, 0
+    layer_total, linear, experts, largest = 0, 0, 0, 0
     for i in ids:
         d = _layer_params(m, bool(m.num_experts) and i >= moe_start, lay.tp, lay.ep)
         layer_total += d["linear"] + d["other"]
         linear += d["linear"]
+        experts += d["experts"]
         largest = max(largest, d["linear"] + d["other"])
     vh = m.vocab_size * m.hidden_size // lay.tp
     embedding = vh if stage == 0 else 0
@@ -189,7 +192,7 @@ def stage_params(cfg: PrimusConfig, lay: Layout, stage: int) -> StageParams:
         elif stage == 0:
             linear += vh  # tied, one stage: the embedding is also the output matmul
     return StageParams(layers=per_stage, layer_params=layer_total, embedding=embedding, output=output,
-                       largest_block=largest, linear=linear)
+                       largest_block=largest, linear=linear, experts=experts)
 
 
 # ------------------------------------------------------------------------------------------------ activations
@@ -444,6 +447,20 @@ def _portable_weight_cache(cfg, lay) -> bool:
         return bool(cfg.precision.fp8_weight_cache)
 
 
+def _cached_expert_bytes(cfg) -> int:
+    """Bytes per routed-expert weight element that the fp8 weight cache keeps (primus/turbo/grouped_gemm_fp8.py):
+    0 when the experts' GEMMs run bf16 (no fp8 cast); e4m3: torch._scaled_grouped_mm's two casts, along K for the
+    forward and along N for the dgrad (on GPUs other than sm90 the Triton path keeps one: an over-estimate there);
+    hybrid: the Triton path's one tensorwise cast, which the backward reuses."""
+    try:
+        from primus.backends.megatron import args as margs
+
+        fmt = margs.turbo_args(cfg).get("grouped_gemm_fp8")
+    except ImportError:  # planning never depends on the backend importing
+        fmt = cfg.precision.fp8.value if cfg.turbo.grouped_gemm_fp8 else None
+    return 0 if not fmt else 2 if fmt == "e4m3" else 1
+
+
 def _megatron_stage(cfg, lay, hints, stage, sp: StageParams) -> Dict[str, float]:
     mem = cfg.memory
     P = sp.total
@@ -460,9 +477,11 @@ def _megatron_stage(cfg, lay, hints, stage, sp: StageParams) -> Dict[str, float]
     if cfg.precision.fp8 is not None and hints.te_linears:
         d["fp8_weight_copies"] = 2 * sp.linear  # TE: fp8 weight + its transpose per linear
     elif cfg.precision.fp8 is not None and _portable_weight_cache(cfg, lay):
-        d["fp8_weight_copies"] = 2 * sp.linear  # fp8_weight_cache: each weight's two fp8 forms, kept through a step
+        # fp8_weight_cache: each weight's two fp8 forms, kept through a step; the experts' per their grouped GEMM
+        d["fp8_weight_copies"] = 2 * (sp.linear - sp.experts) + _cached_expert_bytes(cfg) * sp.experts
     elif hints.portable_fp8_saves_fp8:
-        d["fp8_weight_copies"] = 1 * sp.linear  # the transposed fp8 weight each forward keeps for its backward
+        # the transposed fp8 weight each forward keeps for its backward (the fp8 grouped GEMMs keep the bf16 one)
+        d["fp8_weight_copies"] = 1 * (sp.linear - sp.experts)
     # optimizer step: fp32 main grads (bf16 buffer -> .float() copies) + torch AdamW foreach sqrt temporaries
     step = (4 * opt_elems if g == 2 else 0)
     step += 4 * opt_elems * (1 - frac) if not mem.optimizer_cpu_offload else 0
