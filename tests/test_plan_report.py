@@ -204,3 +204,17 @@ def test_fp8_weight_copies_follow_the_weight_cache_and_the_experts_gemm(extra, d
     measured = {(): 69.4, ("precision.fp8_weight_cache=false",): 64.9}.get(tuple(extra))
     if measured:
         assert measured <= mem.total / GiB <= measured * 1.10, mem.total / GiB
+
+
+def test_portable_fp8_weight_copies_are_gone_by_the_optimizer_step():
+    """The trainer clears the fp8 weight cache before the optimizer step, and the uncached transposed fp8 weights
+    are saved tensors the backward frees: a plan whose peak is the step holds none, cache on or off."""
+    base = ["model=llama3_8b", "backend=megatron", "backend.layer_spec=local", "precision=fp8",
+            "training.micro_batch_size=1", "training.global_batch_size=1", "training.seq_length=512"]
+    plans = {c: estimate_memory(compose_cfg(base + [f"precision.fp8_weight_cache={c}"]), resolve_gpu("H200", None), 1)
+             for c in ("true", "false")}
+    on, off = plans["true"], plans["false"]
+    assert on.peak_phase == off.peak_phase == "optimizer step"
+    assert on.details["fp8_weight_copies"] == 2 * off.details["fp8_weight_copies"] > 0  # held through fwd/bwd
+    assert on.details["fp8_weight_copies_at_step"] == off.details["fp8_weight_copies_at_step"] == 0
+    assert on.total == off.total

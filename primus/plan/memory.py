@@ -476,12 +476,16 @@ def _megatron_stage(cfg, lay, hints, stage, sp: StageParams) -> Dict[str, float]
          "states_numel": 2 * opt_elems}
     if cfg.precision.fp8 is not None and hints.te_linears:
         d["fp8_weight_copies"] = 2 * sp.linear  # TE: fp8 weight + its transpose per linear
+        d["fp8_weight_copies_at_step"] = d["fp8_weight_copies"]  # TE's modules keep them through the step
     elif cfg.precision.fp8 is not None and _portable_weight_cache(cfg, lay):
         # fp8_weight_cache: each weight's two fp8 forms, kept through a step; the experts' per their grouped GEMM
         d["fp8_weight_copies"] = 2 * (sp.linear - sp.experts) + _cached_expert_bytes(cfg) * sp.experts
     elif hints.portable_fp8_saves_fp8:
         # the transposed fp8 weight each forward keeps for its backward (the fp8 grouped GEMMs keep the bf16 one)
         d["fp8_weight_copies"] = 1 * (sp.linear - sp.experts)
+    # the portable path's copies are gone by the optimizer step: the trainer clears the weight cache before it, and
+    # the uncached transposed weights are saved tensors the backward frees
+    d.setdefault("fp8_weight_copies_at_step", 0)
     # optimizer step: fp32 main grads (bf16 buffer -> .float() copies) + torch AdamW foreach sqrt temporaries
     step = (4 * opt_elems if g == 2 else 0)
     step += 4 * opt_elems * (1 - frac) if not mem.optimizer_cpu_offload else 0
@@ -546,7 +550,8 @@ def estimate_memory(cfg: PrimusConfig, gpu: Gpu, world: Optional[int] = None) ->
             step_temp = 0.0
         peak_fb = resident + act + fwd_temp
         if cfg.backend.name == Backend.megatron:
-            peak_step = d["weights"] + grads + d["main_params"] + d["adam_states_gpu"] + d.get("fp8_weight_copies", 0) + step_temp
+            peak_step = (d["weights"] + grads + d["main_params"] + d["adam_states_gpu"] + d["fp8_weight_copies_at_step"]
+                         + step_temp)
         else:
             peak_step = d["weights"] + d["adam_states_gpu"] + grads
         phase = "forward/backward" if peak_fb >= peak_step else "optimizer step"
@@ -559,7 +564,7 @@ def estimate_memory(cfg: PrimusConfig, gpu: Gpu, world: Optional[int] = None) ->
             grads_shown = grads if cfg.backend.name == Backend.megatron else d["grads_at_peak"]
         else:
             grads_shown = grads
-            params_b = d["weights"] + d.get("fp8_weight_copies", 0)
+            params_b = d["weights"] + d.get("fp8_weight_copies_at_step", 0)
         reserve = settings.reserve_gb * GiB + (0.5 * GiB if lay.world > 1 else 0.0) + settings.fragmentation * total
         details = {k: float(v) for k, v in d.items() if not k.endswith("numel")}
         details.update({f"act_{k}": v for k, v in acts.items()})
