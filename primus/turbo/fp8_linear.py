@@ -580,11 +580,13 @@ class WeightCasts:
     weight cache, refreshed at each step's first micro batch through megatron's is_first_microbatch).
 
     Off unless a trainer turns it on (`enable`): only the trainer knows when the weights change, and it `clear`s the
-    cache after each step's forwards and backwards, before the optimizer step. A cast is keyed by the weight's storage (address, shape, strides, dtype,
-    device) and by the cast (recipe form, fp8 dtype). That is sound for weights that stay in one place through a
-    step, as megatron's parameters do; an FSDP-style unsharded weight can land at another layer's address (so the
-    TorchTitan backend does not use it). Casts captured into a CUDA graph are not cached. Under the delayed recipe a
-    weight's amax is recorded by its first cast of a step only, as TE records it."""
+    cache after each step's forwards and backwards, before the optimizer step. A cast is keyed by the weight's
+    storage (address, shape, strides, dtype, device) and by the cast (recipe form, fp8 dtype). That is sound for
+    weights that stay in one place through a step, as megatron's parameters do; an FSDP-style unsharded weight can
+    land at another layer's address (so the TorchTitan backend does not use it). Casts captured into a CUDA graph
+    are not cached. Under the delayed recipe a weight's amax is recorded by its first cast of a step only, as TE
+    records it. The MoE experts' fp8 grouped GEMMs (grouped_gemm.py, grouped_gemm_fp8.py) keep their weight casts
+    here too."""
 
     def __init__(self):
         self.enabled = False
