@@ -47,7 +47,8 @@ def test_every_config_of_the_tuned_forward_is_correct(T, F, with_probs):
 
     wide = torch.randn(T, 2 * F + 6, device=DEV, dtype=torch.bfloat16)
     p = torch.rand(T, device=DEV) if with_probs else None
-    space = S._FWD.space((wide, p, None, T * F, F, wide.stride(0)), HAS_P=with_probs)
+    space = S._FWD.space((wide, p, None, None, T * F, F, wide.stride(0)), HAS_P=with_probs, WANT_AMAX=False,
+                          NS=S.AMAX_SLOTS)
     assert len(space) >= 3
     for h in (wide[:, :2 * F].contiguous(), wide[:, :2 * F]):
         ref = swiglu_reference(h.double()) * (p.double()[:, None] if with_probs else 1)

@@ -637,12 +637,15 @@ def _amax_partials(flat: torch.Tensor, delayed=None):
 
 
 def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool = False, pad_t: bool = True,
-                    history: Optional[AmaxHistory] = None, config=None, record: bool = True):
+                    history: Optional[AmaxHistory] = None, config=None, record: bool = True,
+                    amax: Optional[torch.Tensor] = None):
     """x2 (R, C) -> (y (RP, C) fp8 | None, yT (C, RP) fp8 | None, scale_inv fp32 scalar).
     RP = R padded to a multiple of 16 (fp8 GEMM operand rule) when pad_t, with zero rows; else R.
     history: delayed scaling (the scale from earlier calls; this call's amax recorded in the same pass).
     record=False (with history): a replayed forward; cast with the history's last scale, leave the state as it is.
-    config: one launch config of _TENSORWISE's space (tests); None = tuned on a GPU / the space's first."""
+    config: one launch config of _TENSORWISE's space (tests); None = tuned on a GPU / the space's first.
+    amax: partial maxima of |x2| (fp32, at most _PARTS; their max is x2's amax) from the kernel that produced x2
+    (swiglu.swiglu_fwd_amax / swiglu_bwd_amax): the cast then skips its own amax pass (one read of x2)."""
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     R, C = x2.shape
@@ -651,7 +654,12 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
     y = _common.empty((RP, C), dtype, x2.device) if want_y else None
     yt = _common.empty((C, RP), dtype, x2.device) if want_t else None
     sinv = _common.empty((), torch.float32, x2.device)  # this call's own (read by GEMMs after later calls)
-    if history is None:
+    if amax is not None:
+        if history is not None or amax.dtype != torch.float32 or not 0 < amax.numel() <= _PARTS:
+            raise ValueError(f"cast_tensorwise: amax= takes up to {_PARTS} fp32 partial maxima, current scaling only")
+        part, nprog = amax, amax.numel()
+        amax_slots = sinv
+    elif history is None:
         part, nprog = _amax_partials(flat)
         amax_slots = sinv
     else:
@@ -1119,11 +1127,15 @@ def replaying_forward() -> bool:
 
 
 def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], recipe: str = "tensorwise",
-                fmt: str = "e4m3", need_wgrad: bool = True, delayed: Optional[DelayedLinearState] = None):
+                fmt: str = "e4m3", need_wgrad: bool = True, delayed: Optional[DelayedLinearState] = None,
+                x_amax: Optional[torch.Tensor] = None):
     """y2 (M, N) = x2 (M, K) @ weight.T (+ bias) in fp8, plus the FP8State the backward needs.
-    delayed: this linear's amax histories (recipe "delayed" only; `DelayedScaling(...).linear_state()`)."""
+    delayed: this linear's amax histories (recipe "delayed" only; `DelayedScaling(...).linear_state()`).
+    x_amax: tensorwise only, x2's amax as partial maxima from its producer (cast_tensorwise's amax=)."""
     if (recipe == "delayed") != (delayed is not None):
         raise ValueError("the delayed recipe needs this linear's DelayedLinearState (and other recipes take none)")
+    if x_amax is not None and recipe != "tensorwise":
+        raise ValueError(f"x_amax is the tensorwise recipe's (recipe {recipe!r} has no amax pass to skip)")
     f_dt, g_dt = fp8_formats(x2.device, fmt)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
@@ -1132,7 +1144,8 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     if recipe in ("tensorwise", "delayed"):
         hx, hw = (delayed.x, delayed.w) if delayed is not None else (None, None)
         record = delayed is None or not replaying_forward()
-        xq, xqt, sx = cast_tensorwise(x2, f_dt, want_y=True, want_t=need_wgrad, history=hx, record=record)
+        xq, xqt, sx = cast_tensorwise(x2, f_dt, want_y=True, want_t=need_wgrad, history=hx, record=record,
+                                      amax=x_amax)
         wq, wqt, sw = WEIGHT_CASTS.get(weight, (recipe, f_dt), lambda: cast_tensorwise(
             weight, f_dt, want_y=True, want_t=True, pad_t=False, history=hw, record=record))
         y = _mm(xq, wq.t(), sx, sw, out_dt, bias=bias.to(out_dt) if bias is not None else None, fast=fast)
@@ -1167,10 +1180,13 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
 
 
 def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw: bool = True,
-                 need_db: bool = True, after_dgrad=None):
+                 need_db: bool = True, after_dgrad=None, dy_amax: Optional[torch.Tensor] = None):
     """(dx2, dw, db) for y2 = fp8_forward(...). `after_dgrad(dx2)` runs between the dgrad and the wgrad GEMMs
-    (tensor parallelism launches the dgrad all-reduce / reduce-scatter there, so it overlaps the wgrad)."""
+    (tensor parallelism launches the dgrad all-reduce / reduce-scatter there, so it overlaps the wgrad).
+    dy_amax: tensorwise only, dy2's amax as partial maxima from its producer (cast_tensorwise's amax=)."""
     recipe, g_dt, f_dt = st.recipe, st.g_dt, st.f_dt
+    if dy_amax is not None and recipe != "tensorwise":
+        raise ValueError(f"dy_amax is the tensorwise recipe's (recipe {recipe!r} has no amax pass to skip)")
     if dy2.stride(1) != 1:
         dy2 = dy2.contiguous()
     out_dt = _out_dtype(dy2)
@@ -1179,7 +1195,7 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
     if recipe in ("tensorwise", "delayed"):
         xqt, sx, wqt, sw = st.tensors
         hdy = st.delayed.dy if st.delayed is not None else None
-        dyq, dyqt, sdy = cast_tensorwise(dy2, g_dt, want_y=need_dx, want_t=need_dw, history=hdy)
+        dyq, dyqt, sdy = cast_tensorwise(dy2, g_dt, want_y=need_dx, want_t=need_dw, history=hdy, amax=dy_amax)
         if need_dx:
             dx = _mm(dyq, wqt.t(), sdy, sw, out_dt)[:dy2.shape[0]]  # (MP,N) @ (N,K)
         if after_dgrad is not None:
