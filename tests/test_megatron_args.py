@@ -203,6 +203,44 @@ def test_fp8_weight_cache_off_under_te_is_an_issue(monkeypatch):
     assert not [i for i in margs.capability_issues(on, GPU8) if "precision.fp8_weight_cache" in i.keys]
 
 
+@pytest.mark.parametrize("overrides,on", [
+    (["precision=fp8"], True),  # portable tensorwise, primus' Triton SwiGLU on the GPU
+    (["precision=bf16"], False),
+    (["precision=fp8", "precision.fp8_fused_mlp=false"], False),
+    (["precision=fp8", "precision.fp8_recipe=rowwise"], False),  # no amax pass to fuse
+    (["precision=fp8_delayed"], False),
+    (["precision=fp8", "model.bias_activation_fusion=false"], False),  # the user's unfused activation stays
+    (["precision=fp8", "turbo=megatron", "turbo.use_turbo_parallel_linear=true"], False),
+])
+def test_fp8_fused_mlp_resolution(monkeypatch, overrides, on):
+    """null: wherever fused_mlp_blockers finds nothing in the way; false: off."""
+    monkeypatch.setattr(margs, "te_available", lambda: False)
+    assert build("backend.layer_spec=auto", *overrides, ctx=GPU8)["fp8_fused_mlp"] is on
+
+
+@pytest.mark.parametrize("overrides,key,words", [
+    (["precision.fp8_recipe=blockwise"], "precision.fp8_recipe", "no amax pass"),
+    (["model.bias_activation_fusion=false"], "model.bias_activation_fusion", "Triton SwiGLU"),
+    (["turbo=megatron", "turbo.use_turbo_parallel_linear=true"], "turbo.use_turbo_parallel_linear",
+     "turbo parallel linears"),
+])
+def test_fp8_fused_mlp_true_where_it_cannot_apply_is_an_issue(monkeypatch, overrides, key, words):
+    monkeypatch.setattr(margs, "te_available", lambda: False)
+    cfg = compose(["precision=fp8", "precision.fp8_fused_mlp=true", *overrides])
+    found = [i for i in margs.capability_issues(cfg, GPU8) if "precision.fp8_fused_mlp" in i.keys]
+    assert len(found) == 1 and key in found[0].keys and words in found[0].rule, found
+    assert not [i for i in margs.capability_issues(compose(["precision=fp8", "precision.fp8_fused_mlp=true"]), GPU8)
+                if "precision.fp8_fused_mlp" in i.keys]
+
+
+def test_fp8_fused_mlp_under_te_is_an_issue(monkeypatch):
+    monkeypatch.setattr(margs, "te_available", lambda: True)
+    cfg = compose(["precision=fp8", "precision.fp8_fused_mlp=true"])
+    assert margs.build_args(cfg, GPU8)["fp8_fused_mlp"] is False
+    found = [i for i in margs.capability_issues(cfg, GPU8) if "precision.fp8_fused_mlp" in i.keys]
+    assert len(found) == 1 and "Transformer Engine" in found[0].rule and "layer_spec=local" in found[0].fix
+
+
 def test_single_connection_env_only_when_an_overlap_needs_it():
     assert build(ctx=GPU8)["env"] == {}
     assert build("overlap.overlap_grad_reduce=true", ctx=GPU8)["env"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}

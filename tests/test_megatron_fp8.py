@@ -112,6 +112,7 @@ from primus.turbo.fp8_linear import WEIGHT_CASTS
 print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "compile": compile_stats(), "histories": hist,
                               "converted": info.get("fp8_linears_on_this_rank", 0),
                               "weight_cache": info.get("fp8_weight_cache"),
+                              "fused_mlps": info.get("fp8_fused_mlps"),
                               "weight_casts": [WEIGHT_CASTS.misses, WEIGHT_CASTS.hits]}), flush=True)
 '''
 
@@ -144,6 +145,32 @@ def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
         assert [c for c, _ in comp["histories"]] == [4, 2, 4] * 8
         assert all(a > 0 for _, a in comp["histories"])
         assert [a for _, a in comp["histories"]] == pytest.approx([a for _, a in eager["histories"]], rel=0.05)
+
+
+def test_fused_fp8_mlp_gives_the_unfused_losses_eager_compiled_and_tensor_parallel(tmp_path):
+    """precision.fp8_fused_mlp (null: on here, with primus' Triton SwiGLU): each layer's MLP becomes a FusedFP8MLP,
+    whose SwiGLU hands its outputs' amax to the casts. Real kernels (interpreter): the losses are the unfused run's
+    (rel 2e-6: the CPU's run-to-run noise), eagerly and under training.compile (no graph break; the compiled run
+    equals the compiled unfused one), and at tp=2 with sequence parallel (the linears' own communication around
+    the op) they match one process as the unfused tp=2 run does."""
+    over = [*BASE, "model.num_layers=2", "precision=fp8", "precision.fp8=hybrid", "model.bias_activation_fusion=true"]
+    runs = {}
+    for tag, extra, n in (("fused", [], 1), ("unfused", ["precision.fp8_fused_mlp=false"], 1),
+                          ("fused_c", ["training.compile=true"], 1),
+                          ("unfused_c", ["training.compile=true", "precision.fp8_fused_mlp=false"], 1),
+                          ("fused_tp", ["launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2",
+                                        "parallel.sequence_parallel=true"], 2)):
+        (tmp_path / tag).mkdir()
+        runs[tag] = run_ranks(tmp_path / tag, "fp8_real.py", REAL, [*over, *extra], n)
+    fused, unfused = runs["fused"][0], runs["unfused"][0]
+    assert fused["fused_mlps"] == 2 and unfused["fused_mlps"] == 0 and fused["converted"] == 8
+    assert fused["losses"] == pytest.approx(unfused["losses"], rel=2e-6, abs=0) and len(fused["losses"]) == 2
+    comp, comp_u = runs["fused_c"][0], runs["unfused_c"][0]
+    assert comp["fused_mlps"] == 2 and comp["compile"]["graph_breaks"] == 0, comp["compile"]
+    assert comp["losses"] == pytest.approx(comp_u["losses"], rel=2e-6, abs=0)
+    r0, r1 = runs["fused_tp"]
+    assert r0["fused_mlps"] == r1["fused_mlps"] == 2 and r0["losses"] == r1["losses"]
+    assert r0["losses"] == pytest.approx(fused["losses"], rel=2e-2)  # tp splits the fp8 tensors' amaxes
 
 
 def test_delayed_custom_ops_under_the_pipeline_schedule(tmp_path):

@@ -195,6 +195,9 @@ class PrecisionConfig:
     # megatron, portable fp8 (no TE): reuse each weight's fp8 cast within a step (TE's fp8 weight cache); null =
     # when a step runs a linear's forward more than once (micro batches > 1, recompute replaying linears)
     fp8_weight_cache: Optional[bool] = None
+    # megatron, portable fp8, tensorwise: each dense MLP's fc1 -> SwiGLU -> fc2 as one fp8 op whose SwiGLU kernels
+    # give the casts of their outputs the amax (one read fewer each, same bits); null = wherever it applies
+    fp8_fused_mlp: Optional[bool] = None
     # TorchTitan (training.* and quantize.linear.float8.*)
     mixed_precision_param: Dtype = Dtype.bfloat16  # FSDP parameter dtype
     mixed_precision_reduce: Dtype = Dtype.float32  # FSDP gradient reduce dtype

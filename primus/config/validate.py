@@ -201,6 +201,21 @@ def fp8_weight_cache(cfg, ctx):
     return []
 
 
+@rule
+def fp8_fused_mlp(cfg, ctx):
+    v = cfg.precision.fp8_fused_mlp
+    if not v:  # null: wherever it applies (megatron's args.fp8_fused_mlp); false: off
+        return []
+    if cfg.precision.fp8 is None:
+        return [ConfigIssue(["precision.fp8_fused_mlp", "precision.fp8"], v,
+                            "fuses the fp8 MLP's casts: needs precision.fp8", "set precision=fp8, or drop it")]
+    if cfg.backend.name != Backend.megatron:
+        return [ConfigIssue(["precision.fp8_fused_mlp", "backend.name"], True,
+                            "the fused fp8 MLP replaces megatron's MLP module (TorchTitan's fp8 is torchao's or "
+                            "turbo.use_turbo_float8_linear)", "drop precision.fp8_fused_mlp, or use backend=megatron")]
+    return []
+
+
 # Which recipes each backend can run at all (the installed-library checks are the backend's capability_issues).
 FP8_RECIPES = {
     Backend.megatron: {"delayed", "tensorwise", "blockwise", "mxfp8"},

@@ -128,6 +128,41 @@ def fp8_weight_cache(cfg: PrimusConfig, microbatches: int) -> bool:
     return microbatches > 1 or replays_linears(cfg)
 
 
+def fused_mlp_blockers(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
+    """Why the fused fp8 MLP (fp8.py's FusedFP8MLP, precision.fp8_fused_mlp) cannot serve this run's MLPs (empty:
+    it can). Needs precision.fp8 on megatron (validate.fp8_fused_mlp says so first)."""
+    p, keys = cfg.precision, "precision.fp8_fused_mlp"
+    out = []
+    if fp8_backend(cfg) != "portable":  # (the other rules are about the portable path)
+        return [_issue([keys, "backend.layer_spec"], p.fp8_fused_mlp,
+                       "Transformer Engine's linears run fp8 in this run; the fused MLP is the portable fp8 "
+                       "linear's", "drop precision.fp8_fused_mlp, or use backend.layer_spec=local")]
+    if p.fp8_recipe.value != "tensorwise":
+        out.append(_issue([keys, "precision.fp8_recipe"], p.fp8_recipe.value,
+                          "the fused MLP hands the SwiGLU outputs' amax to tensorwise casts; this recipe has no "
+                          "amax pass to skip (delayed: scales from the history; rowwise / blockwise: per row / "
+                          "block inside the cast)", "use precision.fp8_recipe=tensorwise, or drop the key"))
+    if cfg.turbo.use_turbo_parallel_linear:
+        out.append(_issue([keys, "turbo.use_turbo_parallel_linear"], True,
+                          "the turbo parallel linears serve fc1 / fc2 instead", "drop one of the two"))
+    act = activation_fusion(cfg, ctx)
+    if act != "triton":
+        out.append(_issue([keys, "model.bias_activation_fusion"], act,
+                          "the fused MLP runs primus' Triton SwiGLU, and the activation here resolves to "
+                          f"{act or 'unfused'} (primus' Triton kernel is the choice on a GPU)",
+                          "set model.bias_activation_fusion=true on a GPU, or drop precision.fp8_fused_mlp"))
+    return out
+
+
+def fp8_fused_mlp(cfg: PrimusConfig, ctx: RunContext) -> bool:
+    """Whether fp8.apply fuses the dense MLPs (precision.fp8_fused_mlp: true = must, checked by capability_issues;
+    null = wherever fused_mlp_blockers finds nothing in the way; false = off)."""
+    p = cfg.precision
+    if p.fp8 is None or p.fp8_fused_mlp is False:
+        return False
+    return not fused_mlp_blockers(cfg, ctx)
+
+
 def moe_layer_freq(cfg: PrimusConfig) -> List[int]:
     m = cfg.model
     return [0] * m.moe_first_k_dense + [1] * (m.num_layers - m.moe_first_k_dense)
@@ -497,6 +532,7 @@ def build_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
         "layer_spec": resolved_layer_spec(cfg),
         "fp8_backend": fp8_backend(cfg),
         "fp8_weight_cache": fp8_weight_cache(cfg, num_microbatches(cfg, ctx)),
+        "fp8_fused_mlp": fp8_fused_mlp(cfg, ctx),
         "parallel_state": parallel_state_kwargs(cfg),
         "data_parallel_size": data_parallel_size(cfg, ctx.world_size),
         "transformer_config": transformer_config_kwargs(cfg, ctx),
@@ -668,6 +704,8 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
                               "Transformer Engine's linears keep their own fp8 weight cache (megatron refreshes it "
                               "at each step's first micro batch); this switch is the portable fp8 linear's",
                               "drop precision.fp8_weight_cache, or use backend.layer_spec=local"))
+        if p.fp8_fused_mlp:
+            out += fused_mlp_blockers(cfg, ctx)
         if r == "delayed" and spec == "local":  # the portable DelayedScaling (primus.turbo.fp8_linear)
             from primus.turbo.providers import delayed_recipe_issues
 

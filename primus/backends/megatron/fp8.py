@@ -13,6 +13,13 @@ all-reduce overlap of the bf16 path is given up). Recipe "delayed" (TE's Delayed
 version): each converted linear gets its own amax histories (`mod.primus_fp8_delayed`). Kept in bf16: the output
 layer, linears whose dims are not multiples of 16, and, with first_last_layers_bf16, the first/last N decoder layers
 (global numbering).
+
+Fused MLP (precision.fp8_fused_mlp, args.fp8_fused_mlp says when): a dense SwiGLU MLP whose fc1 and fc2 were both
+converted, under the tensorwise recipe, becomes a `FusedFP8MLP` (its class swapped; same parameters and state):
+fc1 -> SwiGLU -> fc2 as primus.turbo.fp8_mlp's op pair, whose SwiGLU kernels hand their outputs' amax to the casts
+of fc2's input and of fc1's output gradient (one read of each fewer; the same bits as the unfused path). The
+tensor-parallel communication is the two linears' own: fc1's input all-gather (sequence parallel) or the identity
+whose backward all-reduces the input gradient, fc2's output reduce-scatter or all-reduce.
 """
 from __future__ import annotations
 
@@ -55,6 +62,56 @@ def row_impl(gemm, eager: bool = True):
         return gemm(input, weight, bias)
 
     return _eager(forward_impl) if eager else forward_impl
+
+
+def _fused_mlp_class():
+    from megatron.core.tensor_parallel.mappings import (
+        copy_to_tensor_model_parallel_region,
+        gather_from_sequence_parallel_region,
+        reduce_from_tensor_model_parallel_region,
+        reduce_scatter_to_sequence_parallel_region,
+    )
+    from megatron.core.transformer.mlp import MLP
+
+    from primus.turbo.fp8_mlp import fp8_swiglu_mlp
+
+    class FusedFP8MLP(MLP):
+        """megatron's MLP with fc1 -> SwiGLU -> fc2 run as one fp8 op (this module's docstring, "Fused MLP").
+        primus_fp8_fmt: the fp8 format; primus_fp8_eager: keep dynamo out (tp > 1, as the unfused linears)."""
+
+        def forward(self, hidden_states, per_token_scale=None, **kwargs):
+            if per_token_scale is not None:  # MoE experts' probabilities: never converted (type(mlp) is MLP only)
+                raise ValueError("FusedFP8MLP takes no per_token_scale")
+            return (_eager(self._fused) if self.primus_fp8_eager else self._fused)(hidden_states), None
+
+        def _fused(self, x):
+            fc1, fc2 = self.linear_fc1, self.linear_fc2
+            if fc1.sequence_parallel:
+                x = gather_from_sequence_parallel_region(x, group=fc1.tp_group)
+            else:
+                x = copy_to_tensor_model_parallel_region(x, group=fc1.tp_group)
+            out = fp8_swiglu_mlp(x, fc1.weight, fc2.weight, self.primus_fp8_fmt)
+            if fc2.sequence_parallel:
+                return reduce_scatter_to_sequence_parallel_region(out, group=fc2.tp_group)
+            return reduce_from_tensor_model_parallel_region(out, group=fc2.tp_group)
+
+    return MLP, FusedFP8MLP
+
+
+def fusable_mlp(mlp, MLP) -> bool:
+    """A dense SwiGLU MLP without biases whose two linears run the portable fp8 GEMM, with megatron's plain
+    communication (no expert / disabled grad reduce, fc1 not gathering its output, fc2 taking a parallel input)."""
+    import torch.nn.functional as F
+
+    if type(mlp) is not MLP:  # MoE layers, shared experts (their own forwards)
+        return False
+    c, fc1, fc2 = mlp.config, mlp.linear_fc1, mlp.linear_fc2
+    return (c.gated_linear_unit and mlp.activation_func is F.silu and not c.use_te_activation_func
+            and getattr(c, "glu_linear_offset", 0.0) == 0.0 and getattr(c, "activation_func_clamp_value", None) is None
+            and fc1.bias is None and fc2.bias is None
+            and getattr(fc1, "primus_gemm", None) == "fp8" and getattr(fc2, "primus_gemm", None) == "fp8"
+            and not fc1.explicit_expert_comm and not fc2.explicit_expert_comm
+            and not getattr(fc1, "disable_grad_reduce", False) and not fc1.gather_output and fc2.input_is_parallel)
 
 
 def delayed_scaling(settings: Dict[str, Any]):
@@ -116,5 +173,17 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
             mod._forward_impl = impl(gemm_for(mod.primus_fp8_delayed), eager=not traced)
             mod.primus_gemm = "fp8"
             converted.append(full)
-    log.info("portable fp8 (%s, %s): %d linears converted, %d kept in bf16", recipe, fmt, len(converted), len(kept))
+    fused = []
+    if settings.get("fused_mlp"):
+        if recipe != "tensorwise":  # args.fp8_fused_mlp's rule: only tensorwise has an amax pass to fuse
+            raise ValueError(f"the fused fp8 MLP is the tensorwise recipe's, not {recipe!r}")
+        MLP, FusedFP8MLP = _fused_mlp_class()
+        for layer in decoder.layers:
+            mlp = getattr(layer, "mlp", None)
+            if mlp is not None and fusable_mlp(mlp, MLP):
+                mlp.__class__ = FusedFP8MLP
+                mlp.primus_fp8_fmt, mlp.primus_fp8_eager = fmt, not traced
+                fused.append(f"decoder.layers.{layer.layer_number - 1}.mlp")
+    log.info("portable fp8 (%s, %s): %d linears converted, %d kept in bf16%s", recipe, fmt, len(converted), len(kept),
+             f"; {len(fused)} MLPs fused (fc1 -> SwiGLU -> fc2 in one fp8 op)" if settings.get("fused_mlp") else "")
     return converted

@@ -230,6 +230,7 @@ class MegatronTrainer(Trainer):
         if self.fp8_hook is not None:
             info["fp8_linears_on_this_rank"] = self.fp8_converted
             info["fp8_weight_cache"] = self.weight_casts is not None
+            info["fp8_fused_mlps"] = sum(type(m).__name__ == "FusedFP8MLP" for c in chunks for m in c.modules())
             if tconfig.num_moe_experts and tconfig.moe_grouped_gemm:
                 fp8_gg = a["turbo"].get("grouped_gemm_fp8")
                 if fp8_gg:  # which fp8 grouped GEMM the experts' two GEMMs run here (grouped_gemm_fp8's rule)
@@ -306,6 +307,7 @@ class MegatronTrainer(Trainer):
         keys = [k for k in kw if k.startswith(("fp8", "fp4")) or k in (
             "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")]
         self.fp8_settings = {k: kw.pop(k) for k in keys}
+        self.fp8_settings["fused_mlp"] = self.args["fp8_fused_mlp"]
         if "fp4" in self.fp8_settings or not margs.portable_fp8_available(self.fp8_settings.get("fp8_recipe")):
             raise ConfigError(ConfigIssue(["precision.fp8", "precision.fp8_recipe"], self.fp8_settings,
                                           "portable fp8 linear not available here for this recipe "
