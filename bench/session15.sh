@@ -2,7 +2,9 @@
 # Session 15's H200 calls (<= 600 s each), each after `. bench/device_setup.sh` (carry .whl).
 #   bash bench/session15.sh 1   # the fused fp8 SwiGLU MLP: its tests and the SwiGLU tests on the GPU, then
 #                               # bench/fp8_mlp_ab.py (the SwiGLU kernels' amax outputs, the one-pass casts, the MLP
-#                               # fwd+bwd fused vs unfused at Llama-3-8B and Llama-3.2-1B shapes)
+#                               # fwd+bwd fused vs unfused at Llama-3-8B and Llama-3.2-1B shapes), then step 2
+#   bash bench/session15.sh 2   # end to end: experiment=llama3_2_1b_megatron_fp8, precision.fp8_fused_mlp false vs
+#                               # null (on), interleaved, one process per run, while the call's budget lasts
 # $OUT: logs
 set -u
 OUT=${OUT:-outputs/bench}
@@ -12,6 +14,17 @@ case "${1:-}" in
        tests/test_turbo_swiglu.py > "$OUT/pytest_gpu1.log" 2>&1
      tail -3 "$OUT/pytest_gpu1.log"
      timeout 300 python bench/fp8_mlp_ab.py > "$OUT/fp8_mlp_ab.log" 2>&1
-     grep -E "^\||copy|bit-equal|Error|error" "$OUT/fp8_mlp_ab.log" | tail -40 ;;
-  *) echo "usage: bash bench/session15.sh 1" >&2; exit 2 ;;
+     grep -E "^\||copy|bit-equal|Error|error" "$OUT/fp8_mlp_ab.log" | tail -40
+     BUDGET=$((585 - SECONDS)) bash "$0" 2 ;;
+  2) END=${BUDGET:-585}
+     for tag in off1 on1 off2 on2 off3 on3; do
+       [ $SECONDS -gt $((END - 125)) ] && break
+       case $tag in off*) C=false ;; *) C=null ;; esac
+       timeout 120 python bench/e2e.py --suite none --tag "mlp_$tag" --timeout 110 --log-dir /tmp/bench_logs \
+         --ref "mlp $tag" --extra "mlp $tag=experiment=llama3_2_1b_megatron_fp8 training.train_iters=14 \
+precision.fp8_fused_mlp=$C" > "$OUT/mlp_$tag.log" 2>&1
+       grep -E "^\| " "$OUT/mlp_$tag.log" | tail -1
+       grep -h "MLPs fused\|Error" /tmp/bench_logs/mlp_$tag.log 2>/dev/null | grep -v "^\s*$" | head -2
+     done ;;
+  *) echo "usage: bash bench/session15.sh 1|2" >&2; exit 2 ;;
 esac
