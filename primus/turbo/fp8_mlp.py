@@ -81,6 +81,7 @@ def _setup(ctx, inputs, output):
     ctx.save_for_backward(*saved)
     ctx.fmt, ctx.w_dtype = fmt, w1.dtype
     ctx.mark_non_differentiable(*saved)
+    ctx.set_materialize_grads(False)  # no zero "gradients" of the saved outputs (fp8_ops._fp8_setup says why)
 
 
 def _backward(ctx, dout, *_):
