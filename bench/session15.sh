@@ -5,6 +5,9 @@
 #                               # fwd+bwd fused vs unfused at Llama-3-8B and Llama-3.2-1B shapes), then step 2
 #   bash bench/session15.sh 2   # end to end: experiment=llama3_2_1b_megatron_fp8, precision.fp8_fused_mlp false vs
 #                               # null (on), interleaved, one process per run, while the call's budget lasts
+#   bash bench/session15.sh 3   # after the zero-gradient fix of the fp8 custom ops: fp8_mlp_ab.py's MLP pairs (fills
+#                               # before / after, unfused / fused) with per-kernel times, then the preset eagerly
+#                               # (training.compile=false), precision.fp8_fused_mlp false vs null, interleaved
 # $OUT: logs
 set -u
 OUT=${OUT:-outputs/bench}
@@ -26,5 +29,15 @@ precision.fp8_fused_mlp=$C" > "$OUT/mlp_$tag.log" 2>&1
        grep -E "^\| " "$OUT/mlp_$tag.log" | tail -1
        grep -h "MLPs fused\|Error" /tmp/bench_logs/mlp_$tag.log 2>/dev/null | grep -v "^\s*$" | head -2
      done ;;
-  *) echo "usage: bash bench/session15.sh 1|2" >&2; exit 2 ;;
+  3) timeout 240 python bench/fp8_mlp_ab.py --no-kernels --breakdown --fmts e4m3 > "$OUT/fp8_mlp_ab3.log" 2>&1
+     grep -E "^\||copy|kernels|^  |Error|error" "$OUT/fp8_mlp_ab3.log" | grep -v "^|---" | tail -70
+     for tag in off1 on1 off2 on2; do
+       [ $SECONDS -gt $((585 - 125)) ] && break
+       case $tag in off*) C=false ;; *) C=null ;; esac
+       timeout 120 python bench/e2e.py --suite none --tag "eager_$tag" --timeout 110 --log-dir /tmp/bench_logs \
+         --ref "eager $tag" --extra "eager $tag=experiment=llama3_2_1b_megatron_fp8 training.train_iters=12 \
+training.compile=false precision.fp8_fused_mlp=$C" > "$OUT/eager_$tag.log" 2>&1
+       grep -E "^\| " "$OUT/eager_$tag.log" | tail -1
+     done ;;
+  *) echo "usage: bash bench/session15.sh 1|2|3" >&2; exit 2 ;;
 esac
