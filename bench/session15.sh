@@ -36,7 +36,7 @@ precision.fp8_fused_mlp=$C" > "$OUT/mlp_$tag.log" 2>&1
        case $tag in off*) C=false ;; *) C=null ;; esac
        timeout 120 python bench/e2e.py --suite none --tag "eager_$tag" --timeout 110 --log-dir /tmp/bench_logs \
          --ref "eager $tag" --extra "eager $tag=experiment=llama3_2_1b_megatron_fp8 training.train_iters=12 \
-training.compile=false precision.fp8_fused_mlp=$C" > "$OUT/eager_$tag.log" 2>&1
+training.compile=false training.micro_batch_size=8 training.global_batch_size=8 precision.fp8_fused_mlp=$C" > "$OUT/eager_$tag.log" 2>&1
        grep -E "^\| " "$OUT/eager_$tag.log" | tail -1
      done ;;
   *) echo "usage: bash bench/session15.sh 1|2|3" >&2; exit 2 ;;
