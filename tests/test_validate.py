@@ -247,3 +247,13 @@ def test_fp8_weight_cache_needs_fp8_and_the_megatron_backend():
     assert "megatron backend's" in msg and "backend=megatron" in msg
     check(["backend=torchtitan", "precision=fp8", "precision.fp8_weight_cache=false"])  # what it does anyway
     check(["precision=fp8", "precision.fp8_weight_cache=true"])
+
+
+def test_fp8_fused_mlp_needs_fp8_and_the_megatron_backend():
+    msg = error_of(["precision.fp8_fused_mlp=true"])
+    assert "precision.fp8_fused_mlp" in msg and "needs precision.fp8" in msg and "precision=fp8" in msg
+    check(["precision.fp8_fused_mlp=false"])  # off: nothing to fuse, nothing to refuse
+    msg = error_of(["backend=torchtitan", "precision=fp8", "precision.fp8_fused_mlp=true"])
+    assert "replaces megatron's MLP module" in msg and "backend=megatron" in msg
+    check(["backend=torchtitan", "precision=fp8", "precision.fp8_fused_mlp=false"])
+    check(["precision=fp8", "precision.fp8_fused_mlp=true"])
