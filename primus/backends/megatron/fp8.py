@@ -23,6 +23,7 @@ whose backward all-reduces the input gradient, fc2's output reduce-scatter or al
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Dict, List
 
@@ -64,7 +65,10 @@ def row_impl(gemm, eager: bool = True):
     return _eager(forward_impl) if eager else forward_impl
 
 
+@functools.lru_cache(maxsize=None)
 def _fused_mlp_class():
+    """(megatron's MLP, FusedFP8MLP), built once (megatron imported on first use): every model chunk's fused MLPs
+    share the one class."""
     from megatron.core.tensor_parallel.mappings import (
         copy_to_tensor_model_parallel_region,
         gather_from_sequence_parallel_region,
@@ -112,6 +116,11 @@ def fusable_mlp(mlp, MLP) -> bool:
             and getattr(fc1, "primus_gemm", None) == "fp8" and getattr(fc2, "primus_gemm", None) == "fp8"
             and not fc1.explicit_expert_comm and not fc2.explicit_expert_comm
             and not getattr(fc1, "disable_grad_reduce", False) and not fc1.gather_output and fc2.input_is_parallel)
+
+
+def fused_mlps(model) -> int:
+    """How many of model's modules are FusedFP8MLPs (fp8.apply's fused MLPs)."""
+    return sum(isinstance(m, _fused_mlp_class()[1]) for m in model.modules())
 
 
 def delayed_scaling(settings: Dict[str, Any]):

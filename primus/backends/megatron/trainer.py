@@ -230,7 +230,9 @@ class MegatronTrainer(Trainer):
         if self.fp8_hook is not None:
             info["fp8_linears_on_this_rank"] = self.fp8_converted
             info["fp8_weight_cache"] = self.weight_casts is not None
-            info["fp8_fused_mlps"] = sum(type(m).__name__ == "FusedFP8MLP" for c in chunks for m in c.modules())
+            from primus.backends.megatron import fp8 as mfp8
+
+            info["fp8_fused_mlps"] = sum(mfp8.fused_mlps(c) for c in chunks)
             if tconfig.num_moe_experts and tconfig.moe_grouped_gemm:
                 fp8_gg = a["turbo"].get("grouped_gemm_fp8")
                 if fp8_gg:  # which fp8 grouped GEMM the experts' two GEMMs run here (grouped_gemm_fp8's rule)
