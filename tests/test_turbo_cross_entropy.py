@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from turbo_util import BAND, DEV, relerr  # noqa: I001
+from turbo_util import BAND, DEV, backward_ops, fills, relerr  # noqa: I001
 from primus.turbo import cross_entropy as ce_mod
 from primus.turbo.cross_entropy import cross_entropy
 
@@ -130,3 +130,10 @@ def test_compile_keeps_one_node_and_the_same_values():
     ref.backward()
     torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a.grad, a2.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_backward_fills_no_zero_gradient_for_the_log_sum_exp():
+    x, labels, _ = inputs(16, 300, torch.bfloat16)
+    x = x.clone().requires_grad_()
+    ops = backward_ops(cross_entropy(x, labels, inplace_backward=False).sum())
+    assert any("cross_entropy_bwd" in o for o in ops) and not fills(ops), ops

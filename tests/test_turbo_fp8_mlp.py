@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from turbo_util import DEV, relerr  # noqa: I001
+from turbo_util import DEV, backward_ops, fills, relerr  # noqa: I001
 from primus.turbo import fp8_linear as F8
 from primus.turbo import swiglu as S
 from primus.turbo.fp8_mlp import fp8_swiglu_mlp, fp8_swiglu_mlp_bwd, fp8_swiglu_mlp_fwd
@@ -150,21 +150,10 @@ def test_backward_fills_no_zero_gradients_for_the_saved_outputs(op):
     zero "gradient" for each such output before calling the backward, unless the op says not to: on the H200 the
     fills made the fused MLP 1% slower than the unfused one (bench/fp8_mlp_ab.py, session 15). The backward
     must dispatch no zeros / fill."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from primus.turbo import fp8_ops
-
-    class Record(TorchDispatchMode):
-        ops = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.add(str(func))
-            return func(*args, **(kwargs or {}))
 
     x, w1, w2, _ = _params(32, 32, 48)
     x.requires_grad_()
     out = fp8_swiglu_mlp(x, w1, w2) if op == "mlp" else fp8_ops.fp8_linear_traced(x, w1, None, "tensorwise", "e4m3")
-    with Record() as rec:
-        out.float().sum().backward()
-    assert any("bwd" in o for o in rec.ops), rec.ops
-    assert not [o for o in rec.ops if "zero" in o or "fill" in o], rec.ops
+    ops = backward_ops(out.float().sum())
+    assert any("bwd" in o for o in ops) and not fills(ops), ops

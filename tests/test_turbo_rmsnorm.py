@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from turbo_util import BAND, DEV, assert_compiles_like_eager, relerr  # noqa: I001  (sets TRITON_INTERPRET before triton imports)
+from turbo_util import BAND, DEV, assert_compiles_like_eager, backward_ops, fills, relerr  # noqa: I001  (sets TRITON_INTERPRET before triton imports)
 from primus.turbo.rmsnorm import TurboRMSNorm, rms_norm
 
 
@@ -101,3 +101,12 @@ def test_compiles_as_one_node_without_graph_breaks():
     x = torch.randn(3, 5, 96, device=DEV, requires_grad=True)
     w = (1 + 0.3 * torch.randn(96, device=DEV)).requires_grad_()
     assert_compiles_like_eager(lambda x, w: (rms_norm(x * 2, w, 1e-5) * x).sum(), x, w)
+
+
+def test_backward_fills_no_zero_gradient_for_rstd():
+    """rstd is a saved output of the op: autograd would fill a zero gradient for it (one kernel per norm per
+    backward) unless the op turns that off."""
+    x = torch.randn(8, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(64, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    ops = backward_ops(rms_norm(x, w).float().sum())
+    assert any("rms_norm_bwd" in o for o in ops) and not fills(ops), ops

@@ -41,3 +41,25 @@ def assert_compiles_like_eager(fn, *inputs):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
     for t, r in zip(inputs, ref_inputs):
         torch.testing.assert_close(t.grad, r.grad, rtol=1e-4, atol=1e-4)
+
+
+def backward_ops(loss) -> set:
+    """The aten ops dispatched by loss.backward(). A custom op that returns saved tensors as outputs gets a zero
+    "gradient" filled for each of them before its backward runs, unless it calls ctx.set_materialize_grads(False):
+    a test asserts no zeros / fill appear here."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as rec:
+        loss.backward()
+    return rec.ops
+
+
+def fills(ops) -> list:
+    return [o for o in ops if "zero" in o or "fill" in o]

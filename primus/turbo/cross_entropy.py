@@ -145,6 +145,7 @@ def _setup(ctx, inputs, output):
     _, lse = output
     ctx.save_for_backward(logits, lse, labels)
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # no zero "gradient" for lse (a fill kernel per backward)
     ctx.ignore_index = ignore_index
     ctx.inplace = inplace_backward
 
@@ -159,6 +160,8 @@ def _can_write_in_place(logits: torch.Tensor) -> bool:
 
 
 def _backward(ctx, dloss, dlse):
+    if dloss is None:  # the loss was not used
+        return None, None, None, None
     logits, lse, labels = ctx.saved_tensors  # the version check on logits happens here, before any write
     if ctx.inplace and _can_write_in_place(logits):
         out = logits.detach()

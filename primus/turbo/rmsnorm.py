@@ -160,9 +160,12 @@ def _(dy, x, weight, rstd):
 def _setup(ctx, inputs, output):
     x, weight, _ = inputs
     ctx.save_for_backward(x, weight, output[1])
+    ctx.set_materialize_grads(False)  # no zero "gradient" for rstd (a fill kernel per norm per backward)
 
 
 def _backward(ctx, dy, _drstd):
+    if dy is None:  # nothing downstream used the output
+        return None, None, None
     x, weight, rstd = ctx.saved_tensors
     dx, dw = _rms_norm_bwd_op(dy, x, weight, rstd)
     return dx, dw, None
