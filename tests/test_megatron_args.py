@@ -241,38 +241,6 @@ def test_fp8_fused_mlp_under_te_is_an_issue(monkeypatch):
     assert len(found) == 1 and "Transformer Engine" in found[0].rule and "layer_spec=local" in found[0].fix
 
 
-@pytest.mark.parametrize("overrides,on", [
-    (["precision=fp8", "training.compile=true"], True),  # portable tensorwise inside the compiled layers
-    (["precision=fp8"], False),  # eager: the casts' own amax pass
-    (["precision=bf16", "training.compile=true"], False),
-    (["precision=fp8", "training.compile=true", "precision.fp8_graph_amax=false"], False),
-    (["precision=fp8_delayed", "training.compile=true"], False),  # scales from the history: no amax pass
-    (["precision=fp8_blockwise", "training.compile=true"], False),
-    (["precision=fp8", "training.compile=true", "parallel.tensor_model_parallel_size=2"], False),  # eager linears
-])
-def test_fp8_graph_amax_resolution(monkeypatch, overrides, on):
-    """null: tensorwise portable fp8 inside compiled layers (tp = 1); false: off."""
-    monkeypatch.setattr(margs, "te_available", lambda: False)
-    assert build("backend.layer_spec=auto", *overrides, ctx=GPU8)["fp8_graph_amax"] is on
-
-
-@pytest.mark.parametrize("overrides,key,words", [
-    (["parallel.tensor_model_parallel_size=2", "backend.layer_spec=local"], "parallel.tensor_model_parallel_size",
-     "run eagerly"),
-    (["backend.layer_spec=te"], "backend.layer_spec", "Transformer Engine"),
-])
-def test_fp8_graph_amax_true_where_megatron_cannot_apply_it_is_an_issue(monkeypatch, overrides, key, words):
-    monkeypatch.setattr(margs, "te_available", lambda: True)
-    cfg = compose(["precision=fp8", "training.compile=true", "precision.fp8_graph_amax=true", *overrides])
-    found = [i for i in margs.capability_issues(cfg, GPU8) if "precision.fp8_graph_amax" in i.keys]
-    assert len(found) == 1 and key in found[0].keys and words in found[0].rule, found
-    assert margs.build_args(cfg, GPU8)["fp8_graph_amax"] is False
-    ok = compose(["precision=fp8", "training.compile=true", "precision.fp8_graph_amax=true",
-                  "backend.layer_spec=local"])
-    assert not [i for i in margs.capability_issues(ok, GPU8) if "precision.fp8_graph_amax" in i.keys]
-    assert margs.build_args(ok, GPU8)["fp8_graph_amax"] is True
-
-
 def test_single_connection_env_only_when_an_overlap_needs_it():
     assert build(ctx=GPU8)["env"] == {}
     assert build("overlap.overlap_grad_reduce=true", ctx=GPU8)["env"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}

@@ -53,8 +53,7 @@ def test_turbo_float8_replaces_torchao_converter():
     conv = args["model"]["converters"]
     assert conv == ["primus_turbo.attention", "primus_turbo.float8_linear"]
     assert "quantize.linear.float8" not in conv and "quantize" not in args
-    assert args[TURBO_KEY]["float8_linear"] == {"recipe": "tensorwise", "fmt": "hybrid", "filter_fqns": ["output"],
-                                                "graph_amax": True}
+    assert args[TURBO_KEY]["float8_linear"] == {"recipe": "tensorwise", "fmt": "hybrid", "filter_fqns": ["output"]}
     assert args[TURBO_KEY]["compile"] is True
     # a planned (dry) run for the GPU skips the hardware probe: no issue on this CPU machine
     assert _issues(["turbo=torchtitan_fp8", "precision=fp8"], device="cuda", planned=True) == []
@@ -70,7 +69,7 @@ def test_turbo_float8_runs_every_portable_recipe(precision, recipe, fmt):
         over += ["precision.fp8_amax_history_len=16", "precision.fp8_margin=1",
                  "precision.fp8_amax_compute_algo=most_recent"]
     args = tt_args.build_args(compose_cfg(TT + over), _ctx("cuda", planned=True))
-    want = {"recipe": recipe, "fmt": fmt, "filter_fqns": ["output"], "graph_amax": False}  # no amax pass to skip
+    want = {"recipe": recipe, "fmt": fmt, "filter_fqns": ["output"]}
     if recipe == "delayed":  # read by the turbo linear, so not "megatron-core only" here
         want["delayed"] = {"history_len": 16, "margin": 1, "algo": "most_recent"}
     assert args[TURBO_KEY]["float8_linear"] == want
@@ -78,24 +77,6 @@ def test_turbo_float8_runs_every_portable_recipe(precision, recipe, fmt):
     # without turbo, torchao's converter: the error names the turbo linear as a way out
     msg = _validate_msg([f"precision={precision}"]) if recipe != "rowwise" else ""
     assert recipe == "rowwise" or ("precision.fp8_recipe" in msg and "turbo=torchtitan_fp8" in msg)
-
-
-def test_fp8_graph_amax_is_the_turbo_fp8_linears_under_compile():
-    """precision.fp8_graph_amax: null = on for the tensorwise turbo fp8 linear inside compiled blocks; false = off;
-    true with torchao's float8 (its casts are inductor ops already) is an issue naming the turbo preset."""
-    def settings(*over):
-        args = tt_args.build_args(compose_cfg(TT + ["turbo=torchtitan_fp8", "precision=fp8", *over]),
-                                  _ctx("cuda", planned=True))
-        return args[TURBO_KEY]["float8_linear"]["graph_amax"]
-
-    assert settings("training.compile=true") is True
-    assert settings("training.compile=false") is False
-    assert settings("training.compile=true", "precision.fp8_graph_amax=false") is False
-    bad = _issues(["precision=fp8", "training.compile=true", "precision.fp8_graph_amax=true"], "cuda", True)
-    assert [i.keys for i in bad] == [["precision.fp8_graph_amax", "turbo.use_turbo_float8_linear"]]
-    assert "turbo=torchtitan_fp8" in bad[0].fix
-    assert _issues(["turbo=torchtitan_fp8", "precision=fp8", "training.compile=true",
-                    "precision.fp8_graph_amax=true"], "cuda", True) == []
 
 
 @pytest.mark.parametrize("override,key", [("precision.fp8_interval=2", "precision.fp8_interval"),
@@ -108,25 +89,6 @@ def test_turbo_float8_delayed_settings_are_validated_as_on_megatron(override, ke
     # with tensorwise the delayed settings are read by nobody: still refused as megatron-only
     issues = _issues(["turbo=torchtitan_fp8", "precision=fp8", override], device="cuda", planned=True)
     assert key in [k for i in issues for k in i.keys] and "megatron-core only" in " ".join(map(str, issues))
-
-
-@pytest.mark.parametrize("on", [True, False])
-def test_float8_converter_sets_the_graph_amax_switch_of_its_run(on):
-    """The converter applies its run's precision.fp8_graph_amax to the process-wide switch, on or off (a sweep's
-    earlier run in this process must not leak its choice)."""
-    from primus.backends.torchtitan import turbo
-    from primus.turbo import fp8_ops
-
-    saved = dict(fp8_ops.GRAPH_AMAX)
-    try:
-        fp8_ops.GRAPH_AMAX["enabled"] = not on
-        turbo.configure({"float8_linear": {"recipe": "tensorwise", "fmt": "hybrid", "filter_fqns": [],
-                                           "graph_amax": on}})
-        turbo.Float8LinearConverter(None, None).convert(torch.nn.Sequential(torch.nn.Linear(32, 16)))
-        assert fp8_ops.GRAPH_AMAX["enabled"] is on and turbo.LAST_SWAPS[turbo.FLOAT8_LINEAR] == 1
-    finally:
-        fp8_ops.GRAPH_AMAX.update(saved)
-        turbo.configure(None)
 
 
 def test_turbo_float8_under_tensor_parallelism_is_validated():

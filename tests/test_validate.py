@@ -257,16 +257,3 @@ def test_fp8_fused_mlp_needs_fp8_and_the_megatron_backend():
     assert "replaces megatron's MLP module" in msg and "backend=megatron" in msg
     check(["backend=torchtitan", "precision=fp8", "precision.fp8_fused_mlp=false"])
     check(["precision=fp8", "precision.fp8_fused_mlp=true"])
-
-
-def test_fp8_graph_amax_needs_fp8_tensorwise_and_compiled_layers():
-    msg = error_of(["precision.fp8_graph_amax=true"])
-    assert "precision.fp8_graph_amax" in msg and "needs precision.fp8" in msg
-    check(["precision.fp8_graph_amax=false"])
-    msg = error_of(["precision=fp8_delayed", "precision.fp8_graph_amax=true", "training.compile=true"])
-    assert "precision.fp8_recipe = 'delayed'" in msg and "tensorwise" in msg and "1 problem" in msg
-    msg = error_of(["precision=fp8", "precision.fp8_graph_amax=true"])
-    assert "training.compile = False" in msg and "training.compile=true" in msg
-    msg = error_of(["precision=fp8_blockwise", "precision.fp8_graph_amax=true"])  # both reported at once
-    assert "2 problems" in msg
-    check(["precision=fp8", "precision.fp8_graph_amax=true", "training.compile=true"])

@@ -198,10 +198,6 @@ class PrecisionConfig:
     # megatron, portable fp8, tensorwise: each dense MLP's fc1 -> SwiGLU -> fc2 as one fp8 op whose SwiGLU kernels
     # give the casts of their outputs the amax (one read fewer each, same bits); null = wherever it applies
     fp8_fused_mlp: Optional[bool] = None
-    # tensorwise fp8 under training.compile (megatron's portable fp8 at tp=1, TorchTitan's turbo fp8 linear): the
-    # casts take x's and dy's amax from torch ops in the compiled graph, which inductor fuses into the kernel that
-    # produced them (a norm, its backward + the residual add); null = wherever it applies, false = the casts' own
-    fp8_graph_amax: Optional[bool] = None
     # TorchTitan (training.* and quantize.linear.float8.*)
     mixed_precision_param: Dtype = Dtype.bfloat16  # FSDP parameter dtype
     mixed_precision_reduce: Dtype = Dtype.float32  # FSDP gradient reduce dtype

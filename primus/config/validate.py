@@ -216,27 +216,6 @@ def fp8_fused_mlp(cfg, ctx):
     return []
 
 
-@rule
-def fp8_graph_amax(cfg, ctx):
-    v, p, keys = cfg.precision.fp8_graph_amax, cfg.precision, "precision.fp8_graph_amax"
-    if not v:  # null: wherever it applies (each backend's args.fp8_graph_amax); false: off
-        return []
-    if p.fp8 is None:
-        return [ConfigIssue([keys, "precision.fp8"], v, "takes the fp8 casts' amaxes from the compiled graph: needs "
-                            "precision.fp8", "set precision=fp8, or drop it")]
-    out = []
-    if p.fp8_recipe.value != "tensorwise":
-        out.append(ConfigIssue([keys, "precision.fp8_recipe"], p.fp8_recipe.value,
-                               "only the tensorwise recipe's casts run an amax pass over the whole tensor (delayed: "
-                               "scales from the history; rowwise / blockwise: per row / block inside the cast)",
-                               "use precision.fp8_recipe=tensorwise, or drop the key"))
-    if not cfg.training.compile:
-        out.append(ConfigIssue([keys, "training.compile"], False, "the amaxes are ops of the compiled graph (eagerly "
-                               "the cast's own amax pass is the cheaper one)", "set training.compile=true, or drop "
-                               "the key"))
-    return out
-
-
 # Which recipes each backend can run at all (the installed-library checks are the backend's capability_issues).
 FP8_RECIPES = {
     Backend.megatron: {"delayed", "tensorwise", "blockwise", "mxfp8"},

@@ -11,21 +11,18 @@ separate module boundary (megatron's MLP calls fc1, the activation, fc2) has now
 run in one op whose backward runs the three backwards. The amax is of the rounded values, the ones the cast would
 read, so the result is bit-for-bit that of the unfused fp8 linears and SwiGLU.
 
-A torch custom op pair (forward, backward) with fake implementations: eager, or one node of a compiled graph. In a
-compiled graph the other two operands' amaxes, fc1's input x (a norm's output) and fc2's output gradient, come from
-the graph as the fp8 linear's do (fp8_ops.graph_amax): then all four casts of activations run one pass.
+A torch custom op pair (forward, backward) with fake implementations: eager, or one node of a compiled graph.
 Weight casts go through fp8_linear.WEIGHT_CASTS like the unfused linears' (precision.fp8_weight_cache).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import Tensor
 
 from primus.turbo import fp8_linear as F8
 from primus.turbo import swiglu as S
-from primus.turbo.fp8_ops import graph_amax, in_graph_amax
 
 
 def _states(fmt: str, device, w_dtype, t1, t2):
@@ -35,19 +32,18 @@ def _states(fmt: str, device, w_dtype, t1, t2):
 
 
 @torch.library.custom_op("primus::fp8_swiglu_mlp_fwd", mutates_args=())
-def fp8_swiglu_mlp_fwd(x2: Tensor, w1: Tensor, w2: Tensor, fmt: str,
-                       x_amax: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                                 Tensor, Tensor, Tensor, Tensor]:
-    """(out, h, fc1's saved fp8 x^T / scale / W1^T / scale, fc2's saved fp8 y^T / scale / W2^T / scale).
-    x_amax: x2's amax from the compiled graph (fp8_ops.graph_amax), else fc1's cast takes its own."""
-    h, st1 = F8.fp8_forward(x2, w1, None, "tensorwise", fmt, x_amax=x_amax)
+def fp8_swiglu_mlp_fwd(x2: Tensor, w1: Tensor, w2: Tensor, fmt: str) -> Tuple[Tensor, Tensor, Tensor, Tensor,
+                                                                             Tensor, Tensor, Tensor, Tensor,
+                                                                             Tensor, Tensor]:
+    """(out, h, fc1's saved fp8 x^T / scale / W1^T / scale, fc2's saved fp8 y^T / scale / W2^T / scale)."""
+    h, st1 = F8.fp8_forward(x2, w1, None, "tensorwise", fmt)
     y, y_amax = S.swiglu_fwd_amax(h)
     out, st2 = F8.fp8_forward(y, w2, None, "tensorwise", fmt, x_amax=y_amax)
     return (out.contiguous(), h.contiguous(), *st1.tensors, *st2.tensors)
 
 
 @fp8_swiglu_mlp_fwd.register_fake
-def _(x2, w1, w2, fmt, x_amax=None):
+def _(x2, w1, w2, fmt):
     from primus.turbo.fp8_ops import _fwd_fake
 
     M = x2.shape[0]
@@ -60,19 +56,18 @@ def _(x2, w1, w2, fmt, x_amax=None):
 
 @torch.library.custom_op("primus::fp8_swiglu_mlp_bwd", mutates_args=())
 def fp8_swiglu_mlp_bwd(dout: Tensor, h: Tensor, a1: Tensor, b1: Tensor, c1: Tensor, d1: Tensor, a2: Tensor,
-                       b2: Tensor, c2: Tensor, d2: Tensor, fmt: str, w_dtype: torch.dtype,
-                       dout_amax: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    """(dx, dw1, dw2): fc2's backward, the SwiGLU backward (with dh's amax), fc1's backward (dh cast in one pass).
-    dout_amax: dout's amax from the compiled graph (fp8_ops.graph_amax), else fc2's cast takes its own."""
+                       b2: Tensor, c2: Tensor, d2: Tensor, fmt: str,
+                       w_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dx, dw1, dw2): fc2's backward, the SwiGLU backward (with dh's amax), fc1's backward (dh cast in one pass)."""
     st1, st2 = _states(fmt, dout.device, w_dtype, (a1, b1, c1, d1), (a2, b2, c2, d2))
-    dy, dw2, _ = F8.fp8_backward(st2, dout, need_db=False, dy_amax=dout_amax)
+    dy, dw2, _ = F8.fp8_backward(st2, dout, need_db=False)
     dh, dh_amax = S.swiglu_bwd_amax(dy, h)
     dx, dw1, _ = F8.fp8_backward(st1, dh, need_db=False, dy_amax=dh_amax)
     return dx.contiguous(), dw1.contiguous(), dw2.contiguous()
 
 
 @fp8_swiglu_mlp_bwd.register_fake
-def _(dout, h, a1, b1, c1, d1, a2, b2, c2, d2, fmt, w_dtype, dout_amax=None):
+def _(dout, h, a1, b1, c1, d1, a2, b2, c2, d2, fmt, w_dtype):
     from primus.turbo.fp8_ops import _bwd_fake
 
     dx, dw1 = _bwd_fake(h, a1, b1, c1, d1, "tensorwise", fmt, w_dtype)  # fc1's dy: dh, shaped as h
@@ -81,20 +76,17 @@ def _(dout, h, a1, b1, c1, d1, a2, b2, c2, d2, fmt, w_dtype, dout_amax=None):
 
 
 def _setup(ctx, inputs, output):
-    x2, w1, w2, fmt, x_amax = inputs
+    x2, w1, w2, fmt = inputs
     saved = output[1:]
     ctx.save_for_backward(*saved)
     ctx.fmt, ctx.w_dtype = fmt, w1.dtype
-    ctx.graph_amax = x_amax is not None  # traced into a graph that computes amaxes: the backward is too
     ctx.mark_non_differentiable(*saved)
     ctx.set_materialize_grads(False)  # no zero "gradients" of the saved outputs (fp8_ops._fp8_setup says why)
 
 
 def _backward(ctx, dout, *_):
-    dout = dout.contiguous()
-    amax = graph_amax(dout) if ctx.graph_amax else None
-    dx, dw1, dw2 = fp8_swiglu_mlp_bwd(dout, *ctx.saved_tensors, ctx.fmt, ctx.w_dtype, amax)
-    return dx, dw1, dw2, None, None
+    dx, dw1, dw2 = fp8_swiglu_mlp_bwd(dout.contiguous(), *ctx.saved_tensors, ctx.fmt, ctx.w_dtype)
+    return dx, dw1, dw2, None
 
 
 fp8_swiglu_mlp_fwd.register_autograd(_backward, setup_context=_setup)
@@ -108,6 +100,5 @@ def fp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, fmt: str = "e4m3") -> Tens
         raise ValueError(f"fp8_swiglu_mlp: x (..., {x.shape[-1]}), w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}: "
                          "w1 must be (2F, H) and w2 (H', F)")
     shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    out = fp8_swiglu_mlp_fwd(x2, w1, w2, fmt, graph_amax(x2) if in_graph_amax("tensorwise") else None)[0]
+    out = fp8_swiglu_mlp_fwd(x.reshape(-1, shape[-1]), w1, w2, fmt)[0]
     return out.view(*shape[:-1], out.shape[-1])

@@ -7,9 +7,6 @@ inside; shapes come from the fake kernels), where the autograd.Function of fp8_l
 TorchTitan's TurboFP8Linear (fullgraph per-block compile) and by megatron's portable fp8 linears at tp = 1 under
 training.compile.
 
-Tensorwise inside a compiled graph (precision.fp8_graph_amax, GRAPH_AMAX below): x's amax (forward) and dy's
-(backward) are torch ops of the graph, handed to the ops, whose casts then skip their amax pass.
-
 The delayed recipe updates its amax histories in place, so it has its own pair, which declares those state tensors
 mutated (x's and the weight's in the forward, dy's in the backward): `fp8_linear_traced(..., "delayed", fmt,
 delayed=DelayedLinearState)`. torch refuses an autograd formula on a mutating op, so the pair is joined by a small
@@ -36,35 +33,12 @@ def compiles(recipe: str, tp_size: int = 1) -> bool:
 
 _fp8_dtypes, _out_dtype, _pad16 = F8.fp8_formats, F8._out_dtype, F8._pad16
 
-
-# ------------------------------------------------------------------------------------- amaxes in the compiled graph
-# A tensorwise cast reads its input twice: the amax, then the cast. Inside a compiled graph the amax can instead be
-# torch ops before the op, which inductor fuses into the kernel that produced the operand: the norm before qkv and
-# fc1 (a per-row max beside the norm's own per-row reduction), the norm backward + residual add before the o
-# projection's output gradient. The op then casts in one pass (fp8_linear.cast_tensorwise's amax=). Where nothing
-# fuses (an operand that is a graph input, or the output of an extern kernel such as SDPA), the amax is one
-# inductor reduction, in place of the cast's own amax pass.
-GRAPH_AMAX = {"enabled": True}  # precision.fp8_graph_amax (the backends set it; bench A/Bs toggle it)
-
-
-def in_graph_amax(recipe: str) -> bool:
-    """Whether this tensorwise fp8 linear takes its amaxes from the compiled graph it is traced into."""
-    return recipe == "tensorwise" and GRAPH_AMAX["enabled"] and torch.compiler.is_compiling()
-
-
-def graph_amax(t: Tensor) -> Tensor:
-    """max |t| as torch ops, shape (1,) fp32 (one partial maximum, cast_tensorwise's amax=). Per row first: the same
-    reduction over each row as a norm's, so inductor can compute it in the norm's kernel (or its backward's)."""
-    return t.abs().amax(dim=-1).amax().float().reshape(1)
-
 # Outputs are fixed 5-/2-tuples; the unused slots of a recipe are empty tensors.
 
 
 @torch.library.custom_op("primus::fp8_linear_fwd", mutates_args=())
-def fp8_linear_fwd(x2: Tensor, weight: Tensor, recipe: str, fmt: str,
-                   x_amax: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """x_amax: tensorwise, x2's amax computed in the graph (graph_amax): the cast skips its amax pass."""
-    y, st = F8.fp8_forward(x2, weight, None, recipe, fmt, need_wgrad=True, x_amax=x_amax)
+def fp8_linear_fwd(x2: Tensor, weight: Tensor, recipe: str, fmt: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    y, st = F8.fp8_forward(x2, weight, None, recipe, fmt, need_wgrad=True)
     empty = x2.new_empty(0)
     if recipe in ("tensorwise", "blockwise"):  # fp8 x^T and W^T / W with their scales (fp8_linear.fp8_forward)
         a, b, c, d = st.tensors
@@ -73,7 +47,7 @@ def fp8_linear_fwd(x2: Tensor, weight: Tensor, recipe: str, fmt: str,
 
 
 @fp8_linear_fwd.register_fake
-def _fwd_fake(x2, weight, recipe, fmt, x_amax=None):
+def _fwd_fake(x2, weight, recipe, fmt):
     M, K = x2.shape
     N = weight.shape[0]
     f_dt, _ = _fp8_dtypes(x2.device, fmt)
@@ -97,16 +71,16 @@ def _fwd_fake(x2, weight, recipe, fmt, x_amax=None):
 
 @torch.library.custom_op("primus::fp8_linear_bwd", mutates_args=())
 def fp8_linear_bwd(dy2: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor, recipe: str, fmt: str,
-                   w_dtype: torch.dtype, dy_amax: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                   w_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     f_dt, g_dt = _fp8_dtypes(dy2.device, fmt)
     saved = {"tensorwise": [a, b, c, d], "rowwise": [a, b], "blockwise": [a, b, c, d]}[recipe]
     st = F8.FP8State(recipe, f_dt, g_dt, w_dtype, False, saved)
-    dx, dw, _ = F8.fp8_backward(st, dy2, need_dx=True, need_dw=True, need_db=False, dy_amax=dy_amax)
+    dx, dw, _ = F8.fp8_backward(st, dy2, need_dx=True, need_dw=True, need_db=False)
     return dx.contiguous(), dw.contiguous()
 
 
 @fp8_linear_bwd.register_fake
-def _bwd_fake(dy2, a, b, c, d, recipe, fmt, w_dtype, dy_amax=None):
+def _bwd_fake(dy2, a, b, c, d, recipe, fmt, w_dtype):
     M = dy2.shape[0]
     if recipe == "tensorwise":
         K, N = c.shape  # W^T in fp8
@@ -119,12 +93,11 @@ def _bwd_fake(dy2, a, b, c, d, recipe, fmt, w_dtype, dy_amax=None):
 
 
 def _fp8_setup(ctx, inputs, output):
-    x2, weight, recipe, fmt, x_amax = inputs
+    x2, weight, recipe, fmt = inputs
     _, a, b, c, d = output
     saved = (x2, weight, a, b) if recipe == "rowwise" else (a, b, c, d)
     ctx.save_for_backward(*saved)
     ctx.recipe, ctx.fmt, ctx.w_dtype = recipe, fmt, weight.dtype
-    ctx.graph_amax = x_amax is not None  # the forward is in a graph that computes amaxes: so is its backward
     ctx.mark_non_differentiable(a, b, c, d)
     # torch would otherwise fill a zero "gradient" for each saved output before calling the backward, which ignores
     # them: a write of x^T and W^T per linear (eager; measured as the fused MLP's 1% loss in bench/fp8_mlp_ab.py)
@@ -133,10 +106,8 @@ def _fp8_setup(ctx, inputs, output):
 
 def _fp8_backward(ctx, dy, *_):
     a, b, c, d = ctx.saved_tensors
-    dy = dy.contiguous()
-    dy_amax = graph_amax(dy) if ctx.graph_amax else None
-    dx, dw = fp8_linear_bwd(dy, a, b, c, d, ctx.recipe, ctx.fmt, ctx.w_dtype, dy_amax)
-    return dx, dw, None, None, None
+    dx, dw = fp8_linear_bwd(dy.contiguous(), a, b, c, d, ctx.recipe, ctx.fmt, ctx.w_dtype)
+    return dx, dw, None, None
 
 
 fp8_linear_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
@@ -225,7 +196,7 @@ def fp8_linear_traced(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe:
     if recipe == "delayed":
         y = _delayed(x2, weight, delayed, fmt)
     else:
-        y = fp8_linear_fwd(x2, weight, recipe, fmt, graph_amax(x2) if in_graph_amax(recipe) else None)[0]
+        y = fp8_linear_fwd(x2, weight, recipe, fmt)[0]
     y = y.view(*shape[:-1], y.shape[-1])
     if bias is not None:
         y = y + bias.to(y.dtype)

@@ -163,32 +163,6 @@ def fp8_fused_mlp(cfg: PrimusConfig, ctx: RunContext) -> bool:
     return not fused_mlp_blockers(cfg, ctx)
 
 
-def graph_amax_blockers(cfg: PrimusConfig) -> List[ConfigIssue]:
-    """Why megatron's fp8 linears cannot take their amaxes from the compiled graph (precision.fp8_graph_amax) in
-    this run, beyond validate.fp8_graph_amax's generic rules (empty: they can)."""
-    p, keys = cfg.precision, "precision.fp8_graph_amax"
-    if fp8_backend(cfg) != "portable":
-        return [_issue([keys, "backend.layer_spec"], p.fp8_graph_amax, "Transformer Engine's linears run fp8 in this "
-                       "run; the graph amax is the portable fp8 linear's", "drop the key, or use backend.layer_spec=local")]
-    tp = cfg.parallel.tensor_model_parallel_size
-    if tp > 1:
-        return [_issue([keys, "parallel.tensor_model_parallel_size"], tp, "at tp > 1 the fp8 linears run eagerly "
-                       "(megatron's collectives around each GEMM), outside the compiled graph",
-                       "drop the key, or use parallel.tensor_model_parallel_size=1")]
-    return []
-
-
-def fp8_graph_amax(cfg: PrimusConfig) -> bool:
-    """Whether the portable tensorwise fp8 linears (and fused MLPs) inside compiled layers take x's and dy's amax
-    from the graph (primus.turbo.fp8_ops.graph_amax; precision.fp8_graph_amax: true = must, checked by
-    validate.fp8_graph_amax and capability_issues; null = wherever it applies; false = off)."""
-    p = cfg.precision
-    if p.fp8 is None or p.fp8_graph_amax is False:
-        return False
-    return (p.fp8_recipe.value == "tensorwise" and bool(cfg.training.compile)
-            and not graph_amax_blockers(cfg))
-
-
 def moe_layer_freq(cfg: PrimusConfig) -> List[int]:
     m = cfg.model
     return [0] * m.moe_first_k_dense + [1] * (m.num_layers - m.moe_first_k_dense)
@@ -559,7 +533,6 @@ def build_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
         "fp8_backend": fp8_backend(cfg),
         "fp8_weight_cache": fp8_weight_cache(cfg, num_microbatches(cfg, ctx)),
         "fp8_fused_mlp": fp8_fused_mlp(cfg, ctx),
-        "fp8_graph_amax": fp8_graph_amax(cfg),
         "parallel_state": parallel_state_kwargs(cfg),
         "data_parallel_size": data_parallel_size(cfg, ctx.world_size),
         "transformer_config": transformer_config_kwargs(cfg, ctx),
@@ -733,8 +706,6 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
                               "drop precision.fp8_weight_cache, or use backend.layer_spec=local"))
         if p.fp8_fused_mlp:
             out += fused_mlp_blockers(cfg, ctx)
-        if p.fp8_graph_amax:
-            out += graph_amax_blockers(cfg)
         if r == "delayed" and spec == "local":  # the portable DelayedScaling (primus.turbo.fp8_linear)
             from primus.turbo.providers import delayed_recipe_issues
 

@@ -136,13 +136,10 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
     """Convert one GPTModel chunk in place; returns the converted module names."""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
-    from primus.turbo import fp8_ops
     from primus.turbo.fp8_linear import fp8_linear, fp8_shape_ok
     from primus.turbo.fp8_ops import compiles, fp8_linear_traced
 
     recipe, fmt = settings.get("fp8_recipe", "tensorwise"), settings.get("fp8", "e4m3")
-    # process-wide (the custom ops read it while compiled layers are traced): set by every run, on or off
-    fp8_ops.GRAPH_AMAX["enabled"] = bool(settings.get("graph_amax"))
     keep_first = keep_last = 0
     if settings.get("first_last_layers_bf16"):
         keep_first = settings.get("num_layers_at_start_in_bf16", 1)
@@ -196,7 +193,6 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
                 mlp.__class__ = FusedFP8MLP
                 mlp.primus_fp8_fmt, mlp.primus_fp8_eager = fmt, not traced
                 fused.append(f"decoder.layers.{layer.layer_number - 1}.mlp")
-    log.info("portable fp8 (%s, %s): %d linears converted, %d kept in bf16%s%s", recipe, fmt, len(converted),
-             len(kept), f"; {len(fused)} MLPs fused (fc1 -> SwiGLU -> fc2 in one fp8 op)" if settings.get("fused_mlp")
-             else "", "; graph amax: x / dy amaxes from the compiled layers" if settings.get("graph_amax") else "")
+    log.info("portable fp8 (%s, %s): %d linears converted, %d kept in bf16%s", recipe, fmt, len(converted), len(kept),
+             f"; {len(fused)} MLPs fused (fc1 -> SwiGLU -> fc2 in one fp8 op)" if settings.get("fused_mlp") else "")
     return converted

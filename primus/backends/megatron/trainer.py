@@ -233,7 +233,6 @@ class MegatronTrainer(Trainer):
             from primus.backends.megatron import fp8 as mfp8
 
             info["fp8_fused_mlps"] = sum(mfp8.fused_mlps(c) for c in chunks)
-            info["fp8_graph_amax"] = bool(a["fp8_graph_amax"])
             if tconfig.num_moe_experts and tconfig.moe_grouped_gemm:
                 fp8_gg = a["turbo"].get("grouped_gemm_fp8")
                 if fp8_gg:  # which fp8 grouped GEMM the experts' two GEMMs run here (grouped_gemm_fp8's rule)
@@ -311,7 +310,6 @@ class MegatronTrainer(Trainer):
             "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")]
         self.fp8_settings = {k: kw.pop(k) for k in keys}
         self.fp8_settings["fused_mlp"] = self.args["fp8_fused_mlp"]
-        self.fp8_settings["graph_amax"] = self.args["fp8_graph_amax"]
         if "fp4" in self.fp8_settings or not margs.portable_fp8_available(self.fp8_settings.get("fp8_recipe")):
             raise ConfigError(ConfigIssue(["precision.fp8", "precision.fp8_recipe"], self.fp8_settings,
                                           "portable fp8 linear not available here for this recipe "

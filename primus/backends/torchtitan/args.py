@@ -72,10 +72,6 @@ def _float8(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any]:
     recipe = p.fp8_recipe
     if _turbo_fp8(cfg):
         return _turbo_float8(cfg, issues)
-    if p.fp8_graph_amax:
-        issues.append(ConfigIssue(["precision.fp8_graph_amax", "turbo.use_turbo_float8_linear"], True,
-                                  "the graph amax is the turbo fp8 linear's (torchao's float8 casts are inductor's "
-                                  "own ops already)", "set turbo=torchtitan_fp8, or drop precision.fp8_graph_amax"))
     if recipe == FP8Recipe.mxfp8:
         return {"converters": ["quantize.linear.mx"],
                 "quantize": {"linear": {"mx": {"recipe_name": "mxfp8_cublas",
@@ -196,9 +192,6 @@ def _turbo(cfg: PrimusConfig, issues: List[ConfigIssue]):
         else:
             settings["float8_linear"] = {"recipe": p.fp8_recipe.value, "fmt": p.fp8.value,
                                          "filter_fqns": list(p.float8_filter_fqns)}
-            # the casts' x / dy amaxes from the compiled blocks (fp8_ops.graph_amax; validate.fp8_graph_amax's rules)
-            settings["float8_linear"]["graph_amax"] = (p.fp8_graph_amax is not False and bool(cfg.training.compile)
-                                                       and p.fp8_recipe == FP8Recipe.tensorwise)
             if p.fp8_recipe == FP8Recipe.delayed:  # fp8_linear.DelayedScaling's settings
                 settings["float8_linear"]["delayed"] = {"history_len": p.fp8_amax_history_len,
                                                         "margin": p.fp8_margin, "algo": p.fp8_amax_compute_algo}

@@ -163,10 +163,6 @@ class TorchTitanTrainer(Trainer):
         delayed = sum(turbo.allocate_fp8_states(part) for part in self.tt.model_parts)  # before the first trace
         if delayed:
             info["fp8_delayed_states"] = delayed
-        if turbo.LAST_SWAPS.get(turbo.FLOAT8_LINEAR):
-            from primus.turbo import fp8_ops
-
-            info["fp8_graph_amax"] = bool(fp8_ops.GRAPH_AMAX["enabled"])
         return info
 
     def _check_built(self, cfg) -> None:

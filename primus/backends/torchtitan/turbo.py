@@ -289,10 +289,6 @@ class Float8LinearConverter(_Converter):
 
     def convert(self, model):
         s = _SETTINGS.get("float8_linear") or {}
-        from primus.turbo import fp8_ops
-
-        # process-wide (read while the compiled blocks are traced): set by every turbo fp8 build, on or off
-        fp8_ops.GRAPH_AMAX["enabled"] = bool(s.get("graph_amax"))
         names = swap_float8_linears(model, recipe=s.get("recipe", "tensorwise"),
                                     filter_fqns=s.get("filter_fqns", ["output"]), fmt=s.get("fmt", "e4m3"),
                                     delayed=s.get("delayed"))
