@@ -240,6 +240,21 @@ def test_fp8_experts_through_the_turbo_grouped_gemm(monkeypatch):
     assert any(i.keys == ["turbo.grouped_gemm_fp8"] and "precision=fp8" in i.rule for i in found), found
 
 
+@pytest.mark.parametrize("ffn,warned", [(768, True), (1408, True), (4095, True), (4096, False), (14336, False)])
+def test_narrow_fp8_experts_get_the_measured_warning(ffn, warned):
+    """turbo.grouped_gemm_fp8 is honoured at any width; experts as narrow as those measured slower in fp8 than in
+    bf16 on the H200 get a warning that says so and how to turn it off (moe_ffn_hidden_size, else ffn_hidden_size)."""
+    import types
+
+    from primus.backends.megatron import turbo as mturbo
+
+    for tc in (types.SimpleNamespace(moe_ffn_hidden_size=ffn, ffn_hidden_size=99999),
+               types.SimpleNamespace(moe_ffn_hidden_size=None, ffn_hidden_size=ffn)):
+        msg = mturbo.small_experts_warning(tc)
+        assert (msg is not None) is warned
+        assert not warned or (f"ffn {ffn}" in msg and "turbo.grouped_gemm_fp8=false" in msg and "0.53x" in msg)
+
+
 def test_fp8_experts_info_names_the_grouped_gemm(monkeypatch):
     """backend_info.fp8_experts: torch._scaled_grouped_mm for e4m3 on an sm90 GPU, the Triton kernels (with the
     reason) for hybrid, on sm100 and on the CPU; from the model's expert shapes (gated fc1: 2 x ffn)."""

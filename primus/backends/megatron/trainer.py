@@ -239,6 +239,9 @@ class MegatronTrainer(Trainer):
                     from primus.backends.megatron import turbo as mturbo
 
                     info["fp8_experts"] = mturbo.fp8_experts_info(tconfig, device, fp8_gg)
+                    warning = mturbo.small_experts_warning(tconfig)
+                    if warning:
+                        log.warning(warning)
                 else:
                     info["fp8_experts"] = ("bf16 grouped GEMM (turbo.grouped_gemm_fp8=true runs them in fp8: "
                                            "torch._scaled_grouped_mm with precision.fp8=e4m3 on sm90, else primus' "
