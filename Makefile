@@ -21,7 +21,7 @@ train: $(STAMP)
 	$(VPY) train.py $(ARGS)
 
 test: $(STAMP)
-	$(VPY) -m pytest -q $(PYTEST_ARGS)
+	$(VPY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(VPY) -m pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
