@@ -5,6 +5,12 @@ import os
 
 import torch
 
+from primus.patches.compile_cache import tag_compile_caches
+
+# Every primus custom op is defined by a module that imports this one: before any graph that calls them is compiled,
+# torch.compile's caches are keyed by these sources too (a changed op is never served a stale compiled graph).
+tag_compile_caches()
+
 # Tests set POISON = True: every output buffer a kernel wrapper allocates is filled with NaN (floats) or the
 # smallest integer (ints) before the kernel runs, so an element the kernel forgot to write shows up.
 POISON = os.environ.get("PRIMUS_TURBO_POISON", "0") == "1"
