@@ -4,6 +4,8 @@
 #   bash bench/session17.sh 1   # the rowwise / column amax fp8 tests on the GPU; bench/rowwise_colmax_probe.py (the
 #                               # casts before vs after); bench/fp8_linear_ab.py --recipes rowwise (Llama-3-8B
 #                               # layer's linears, this tree vs the baseline)
+#   bash bench/session17.sh v   # bench/rowwise_colmax_variants.py: launch forms of the fused cast (after call 1
+#                               # found production's slower than the plain cast + the column amax pass)
 #   bash bench/session17.sh 2   # end to end: the megatron fp8 preset at precision=fp8_rowwise, after / before
 #                               # interleaved (fp8_linear.py and fp8_ops.py swapped between runs)
 # $OUT: logs
@@ -20,6 +22,8 @@ case "${1:-}" in
      timeout $((590 - SECONDS)) python bench/fp8_linear_ab.py --baseline $BASE/fp8_linear.py --recipes rowwise \
        > "$OUT/fp8_linear_ab.log" 2>&1
      grep -v "^\s*$" "$OUT/fp8_linear_ab.log" | tail -12 ;;
+  v) timeout 400 python bench/rowwise_colmax_variants.py > "$OUT/colmax_variants.log" 2>&1
+     grep -v "^\s*$" "$OUT/colmax_variants.log" | grep -v -i warn | grep -v "^|---" | head -150 ;;
   2) B="experiment=llama3_2_1b_megatron_fp8 precision=fp8_rowwise training.train_iters=14"
      mkdir -p /tmp/after && cp primus/turbo/fp8_linear.py primus/turbo/fp8_ops.py /tmp/after/
      for tag in ${TAGS:-after1 before1 after2 before2}; do
