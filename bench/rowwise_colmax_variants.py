@@ -65,7 +65,7 @@ def _k(X, Y, SINV, AMAX, R, C, RP, stride_xr, FP8_MAX, BR: tl.constexpr, BC: tl.
         xf = xr.to(tl.float32)
         ax = tl.abs(xf)
         if ACC16:
-            acc = tl.maximum(acc, tl.abs(xr))
+            acc = tl.maximum(acc, tl.abs(xr)).to(X.dtype.element_ty)
         else:
             acc = tl.maximum(acc, ax)
         scale = FP8_MAX / tl.maximum(tl.max(ax, axis=1), 1e-12)
