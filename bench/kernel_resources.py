@@ -68,12 +68,6 @@ def configs():
         yield "swiglu_fwd", "no probs", SW._swiglu_fwd, sw, {"HAS_P": False, "BLOCK": c["BLOCK"]}, c["num_warps"]
     ct = {"X": "*bf16", "AMAX": "*fp32", "Y": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32", "YR": "i32",
           "YC": "i32", "stride_xr": "i32", "FP8_MAX": "fp32"}
-    rc = {"X": "*bf16", "Y": "*fp8e4nv", "SINV": "*fp32", "AMAX": "*fp32", "R": "i32", "C": "i32", "RP": "i32",
-          "stride_xr": "i32", "FP8_MAX": "fp32"}
-    for bc in (4096, 16384):
-        for c in F8._ROWWISE_COLMAX.space(BC=bc, RP=8192):
-            yield "rowwise_colmax", f"rows of {bc}", F8._cast_rowwise_colmax, rc, \
-                {"BR": c["BR"], "BC": bc, "ROWS": c["ROWS"]}, c["num_warps"]
     for c in F8._COLS_T.configs:
         yield "rowwise_cast_t", "x^T per column", F8._cast_cols_t, ct, {"BM": c["BM"], "BK": c["BK"]}, \
             c["num_warps"]

@@ -3,7 +3,8 @@
     python bench/rowwise_colmax_variants.py                      # GPU: one table per shape
     python bench/rowwise_colmax_variants.py --cpu --shapes 70x50 # CPU (interpreter): bytes only
 
-Session 17's first reading (`rowwise_colmax_probe.py`): production's fused kernel, ROWS = 32-64 rows per program,
+Session 17's first reading (`rowwise_colmax_probe.py` at commit 1e66ac0, where this kernel, with fp32 atomics, was
+production's; reverted after this probe): ROWS = 32-64 rows per program,
 ran at 26-56% of copy bandwidth where the plain rowwise cast runs at 63-96%: 128-512 programs each walking its rows
 one load at a time keep too few bytes in flight. Variants, each timed against the plain rowwise cast of the same x
 (`cast_rowwise(x, pad_rows=True)`, no column amax) and checked against its bytes and the exact column amax:

@@ -58,12 +58,6 @@ def checks():
             yield (f"rowwise transposed: column amax {x} " + " ".join(f"{k}={v}" for k, v in cfg.items()),
                    F8._colmax, {"X": x, "AMAX": "*fp32", "R": "i32", "C": "i32", "stride_xr": "i32"},
                    {k: v for k, v in cfg.items() if k != "num_warps"})
-        for bc in (4096, F8.ROWWISE_COLMAX_MAX_C):  # the cast that also keeps the column amax (x, dy; W)
-            for cfg in F8._ROWWISE_COLMAX.space(BC=bc, RP=8192):
-                yield (f"rowwise + column amax {x} BC={bc} " + " ".join(f"{k}={v}" for k, v in cfg.items()),
-                       F8._cast_rowwise_colmax,
-                       {"X": x, "Y": "*fp8e4nv", "SINV": "*fp32", "AMAX": "*fp32", "R": "i32", "C": "i32", "RP": "i32",
-                        "stride_xr": "i32", "FP8_MAX": "fp32"}, {"BR": cfg["BR"], "BC": bc, "ROWS": cfg["ROWS"]})
         for cfg in F8._COLS_T.configs:
             yield (f"rowwise transposed cast {x} BM={cfg['BM']} BK={cfg['BK']}", F8._cast_cols_t,
                    {"X": x, "AMAX": "*fp32", "Y": "*fp8e4nv", "SINV": "*fp32", "R": "i32", "C": "i32", "YR": "i32",

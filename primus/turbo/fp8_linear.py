@@ -24,9 +24,7 @@ Recipes ("current scaling": the scale comes from this tensor's own amax, except 
               is bit-identical to the forward it repeats (TE keeps the forward's scales for its recompute too).
   rowwise     one scale per row of each GEMM operand along the contraction dim (torchao's "rowwise"): each
               operand is quantised once per GEMM it feeds (x along K for fprop, along M for wgrad...). One kernel
-              per cast along the rows: amax and cast in the same program (the row chunk is re-read from L2); the
-              casts of x, dy (and W) along their rows also keep every column's amax, so the casts along M (x^T,
-              dy^T; W^T along N) read their operand once (cast_rowwise's col_amax / amax). torch._scaled_mm
+              per cast: amax and cast in the same program (the row chunk is re-read from L2). torch._scaled_mm
               with (M,1) x (1,N) scales.
   blockwise   DeepSeek-V3 / Megatron: activations and grads 1x128 groups, weights 128x128 tiles. One cast kernel
               per operand, reading it once (coalesced) and writing the fp8 layouts the GEMMs need: x (M, K) and
@@ -294,30 +292,6 @@ def _cast_rowwise(X, Y, SINV, R, C, RP, CP, stride_xr, stride_xc, stride_yr, str
             tl.store(Y + r64 * stride_yr + cols[None, :].to(tl.int64) * stride_yc, y.to(Y.dtype.element_ty),
                      mask=om)
     tl.store(SINV + rows, 1.0 / scale, mask=pmask)
-
-
-@triton.jit
-def _cast_rowwise_colmax(X, Y, SINV, AMAX, R, C, RP, stride_xr, FP8_MAX, BR: tl.constexpr, BC: tl.constexpr,
-                         ROWS: tl.constexpr):
-    """_cast_rowwise's one-tile path (row-major X (R, C), C <= BC; Y (RP, C), zero pad rows, SINV (RP,)), over ROWS
-    rows per program, which also keeps each column's running max |X| over its rows (the tiles it loads anyway) and
-    folds it into AMAX[c] with one atomic max per column: the column amax the transposed cast needs, without the
-    read of X that _colmax costs. The row arithmetic is _cast_rowwise's, so Y and SINV are its bytes."""
-    c1 = tl.arange(0, BC)
-    cm = c1 < C
-    acc = tl.zeros((BR, BC), dtype=tl.float32)
-    for i in range(0, ROWS // BR):
-        rows = tl.program_id(0) * ROWS + i * BR + tl.arange(0, BR)
-        r64 = rows[:, None].to(tl.int64)
-        xf = tl.load(X + r64 * stride_xr + c1[None, :], mask=(rows < R)[:, None] & cm[None, :],
-                     other=0.0).to(tl.float32)
-        ax = tl.abs(xf)
-        acc = tl.maximum(acc, ax)
-        scale = FP8_MAX / tl.maximum(tl.max(ax, axis=1), 1e-12)
-        q = tl.clamp(xf * scale[:, None], -FP8_MAX, FP8_MAX)
-        tl.store(Y + r64 * C + c1[None, :], q.to(Y.dtype.element_ty), mask=(rows < RP)[:, None] & cm[None, :])
-        tl.store(SINV + rows, 1.0 / scale, mask=rows < RP)
-    tl.atomic_max(AMAX + c1, tl.max(acc, axis=0), mask=cm)
 
 
 @triton.jit
@@ -780,48 +754,6 @@ _COLMAX = _common.Tuned(_colmax, [
 ], key=["R", "C"], valid=_colmax_ok)
 
 
-def _colmax_rows_ok(cfg, BC=1, RP=1, **_):
-    """At most 64 elements of the tile per thread (the tile and the running max both live in registers: more
-    spills on sm90), and no program spans more rows than x has (rounded up to a power of two)."""
-    return (cfg["BR"] * BC <= 64 * 32 * cfg["num_warps"]
-            and cfg["ROWS"] <= max(cfg["BR"], triton.next_power_of_2(RP)))
-
-
-# The rowwise cast that also hands the transposed cast its column amax (the rowwise recipe's x in the forward, dy in
-# the backward): before, the transposed cast ran its own column amax pass, a whole read of x / dy (both passes
-# 41-55% of copy bandwidth; the cast pass alone 73-98%, session 12). Rows up to ROWWISE_COLMAX_MAX_C wide (one
-# tile); ROWS rows per program, so one atomic per column per ROWS rows.
-ROWWISE_COLMAX_MAX_C = 16384
-_ROWWISE_COLMAX = _common.Tuned(_cast_rowwise_colmax, [
-    {"BR": 1, "ROWS": 32, "num_warps": 8}, {"BR": 1, "ROWS": 16, "num_warps": 4},
-    {"BR": 1, "ROWS": 64, "num_warps": 8}, {"BR": 2, "ROWS": 32, "num_warps": 8},
-    {"BR": 2, "ROWS": 64, "num_warps": 8}, {"BR": 4, "ROWS": 64, "num_warps": 8},
-    {"BR": 1, "ROWS": 128, "num_warps": 8}, {"BR": 4, "ROWS": 128, "num_warps": 4},
-    {"BR": 1, "ROWS": 32, "num_warps": 16}, {"BR": 1, "ROWS": 64, "num_warps": 16},
-], key=["R", "C"], valid=_colmax_rows_ok)
-
-
-def _cast_rowwise_col_amax(x2: torch.Tensor, dtype, RP: int, config=None):
-    """x2 (R, C), rows contiguous, C <= ROWWISE_COLMAX_MAX_C -> (y (RP, C) quantised per row along C, zero pad rows;
-    scale_inv (RP, 1); max |x2[:, c]| (C,) fp32)."""
-    R, C = x2.shape
-    y = _common.empty((RP, C), dtype, x2.device)
-    sinv = _common.empty((RP, 1), torch.float32, x2.device)
-    amax = torch.zeros(C, dtype=torch.float32, device=x2.device)
-    if RP and C:
-        args = (x2, y, sinv, amax, R, C, RP, x2.stride(0), _fmax(dtype))
-        BC = max(16, triton.next_power_of_2(C))
-
-        def grid(meta):
-            return (triton.cdiv(RP, meta["ROWS"]),)
-
-        if config is not None:
-            _ROWWISE_COLMAX.run(config, grid, args, BC=BC)
-        else:
-            _ROWWISE_COLMAX.launch(grid, args, BC=BC)
-    return y, sinv, amax
-
-
 def column_amax(x: torch.Tensor, config=None) -> torch.Tensor:
     """max |x[:, c]| for each column of a row-major x (R, C), fp32 (C,). config: one of _COLMAX's (tests)."""
     R, C = x.shape
@@ -839,16 +771,13 @@ def column_amax(x: torch.Tensor, config=None) -> torch.Tensor:
     return amax
 
 
-def _cast_along_rows_t(x: torch.Tensor, dtype, YR: int, YC: int, config=None, amax=None):
+def _cast_along_rows_t(x: torch.Tensor, dtype, YR: int, YC: int, config=None):
     """x (R, C), rows contiguous -> (y (YR, YC) = x^T quantised per column of x (over its R rows), zero pad;
-    scale_inv (YR, 1)). amax: x's column amax when the caller has it (else a pass computes it)."""
+    scale_inv (YR, 1))."""
     R, C = x.shape
     y = _common.empty((YR, YC), dtype, x.device)
     sinv = _common.empty((YR, 1), torch.float32, x.device)
-    if amax is None:
-        amax = column_amax(x)
-    elif amax.shape != (C,) or amax.dtype != torch.float32:
-        raise ValueError(f"amax must be x's column amax, fp32 ({C},), not {amax.dtype} {tuple(amax.shape)}")
+    amax = column_amax(x)
     args = (x, amax, y, sinv, R, C, YR, YC, x.stride(0), _fmax(dtype))
 
     def grid(meta):
@@ -862,31 +791,18 @@ def _cast_along_rows_t(x: torch.Tensor, dtype, YR: int, YC: int, config=None, am
 
 
 def cast_rowwise(x2: torch.Tensor, dtype, transpose: bool = False, pad: bool = False, pad_rows: bool = False,
-                 config=None, col_amax: bool = False, amax: Optional[torch.Tensor] = None):
+                 config=None):
     """Per-row scaling of x2 (R, C) along C -> (y (RP, CP), scale_inv (RP, 1)); pad / pad_rows round C / R up
     to multiples of 16 with zeros. transpose=True quantises along R instead: y = the transpose, scales (C, 1).
-    col_amax=True (along C, no column pad) also returns max |x2[:, c]| (C,) fp32, for a later transpose=True cast
-    of the same x2 to take as `amax` instead of its own column amax pass: taken from the cast's own tiles where a
-    row fits one (C <= ROWWISE_COLMAX_MAX_C, rows contiguous), else by that pass here.
-    config: one launch config of the space this call uses (_ROWWISE_ROWS', _ROWWISE_COLMAX's with col_amax, or
-    _COLS_T's for a quantisation along a column view, e.g. transpose=True of a row-major x2: tests); None = tuned on
-    a GPU / the default."""
+    config: one launch config of the space this call uses (_ROWWISE_ROWS', or _COLS_T's for a quantisation along a
+    column view, e.g. transpose=True of a row-major x2: tests); None = tuned on a GPU / the default."""
     src = x2.t() if transpose else x2
     R, C = src.shape
     CP = _pad16(C) if pad else C
     RP = _pad16(R) if pad_rows else R
-    if col_amax and (transpose or pad):
-        raise ValueError("col_amax is the column amax of a cast along x2's rows without a column pad")
-    if amax is not None and not (transpose and x2.stride(1) == 1):
-        raise ValueError("amax (x2's column amax) serves only transpose=True of a row-major x2")
-    if col_amax:
-        if x2.stride(1) == 1 and C <= ROWWISE_COLMAX_MAX_C:
-            return _cast_rowwise_col_amax(x2, dtype, RP, config)
-        y, sinv = cast_rowwise(x2, dtype, pad_rows=pad_rows, config=config)
-        return y, sinv, column_amax(x2.contiguous())
     if src.stride(1) != 1:
         if src.stride(0) == 1:  # a column view of a row-major tensor: read that tensor along its rows
-            return _cast_along_rows_t(src.t(), dtype, RP, CP, config, amax)
+            return _cast_along_rows_t(src.t(), dtype, RP, CP, config)
         src = src.contiguous()
     y = _common.empty((RP, CP), dtype, x2.device)
     sinv = _common.empty((RP, 1), torch.float32, x2.device)
@@ -1236,16 +1152,12 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
         y = y[:x2.shape[0]]
         tensors = [xqt, sx, wqt, sw]
     elif recipe == "rowwise":
-        # the wgrad's x^T is quantised over the tokens, per column of x: this cast keeps that column amax from the
-        # tiles it reads anyway, so the backward's transposed cast reads x once
-        # (and the weight's cast its column amax, for the dgrad's W^T)
-        xq, sx, *xcol = cast_rowwise(x2, f_dt, pad_rows=True, col_amax=need_wgrad)
-        wq, sw, wcol = WEIGHT_CASTS.get(weight, ("rowwise", f_dt), lambda: cast_rowwise(weight, f_dt,
-                                                                                         col_amax=True))
+        xq, sx = cast_rowwise(x2, f_dt, pad_rows=True)
+        wq, sw = WEIGHT_CASTS.get(weight, ("rowwise", f_dt), lambda: cast_rowwise(weight, f_dt))
         y = _mm(xq, wq.t(), sx, sw.t(), out_dt, fast=fast)[:x2.shape[0]]
         if bias is not None:
             y = y + bias.to(out_dt)
-        tensors = [x2, weight, xcol[0], wcol] if need_wgrad else [None, weight, None, wcol]
+        tensors = [x2 if need_wgrad else None, weight]
     elif recipe == "blockwise":
         N, K = weight.shape
         gemms = _blockwise_plan(x2.device, f_dt, g_dt, K, N)
@@ -1291,18 +1203,17 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
         if need_dw:
             dw = _mm(dyqt, xqt.t(), sdy, sx, w_dt)  # (N,MP) @ (MP,K), pad rows are zero
     elif recipe == "rowwise":
-        x2, weight, xcol, wcol = st.tensors
-        if need_dx:  # dy along N; with the wgrad, also dy's column amax for dy^T (below)
-            dyq, sdy, *dycol = cast_rowwise(dy2, g_dt, pad_rows=True, col_amax=need_dw)
+        x2, weight = st.tensors
+        if need_dx:
+            dyq, sdy = cast_rowwise(dy2, g_dt, pad_rows=True)  # along N
             wqt, swt = WEIGHT_CASTS.get(weight, ("rowwise_t", f_dt),  # W^T (K, N) rows along N
-                                        lambda: cast_rowwise(weight, f_dt, transpose=True, amax=wcol))
+                                        lambda: cast_rowwise(weight, f_dt, transpose=True))
             dx = _mm(dyq, wqt.t(), sdy, swt.t(), out_dt)[:dy2.shape[0]]
         if after_dgrad is not None:
             after_dgrad(dx)
         if need_dw:
-            dyqt, sdyt = cast_rowwise(dy2, g_dt, transpose=True, pad=True,  # dy^T (N, MP) along M
-                                      amax=dycol[0] if need_dx else None)
-            xqt, sxt = cast_rowwise(x2, f_dt, transpose=True, pad=True, amax=xcol)  # x^T (K, MP) along M
+            dyqt, sdyt = cast_rowwise(dy2, g_dt, transpose=True, pad=True)  # dy^T (N, MP) along M
+            xqt, sxt = cast_rowwise(x2, f_dt, transpose=True, pad=True)  # x^T (K, MP) along M
             dw = _mm(dyqt, xqt.t(), sdyt, sxt.t(), torch.bfloat16 if w_dt == torch.float32 else w_dt).to(w_dt)
     else:  # blockwise
         # xqt: x^T (K, MP) fp8, sxt_t: its 1x128 scales transposed (MP/128, K); wt: W (N, K) fp8 (column-major view
