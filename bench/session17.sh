@@ -7,6 +7,7 @@
 #     --recipes rowwise (Llama-3-8B layer's linears, that tree vs the baseline)
 #   bash bench/session17.sh v   # bench/rowwise_colmax_variants.py: launch forms of the fused cast (integer / relaxed
 #                               # atomics, partials, prefetch, a 16-bit running max) against the plain cast + pass
+#   bash bench/session17.sh c   # bench/colmax_pass_probe.py: launch forms of the column amax pass itself
 # $OUT: logs
 set -u
 OUT=${OUT:-outputs/bench}
@@ -14,5 +15,7 @@ mkdir -p "$OUT"
 case "${1:-}" in
   v) timeout 400 python bench/rowwise_colmax_variants.py > "$OUT/colmax_variants.log" 2>&1
      grep -v "^\s*$" "$OUT/colmax_variants.log" | grep -v -i warn | grep -v "^|---" | head -150 ;;
-  *) echo "usage: bash bench/session17.sh v (step 1: at commit 1e66ac0)" >&2; exit 2 ;;
+  c) timeout 300 python bench/colmax_pass_probe.py > "$OUT/colmax_pass.log" 2>&1
+     grep -v "^\s*$" "$OUT/colmax_pass.log" | grep -v -i warn | grep -v "^|---" | head -170 ;;
+  *) echo "usage: bash bench/session17.sh v|c (step 1: at commit 1e66ac0)" >&2; exit 2 ;;
 esac
