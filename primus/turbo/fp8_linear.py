@@ -295,19 +295,39 @@ def _cast_rowwise(X, Y, SINV, R, C, RP, CP, stride_xr, stride_xc, stride_yr, str
 
 
 @triton.jit
-def _colmax(X, AMAX, R, C, stride_xr, BM: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr):
+def _colmax(X, AMAX, R, C, stride_xr, BM: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr,
+            PREFETCH: tl.constexpr, ACC16: tl.constexpr):
     """AMAX[c] = max(AMAX[c], max |X[r, c]| over this program's ROWS rows): row-major X read along its rows, BM rows
-    at a time; the tile-shaped running max is reduced over rows once, after the loop, then one atomic per column."""
+    at a time; the tile-shaped running max is reduced over rows once, after the loop, then one relaxed atomic per
+    column (a max needs no ordering; the next kernel sees it). PREFETCH: the next tile is loaded before the current
+    one is folded in (two in flight per program). ACC16: the running max in X's dtype (exact: a max of X's values
+    is one of them), half the registers."""
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
     cmask = cols < C
     r0 = tl.program_id(0) * ROWS
-    acc = tl.zeros((BM, BK), dtype=tl.float32)
+    if ACC16:
+        acc = tl.zeros((BM, BK), dtype=X.dtype.element_ty)
+    else:
+        acc = tl.zeros((BM, BK), dtype=tl.float32)
+    if PREFETCH:
+        rn = r0 + tl.arange(0, BM)
+        xn = tl.load(X + rn[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=(rn < R)[:, None] & cmask[None, :],
+                     other=0.0)
     for i in range(0, ROWS // BM):
         rows = r0 + i * BM + tl.arange(0, BM)
-        x = tl.load(X + rows[:, None].to(tl.int64) * stride_xr + cols[None, :],
-                    mask=(rows < R)[:, None] & cmask[None, :], other=0.0)
-        acc = tl.maximum(acc, tl.abs(x.to(tl.float32)))
-    tl.atomic_max(AMAX + cols, tl.max(acc, axis=0), mask=cmask)
+        if PREFETCH:
+            x = xn
+            rn = rows + BM
+            xn = tl.load(X + rn[:, None].to(tl.int64) * stride_xr + cols[None, :],
+                         mask=((rn < R) & (rn < r0 + ROWS))[:, None] & cmask[None, :], other=0.0)
+        else:
+            x = tl.load(X + rows[:, None].to(tl.int64) * stride_xr + cols[None, :],
+                        mask=(rows < R)[:, None] & cmask[None, :], other=0.0)
+        if ACC16:
+            acc = tl.maximum(acc, tl.abs(x)).to(X.dtype.element_ty)
+        else:
+            acc = tl.maximum(acc, tl.abs(x.to(tl.float32)))
+    tl.atomic_max(AMAX + cols, tl.max(acc, axis=0).to(tl.float32), mask=cmask, sem="relaxed")
 
 
 @triton.jit
@@ -745,12 +765,23 @@ def _colmax_ok(cfg, R=1, C=1, **_):
 
 # The column amax pass was the largest cast of a rowwise gate+up linear (532 of 1,123 us: 1.45 TB/s for a pure
 # read, session 6) with one fixed config (the first); autotuned per (R, C) since session 7. ROWS rows per program
-# (one atomic per column each): more rows, fewer atomics but fewer programs.
+# (one atomic per column each): more rows, fewer atomics but fewer programs. Session 17 (bench/colmax_pass_probe.py,
+# H200): the pass still read at 43-81% of copy bandwidth; relaxed atomics (Triton's default is acq_rel), a
+# prefetched tile and a 16-bit running max (the last three configs) took the best pick to 1.01-1.21x.
+_PLAIN = {"PREFETCH": 0, "ACC16": 0}
+_AHEAD = {"PREFETCH": 1, "ACC16": 1}
 _COLMAX = _common.Tuned(_colmax, [
-    {"BM": 32, "BK": 128, "ROWS": 256, "num_warps": 4}, {"BM": 64, "BK": 128, "ROWS": 512, "num_warps": 4},
-    {"BM": 32, "BK": 256, "ROWS": 256, "num_warps": 4}, {"BM": 64, "BK": 256, "ROWS": 512, "num_warps": 8},
-    {"BM": 16, "BK": 512, "ROWS": 256, "num_warps": 4}, {"BM": 32, "BK": 512, "ROWS": 512, "num_warps": 8},
-    {"BM": 32, "BK": 256, "ROWS": 128, "num_warps": 4}, {"BM": 64, "BK": 128, "ROWS": 256, "num_warps": 8},
+    {"BM": 32, "BK": 128, "ROWS": 256, "num_warps": 4, **_PLAIN},
+    {"BM": 64, "BK": 128, "ROWS": 512, "num_warps": 4, **_PLAIN},
+    {"BM": 32, "BK": 256, "ROWS": 256, "num_warps": 4, **_PLAIN},
+    {"BM": 64, "BK": 256, "ROWS": 512, "num_warps": 8, **_PLAIN},
+    {"BM": 16, "BK": 512, "ROWS": 256, "num_warps": 4, **_PLAIN},
+    {"BM": 32, "BK": 512, "ROWS": 512, "num_warps": 8, **_PLAIN},
+    {"BM": 32, "BK": 256, "ROWS": 128, "num_warps": 4, **_PLAIN},
+    {"BM": 64, "BK": 128, "ROWS": 256, "num_warps": 8, **_PLAIN},
+    {"BM": 64, "BK": 128, "ROWS": 256, "num_warps": 4, **_AHEAD},
+    {"BM": 16, "BK": 512, "ROWS": 256, "num_warps": 4, **_AHEAD},
+    {"BM": 32, "BK": 256, "ROWS": 512, "num_warps": 4, **_AHEAD},
 ], key=["R", "C"], valid=_colmax_ok)
 
 
