@@ -147,6 +147,18 @@ def test_column_amax_every_config(R, C, dtype):
         assert got.shape == (C,) and torch.equal(got, ref), cfg
 
 
+def test_column_amax_prefetching_configs_only_for_large_x():
+    """The autotuner may pick the prefetching column amax configs only where the H200 measured them faster (x of
+    ~2x the L2 and up): below, their back-to-back timing reads x from L2 and the pick loses on a cold x."""
+    def space(R, C):
+        return F8._COLMAX.space((None, None, R, C))
+
+    small, large = space(8192, 4096), space(8192, 6144)
+    assert small and not any(c["PREFETCH"] for c in small)
+    assert {c["PREFETCH"] for c in large} == {0, 1}
+    assert 8192 * 4096 < F8.COLMAX_PREFETCH_MIN_ELEMS <= 8192 * 6144
+
+
 def _block_ref(t, br, bc):
     """float64 blockwise quantisation of t (R, C) in br x bc blocks: (dequantised (R, C), scale_inv per block)."""
     t = t.double()
