@@ -13,6 +13,8 @@ production (its autotuned pick, `column_amax`) against variants of the same kern
   STAGES    the row loop as tl.range(..., num_stages=STAGES) (Triton's software pipelining; 1: none)
 with BM rows x BK columns per tile, ROWS rows per program, warps. Every variant's amax must equal production's.
 % copy: the bytes read (2 per element) over the copy bandwidth's bytes moved.
+Since this probe ran (call 4), production's `_colmax` is this kernel with RELAXED = 1 and no STAGES (df58850), so
+its "production" column now reads that newer space (bench/colmax_ab.py times it against e5c07be's).
 """
 from __future__ import annotations
 
