@@ -758,9 +758,10 @@ _COLS_T = _common.Tuned(_cast_cols_t, [
 
 
 # The prefetching configs only for x of at least this many elements (~2x the H200's 50 MB L2 in bf16). On the H200
-# (session 17, bench/colmax_ab.py) the autotuner picked them at every shape; their pick ran 1.07-1.15x the pass at
-# 8192x6144 .. 8192x28672, but 0.89-0.98x at 4096x4096 .. 8192x4096. The autotuner times back-to-back launches, which
-# read a small x partly from L2, whereas in training the pass reads x cold (saved by the forward).
+# (session 17, bench/colmax_ab.py) the autotuner picked one of them at 8192x6144 .. 8192x28672 (1.07-1.15x the old
+# pass) and at 8192x2048 and 8192x4096 (0.94x, 0.98x); 4096x4096 picked a plain config (0.89x: the pick there varies
+# run to run). The autotuner times back-to-back launches, which read a small x partly from L2, whereas in training
+# the pass reads x cold (saved by the forward).
 COLMAX_PREFETCH_MIN_ELEMS = 48 << 20
 
 
