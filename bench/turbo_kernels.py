@@ -113,6 +113,19 @@ def load_module(path: str, name: str = "fp8_linear_baseline"):
     return mod
 
 
+def set_autotune_l2(module, flush: bool) -> list:
+    """Every `_common.Tuned` space defined in `module` autotunes with this timing form from now on (flush: an L2
+    flush before each timed launch, production's since session 18; else back to back, the form before), and forgets
+    its picks. Returns the spaces."""
+    import functools
+
+    spaces = [v for v in vars(module).values() if isinstance(v, _common.Tuned)]
+    for t in spaces:
+        t.picked.clear()
+        t._auto._do_bench = functools.partial(_common.queued_gpu_time, flush_l2=flush)
+    return spaces
+
+
 def ab_cell(fns, a: str, b: str, key, tot, grad_to_none=None) -> str:
     """kernel_ms of fns[a], fns[b], fns[a], fns[b] (alternated: the two readings of each show the noise), each
     appended to tot[(key, tag)]; returns the table cell "a / b / a / b"."""

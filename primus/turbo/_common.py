@@ -48,16 +48,30 @@ def interpreting() -> bool:
 
 
 _SLEEP_CYCLES_PER_MS: dict = {}
+_L2_FLUSH: dict = {}  # device index -> a buffer twice the L2's size, zeroed before each timed launch
 
 
-def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7):
+def _l2_flush_buffer(dev: int) -> torch.Tensor:
+    if dev not in _L2_FLUSH:
+        l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or (64 << 20)
+        _L2_FLUSH[dev] = torch.empty(2 * l2, dtype=torch.int8, device=f"cuda:{dev}")
+    return _L2_FLUSH[dev]
+
+
+def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7, flush_l2: bool = True):
     """The GPU time of one `fn()` launch, in ms (the `quantiles` of `reps` measurements), for triton.autotune.
 
     Triton's default benchmark puts CUDA events around each launch; a launch from Python costs 35-90 us of host
     time on the H200 machine, as long as these kernels run, so the events time the host and the autotuner's pick is
     noise (docs/benchmarks.md, sessions 5-6). Here a sleeping kernel holds the GPU while the host enqueues `n`
-    launches behind it, and the events time the n launches running back to back on the device: GPU time, without
-    a CUDA-graph capture (a failed capture can poison the process). L2 is warm across the n launches."""
+    launches behind it, so the events time the launches on the device: GPU time, without a CUDA-graph capture (a
+    failed capture can poison the process).
+
+    flush_l2: each launch runs after a write of twice the L2 and is timed alone (events around it, still queued
+    behind the sleep), so it reads its inputs from HBM, as a cast or norm does in training: there its input was
+    written long before, or is larger than the L2. Launched back to back (flush_l2=False, the form before session
+    18) a 34-67 MB input is read partly from the 50 MB L2, and the autotuner picked configs that lose on cold data
+    (session 17, call 5: the column amax pass 0.89-0.98x below 48M elements)."""
     import time
 
     import torch
@@ -72,21 +86,34 @@ def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7):
         b.record()
         torch.cuda.synchronize()
         _SLEEP_CYCLES_PER_MS[dev] = (1 << 22) / max(a.elapsed_time(b), 1e-3)
+    flush = _l2_flush_buffer(dev) if flush_l2 else None
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(n if flush_l2 else 1)]
+
+    def launches():
+        if flush is None:
+            events[0][0].record()
+            for _ in range(n):
+                fn()
+            events[0][1].record()
+            return
+        for a, b in events:
+            flush.zero_()
+            a.record()
+            fn()
+            b.record()
+
     t = time.perf_counter()
-    for _ in range(3):
-        fn()
-    host_ms = (time.perf_counter() - t) / 3 * 1e3
+    launches()
+    host_ms = time.perf_counter() - t
     torch.cuda.synchronize()
+    host_ms *= 1e3
     times = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(_SLEEP_CYCLES_PER_MS[dev] * (2 * n * host_ms + 0.2)))
-        a.record()
-        for _ in range(n):
-            fn()
-        b.record()
+        torch.cuda._sleep(int(_SLEEP_CYCLES_PER_MS[dev] * (2 * host_ms + 0.2)))
+        launches()
         torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / n)
+        times.append(sum(a.elapsed_time(b) for a, b in events) / n)
     times.sort()
     pick = [times[min(len(times) - 1, int(q * len(times)))] for q in (quantiles or (0.5,))]
     return pick if quantiles else pick[0]
