@@ -147,16 +147,17 @@ def test_column_amax_every_config(R, C, dtype):
         assert got.shape == (C,) and torch.equal(got, ref), cfg
 
 
-def test_column_amax_prefetching_configs_only_for_large_x():
-    """The autotuner may pick the prefetching column amax configs only where the H200 measured them faster (x of
-    ~2x the L2 and up): below, their back-to-back timing reads x from L2 and the pick loses on a cold x."""
+def test_column_amax_space_fits_x():
+    """The autotuner's space for a call: every config at Llama shapes (the prefetching ones included, session 18);
+    for a small x, no program spans more rows than x has (rounded up to a power of two) nor a tile more columns."""
     def space(R, C):
         return F8._COLMAX.space((None, None, R, C))
 
-    small, large = space(8192, 4096), space(8192, 6144)
-    assert small and not any(c["PREFETCH"] for c in small)
-    assert {c["PREFETCH"] for c in large} == {0, 1}
-    assert 8192 * 4096 < F8.COLMAX_PREFETCH_MIN_ELEMS <= 8192 * 6144
+    assert space(8192, 2048) == space(8192, 28672) == F8._COLMAX.configs
+    assert {c["PREFETCH"] for c in space(4096, 4096)} == {0, 1}
+    small = space(200, 100)  # rows round up to 256, columns to 128
+    assert small and all(c["ROWS"] <= 256 and c["BK"] <= 128 for c in small)
+    assert len(small) < len(F8._COLMAX.configs)
 
 
 def _block_ref(t, br, bc):

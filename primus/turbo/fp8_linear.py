@@ -757,28 +757,20 @@ _COLS_T = _common.Tuned(_cast_cols_t, [
 ], key=["R", "C"])
 
 
-# The prefetching configs only for x of at least this many elements (~2x the H200's 50 MB L2 in bf16). On the H200
-# (session 17, bench/colmax_ab.py) the autotuner picked one of them at 8192x6144 .. 8192x28672 (1.07-1.15x the old
-# pass) and at 8192x2048 and 8192x4096 (0.94x, 0.98x); 4096x4096 picked a plain config (0.89x: the pick there varies
-# run to run). The autotuner times back-to-back launches, which read a small x partly from L2, whereas in training
-# the pass reads x cold (saved by the forward).
-COLMAX_PREFETCH_MIN_ELEMS = 48 << 20
-
-
 def _colmax_ok(cfg, R=1, C=1, **_):
-    """No program spans more rows, nor a tile more columns, than x has (rounded up to a power of two); the prefetching
-    configs only from COLMAX_PREFETCH_MIN_ELEMS up."""
-    return (cfg["ROWS"] <= max(cfg["BM"], triton.next_power_of_2(R))
-            and cfg["BK"] <= max(64, triton.next_power_of_2(C))
-            and (not cfg.get("PREFETCH") or R * C >= COLMAX_PREFETCH_MIN_ELEMS))
+    """No program spans more rows, nor a tile more columns, than x has (rounded up to a power of two)."""
+    return cfg["ROWS"] <= max(cfg["BM"], triton.next_power_of_2(R)) and cfg["BK"] <= max(64, triton.next_power_of_2(C))
 
 
 # The column amax pass was the largest cast of a rowwise gate+up linear (532 of 1,123 us: 1.45 TB/s for a pure
 # read, session 6) with one fixed config (the first); autotuned per (R, C) since session 7. ROWS rows per program
 # (one atomic per column each): more rows, fewer atomics but fewer programs. Session 17 (bench/colmax_pass_probe.py,
 # H200): the pass still read at 43-81% of copy bandwidth. Relaxed atomics (Triton's default is acq_rel) ran every
-# config 1.04-1.05x. A prefetched tile with a 16-bit running max (the last three configs; large x only, see
-# COLMAX_PREFETCH_MIN_ELEMS) took the best form to 1.01-1.21x.
+# config 1.04-1.05x. A prefetched tile with a 16-bit running max (the last three configs) took the best form to
+# 1.01-1.21x. Session 17 admitted those only from 48M elements up: its autotuner, timing launches back to back, had
+# picked them at smaller x where they lost on a cold x. Session 18 autotunes with the L2 flushed before each launch
+# (_common.queued_gpu_time) and measured them at every size (bench/colmax_ab.py, H200): 1.08-1.10x the gated pass
+# at 8192x2048 and 4096x4096, the same pick as before at 8192x4096, so no size gate.
 _PLAIN = {"PREFETCH": 0, "ACC16": 0}
 _AHEAD = {"PREFETCH": 1, "ACC16": 1}
 _COLMAX = _common.Tuned(_colmax, [
