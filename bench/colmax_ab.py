@@ -26,13 +26,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", required=True)
     ap.add_argument("--shapes", default="8192x4096,8192x2048,4096x4096,8192x6144,8192x14336,8192x28672")
-    ap.add_argument("--colmax-prefetch-min", type=int, default=None,
-                    help="this tree's fp8_linear.COLMAX_PREFETCH_MIN_ELEMS, for this run (the baseline keeps its own)")
     a = ap.parse_args()
     old = load_module(a.baseline)
-    if a.colmax_prefetch_min is not None:
-        F8.COLMAX_PREFETCH_MIN_ELEMS = a.colmax_prefetch_min
-    print(f"baseline gate {getattr(old, 'COLMAX_PREFETCH_MIN_ELEMS', None)}, this tree's {F8.COLMAX_PREFETCH_MIN_ELEMS}")
+    gate = {m: getattr(mod, "COLMAX_PREFETCH_MIN_ELEMS", None) for m, mod in (("baseline", old), ("this tree", F8))}
+    print("the column amax pass's prefetching configs from (elements; None: every size):", gate)
     copy = copy_line()
     e4 = torch.float8_e4m3fn
     print("| x | column amax pass old / new / old / new, ms | new vs old | new pick | transposed cast old / new / "

@@ -34,21 +34,16 @@ def main():
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--baseline-warm-autotune", action="store_true",
                     help="the baseline's tuned spaces time their configs back to back (before session 18)")
-    ap.add_argument("--colmax-prefetch-min", type=int, default=None,
-                    help="this tree's fp8_linear.COLMAX_PREFETCH_MIN_ELEMS, for this run")
     a = ap.parse_args()
     mods = {"old": load_module(a.baseline), "new": F8}
     if a.baseline_warm_autotune:
         set_autotune_l2(mods["old"], flush=False)
-    if a.colmax_prefetch_min is not None:
-        F8.COLMAX_PREFETCH_MIN_ELEMS = a.colmax_prefetch_min
     recipes = a.recipes.split(",")
     M = a.tokens
     tot = {}
     same = {r: True for r in recipes}
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, {M} tokens; baseline autotune "
-          f"{'warm (back to back)' if a.baseline_warm_autotune else 'as its _common times'}; this tree's column amax "
-          f"prefetch gate {F8.COLMAX_PREFETCH_MIN_ELEMS} elements")
+          f"{'warm (back to back)' if a.baseline_warm_autotune else 'as its _common times'}")
     print("| linear | bf16 ms | " + " | ".join(f"{r} old / new / old / new ms" for r in recipes) + " |")
     print("|---|---:|" + "---|" * len(recipes))
     for K, N, name in SHAPES:

@@ -8,6 +8,9 @@
 #   bash bench/session18.sh 2   # the probe; the rowwise linear A/B with this tree's prefetch gate off (call 2)
 #   bash bench/session18.sh 3   # the column amax pass and transposed cast, gated (the tree of 1390e22's rule) vs no
 #                               # gate, both tuned cold, twice; the column amax / tuned-space GPU tests (call 3)
+# Calls 2 and 3 ran on the tree later committed as dc3a67c, the gate still in fp8_linear.py, with `--colmax-prefetch-min 0` (an option
+# of fp8_linear_ab.py / colmax_ab.py then) setting it to 0 in this tree's module; the gate is gone since, so at later
+# commits the same commands without that option measure the same thing.
 # $OUT: logs
 set -u
 OUT=${OUT:-outputs/bench}
@@ -23,10 +26,10 @@ case "${1:-}" in
      grep -E "^\||torch|total|Error" "$OUT/fp8_linear_ab.log" | grep -v "^|---" | tail -9 ;;
   2) timeout 420 python bench/autotune_l2_probe.py > "$OUT/autotune_l2.log" 2>&1
      grep -E "^\||copy|warm:|cold:|Error" "$OUT/autotune_l2.log" | grep -v "^|---"
-     timeout 150 "${AB[@]}" --recipes rowwise --colmax-prefetch-min 0 > "$OUT/ab_nogate.log" 2>&1
+     timeout 150 "${AB[@]}" --recipes rowwise > "$OUT/ab_nogate.log" 2>&1
      grep -E "^\||torch|total|Error" "$OUT/ab_nogate.log" | grep -v "^|---" | tail -9 ;;
   3) for i in 1 2; do  # --baseline: the gated fp8_linear.py of outputs/baseline_s18 (1390e22)
-       timeout 120 python bench/colmax_ab.py --baseline outputs/baseline_s18/fp8_linear.py --colmax-prefetch-min 0 \
+       timeout 120 python bench/colmax_ab.py --baseline outputs/baseline_s18/fp8_linear.py \
          --shapes 8192x2048,4096x4096,8192x4096,16384x2048,8192x6144,8192x14336 > "$OUT/colmax_gate_ab$i.log" 2>&1
        grep -E "^\||copy|gate|Error" "$OUT/colmax_gate_ab$i.log" | grep -v "^|---"
      done
