@@ -31,7 +31,7 @@ case "${1:-}" in
   3) for i in 1 2; do  # --baseline: the gated fp8_linear.py of outputs/baseline_s18 (1390e22)
        timeout 120 python bench/colmax_ab.py --baseline outputs/baseline_s18/fp8_linear.py \
          --shapes 8192x2048,4096x4096,8192x4096,16384x2048,8192x6144,8192x14336 > "$OUT/colmax_gate_ab$i.log" 2>&1
-       grep -E "^\||copy|gate|Error" "$OUT/colmax_gate_ab$i.log" | grep -v "^|---"
+       grep -E "^\||copy|prefetching|Error" "$OUT/colmax_gate_ab$i.log" | grep -v "^|---"
      done
      timeout 300 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_turbo_fp8.py \
        tests/test_turbo_rmsnorm.py tests/test_turbo_swiglu.py tests/test_turbo_autotune.py \
