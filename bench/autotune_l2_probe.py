@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import torch  # noqa: E402
 
+from primus.turbo import _common  # noqa: E402
 from primus.turbo import fp8_linear as F8  # noqa: E402
 from primus.turbo import rmsnorm as RN  # noqa: E402
 from primus.turbo import swiglu as SW  # noqa: E402
@@ -106,6 +107,7 @@ def main():
     print("| kernel | configs | best config | best ms | warm picks: ms / best | cold picks: ms / best |")
     print("|---|---:|---|---:|---|---|")
     score = {"warm": [], "cold": []}
+    misses_out = []
     for space, label, call, run_cfg in cases(e4):
         if a.only and a.only not in label:
             continue
@@ -118,12 +120,21 @@ def main():
         truth = [(kernel_ms(functools.partial(run_cfg, cfg)), i) for i, cfg in enumerate(cands)]
         best_ms, best_i = min(truth)
         by_cfg = {tuple(sorted(cands[i].items())): t for t, i in truth}
-        cells = []
+        cells, misses = [], {}
         for form in ("warm", "cold"):
             rs = [by_cfg[tuple(sorted(c.items()))] / best_ms for c in picks[form]]
             score[form] += rs
             cells.append(" ".join(f"{r:.3f}" for r in rs))
+            misses.update({tuple(sorted(c.items())): c for c, r in zip(picks[form], rs) if r > 1.01})
         print(f"| {label} | {len(cands)} | {cands[best_i]} | {best_ms:.4f} | {cells[0]} | {cells[1]} |", flush=True)
+        misses_out.extend((label, c, cands[best_i], run_cfg) for c in misses.values())
+    # Each pick more than 1% off: the pick and the fastest config timed again by the autotuner's own cold timer. A
+    # ratio under 1 there means the two timers disagree (the autotuner sees the pick as faster), not bad luck.
+    for label, c, best, run_cfg in misses_out:
+        q = [_common.queued_gpu_time(functools.partial(run_cfg, k), quantiles=None) for k in (c, best, c, best)]
+        t = [kernel_ms(functools.partial(run_cfg, k)) for k in (c, best)]
+        print(f"miss: {label}: pick {c} vs fastest {best}: profiler {t[0] / t[1]:.3f}, autotune timer "
+              f"{min(q[0], q[2]) / min(q[1], q[3]):.3f}", flush=True)
     for form, rs in score.items():
         geo = torch.tensor(rs).log().mean().exp().item()
         print(f"{form}: {len(rs)} picks, geomean ms / best {geo:.4f}, worst {max(rs):.3f}, "
