@@ -10,6 +10,7 @@
 #                               # gate, both tuned cold, twice; the column amax / tuned-space GPU tests (call 3)
 #   bash bench/session18.sh 4   # the turbo test files on the GPU (all but test_turbo_frontend_compile.py, which
 #                               # compiles for sm90 on any machine; call 4, the final tree)
+#   bash bench/session18.sh 5   # the probe on the RMSNorm forward alone, its misses re-timed by both timers (call 5)
 # Calls 2 and 3 ran on the tree later committed as dc3a67c, the gate still in fp8_linear.py, with `--colmax-prefetch-min 0` (an option
 # of fp8_linear_ab.py / colmax_ab.py then) setting it to 0 in this tree's module; the gate is gone since, so at later
 # commits the same commands without that option measure the same thing.
@@ -42,5 +43,7 @@ case "${1:-}" in
   4) T=(); for f in autotune fp8 fp8_mlp rmsnorm swiglu moe_ops cross_entropy rope attention grouped_gemm grouped_gemm_fp8 parallel_linear providers; do T+=("tests/test_turbo_$f.py"); done
      timeout 570 python -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf "${T[@]}" > "$OUT/pytest_turbo.log" 2>&1
      tail -3 "$OUT/pytest_turbo.log" ;;
-  *) echo "usage: bash bench/session18.sh 1|2|3|4" >&2; exit 2 ;;
+  5) timeout 75 python bench/autotune_l2_probe.py --only "rmsnorm fwd" > "$OUT/autotune_rmsnorm.log" 2>&1
+     grep -E "^\||miss|warm:|cold:|Error|copy" "$OUT/autotune_rmsnorm.log" | grep -v "^|---" ;;
+  *) echo "usage: bash bench/session18.sh 1|2|3|4|5" >&2; exit 2 ;;
 esac
