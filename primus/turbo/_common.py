@@ -70,8 +70,9 @@ def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7, f
     flush_l2: each launch runs after a write of twice the L2 and is timed alone (events around it, still queued
     behind the sleep), so it reads its inputs from HBM, as a cast or norm does in training: there its input was
     written long before, or is larger than the L2. Launched back to back (flush_l2=False, the form before session
-    18) a 34-67 MB input is read partly from the 50 MB L2, and the autotuner picked configs that lose on cold data
-    (session 17, call 5: the column amax pass 0.89-0.98x below 48M elements)."""
+    18) a 34-67 MB input is read partly from the 50 MB L2. On the H200 the two forms picked the same config in 45 of
+    48 autotunes, the cold picks closer to the fastest config by profiler time (44 within 1%, against 42; session 18,
+    bench/autotune_l2_probe.py)."""
     import time
 
     import torch
