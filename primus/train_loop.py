@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import traceback
 from typing import Any, Dict, Optional
@@ -185,6 +186,10 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         if cfg.training.compile:
             result["compile"] = compile_stats()
         result["env"] = {**env_snapshot(), **ctx.env}
+        turbo = sys.modules.get("primus.turbo._common")  # only where a turbo kernel was imported
+        picks = turbo.autotune_picks() if turbo is not None else []
+        if picks:
+            result["turbo_autotune"] = picks  # this rank's picks (rank 0 writes the file)
         if ckpt is not None and ckpt.saved:
             result["checkpoints"] = list(ckpt.saved)
         if ctx.device != "cuda":

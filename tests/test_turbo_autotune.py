@@ -1,13 +1,40 @@
-"""`_common.queued_gpu_time`, the timer every tuned space's autotune uses (GPU only: it times on the device)."""
+"""`_common.queued_gpu_time`, the timer every tuned space's autotune uses (GPU only: it times on the device), and
+`_common.autotune_picks`, the picks a run reports in result.json."""
 import pytest
 import torch
 
-from turbo_util import ON_GPU  # noqa: I001  (sets TRITON_INTERPRET before triton imports)
+from turbo_util import DEV, ON_GPU  # noqa: I001  (sets TRITON_INTERPRET before triton imports)
 from primus.turbo import _common
+from primus.turbo import fp8_linear as F8
 
-pytestmark = pytest.mark.skipif(not ON_GPU, reason="times kernels on a GPU")
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="times kernels on a GPU")
 
 
+def test_autotune_picks_name_kernel_call_and_config(monkeypatch):
+    """Each remembered pick comes out as the kernel's qualified name, its autotune key by name, the call's constexprs
+    and dtypes, and the config (the CPU's interpreter does not tune, so the pick is set by hand here)."""
+    x = torch.zeros(300, 200, dtype=torch.bfloat16, device=DEV)
+    args = (x, torch.zeros(200, device=DEV), 300, 200, x.stride(0))
+    cfg = F8._COLMAX.space(args)[-1]
+    monkeypatch.setattr(F8._COLMAX, "picked", {F8._COLMAX.call_key(args, {}): cfg})
+    mine = [p for p in _common.autotune_picks() if p["kernel"] == "primus.turbo.fp8_linear._colmax"]
+    assert mine == [{"kernel": "primus.turbo.fp8_linear._colmax", "key": {"R": 300, "C": 200}, "constexprs": {},
+                     "dtypes": ["torch.bfloat16", "torch.float32"], "config": cfg,
+                     "configs_in_space": len(F8._COLMAX.configs)}]
+    assert all(t in _common.Tuned.spaces for t in (F8._COLMAX, F8._COLS_T, F8._TENSORWISE))
+
+
+@gpu_only
+def test_a_tuned_launch_reports_its_pick():
+    x = torch.randn(4096, 1024, device="cuda").to(torch.bfloat16)
+    F8._COLMAX.picked.clear()
+    F8.column_amax(x)
+    mine = [p for p in _common.autotune_picks() if p["kernel"].endswith("._colmax")]
+    assert len(mine) == 1 and mine[0]["key"] == {"R": 4096, "C": 1024}
+    assert mine[0]["config"] in F8._COLMAX.space((x, None, 4096, 1024))
+
+
+@gpu_only
 def test_flushed_timing_reads_from_memory_not_l2():
     """A copy whose source and destination fit in the L2 together: timed back to back it runs from the L2; with the
     L2 flushed before each launch (the autotune's form) it must take longer, as it does on cold data in training."""
@@ -20,6 +47,7 @@ def test_flushed_timing_reads_from_memory_not_l2():
     assert cold > 1.15 * warm, (cold, warm)
 
 
+@gpu_only
 def test_timing_is_per_launch_and_returns_quantiles():
     """Twice the work takes about twice the time in both forms (the launches are timed, not the host), and the
     quantiles come back in the order asked for."""

@@ -140,9 +140,12 @@ class Tuned:
         valid(cfg, **the call's scalar args and constexprs) -> bool
     """
 
+    spaces: list = []  # every Tuned built in this process (autotune_picks reads their picks)
+
     def __init__(self, kernel, configs, key, valid=None):
         import triton
 
+        Tuned.spaces.append(self)
         self.kernel, self.configs = kernel, [dict(c) for c in configs]
         self.valid = valid or (lambda cfg, **kw: True)
         self.key = list(key)
@@ -207,6 +210,19 @@ class Tuned:
             if stateful:
                 self.run(cfg, grid, args, **consts)
         self.picked[key] = cfg
+
+
+def autotune_picks() -> list:
+    """The launch config each tuned kernel picked in this process, one entry per call key (result.json's
+    `turbo_autotune`): two runs that differ in speed can be compared kernel by kernel, since an autotuned pick can
+    vary between processes (docs/benchmarks.md, sessions 17-18). Empty without a GPU (the interpreter does not tune)."""
+    out = []
+    for t in Tuned.spaces:
+        for (key, consts, dtypes), cfg in t.picked.items():
+            out.append({"kernel": f"{t.kernel.fn.__module__}.{t.kernel.__name__}", "key": dict(zip(t.key, key)),
+                        "constexprs": dict(consts), "dtypes": list(dtypes), "config": dict(cfg),
+                        "configs_in_space": len(t.configs)})
+    return out
 
 
 def _fix_triton_interpreter() -> None:
