@@ -101,16 +101,20 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", default="", help="a substring of the case labels to run")
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error(f"--rounds {a.rounds}: each timing form needs at least 1 autotune round per case")
     print(copy_line(), flush=True)
     e4 = F8.fp8_dtypes("cuda")[0]
     torch.manual_seed(0)
+    todo = [c for c in cases(e4) if a.only in c[1]]
+    if not todo:
+        raise SystemExit(f"--only {a.only!r} matches no case; the cases are: "
+                         + "; ".join(c[1] for c in cases(e4)))
     print("| kernel | configs | best config | best ms | warm picks: ms / best | cold picks: ms / best |")
     print("|---|---:|---|---:|---|---|")
     score = {"warm": [], "cold": []}
     misses_out = []
-    for space, label, call, run_cfg in cases(e4):
-        if a.only and a.only not in label:
-            continue
+    for space, label, call, run_cfg in todo:
         picks = {"warm": [], "cold": []}
         cands = None
         for _ in range(a.rounds):
