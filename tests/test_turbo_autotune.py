@@ -58,3 +58,16 @@ def test_timing_is_per_launch_and_returns_quantiles():
         assert 1.6 < two / one < 2.4, (flush, one, two)
         med, lo, hi = _common.queued_gpu_time(lambda: x.sum(), flush_l2=flush)
         assert lo <= med <= hi
+
+
+@gpu_only
+def test_a_turbo_run_reports_its_picks_in_result_json(tmp_path):
+    """train.py with the turbo kernels on a GPU: result.json lists rank 0's autotuned picks, the RMSNorm forward's
+    among them, each config one of its space's."""
+    from rank_script import run_train
+    from primus.turbo import rmsnorm
+
+    res, _ = run_train(tmp_path, ["model=debug", "device=cuda", "turbo=megatron", "training.train_iters=2",
+                                  "training.lr_warmup_iters=0", "logging.tensorboard=false"], timeout=600)
+    norms = [p for p in res["turbo_autotune"] if p["kernel"] == "primus.turbo.rmsnorm._rmsnorm_fwd"]
+    assert norms and all(p["config"] in rmsnorm._FWD.configs for p in norms), res["turbo_autotune"]
