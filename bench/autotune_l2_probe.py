@@ -134,11 +134,15 @@ def main():
         misses_out.extend((label, c, cands[best_i], run_cfg) for c in misses.values())
     # Each pick more than 1% off: the pick and the fastest config timed again by the autotuner's own cold timer. A
     # ratio under 1 there means the two timers disagree (the autotuner sees the pick as faster), not bad luck.
+    # HOST_OUTRAN counts the measurements the host outran (retaken with a longer sleep since session 19).
     for label, c, best, run_cfg in misses_out:
+        before = sum(_common.HOST_OUTRAN.values())
         q = [_common.queued_gpu_time(functools.partial(run_cfg, k), quantiles=None) for k in (c, best, c, best)]
         t = [kernel_ms(functools.partial(run_cfg, k)) for k in (c, best)]
         print(f"miss: {label}: pick {c} vs fastest {best}: profiler {t[0] / t[1]:.3f}, autotune timer "
-              f"{min(q[0], q[2]) / min(q[1], q[3]):.3f}", flush=True)
+              f"{min(q[0], q[2]) / min(q[1], q[3]):.3f} (host outran {sum(_common.HOST_OUTRAN.values()) - before} "
+              "of its measurements)", flush=True)
+    print(f"host outran {sum(_common.HOST_OUTRAN.values())} autotune measurements in all", flush=True)
     for form, rs in score.items():
         geo = torch.tensor(rs).log().mean().exp().item()
         print(f"{form}: {len(rs)} picks, geomean ms / best {geo:.4f}, worst {max(rs):.3f}, "

@@ -71,3 +71,46 @@ def test_a_turbo_run_reports_its_picks_in_result_json(tmp_path):
                                   "training.lr_warmup_iters=0", "logging.tensorboard=false"], timeout=600)
     norms = [p for p in res["turbo_autotune"] if p["kernel"] == "primus.turbo.rmsnorm._rmsnorm_fwd"]
     assert norms and all(p["config"] in rmsnorm._FWD.configs for p in norms), res["turbo_autotune"]
+
+
+@gpu_only
+def test_a_host_stall_is_not_timed():
+    """The sleep that holds the GPU is sized from the first pass's host time. When the host later enqueues more
+    slowly (here 0.5 ms of host time per launch after that pass), the GPU would wait on the host between the events
+    and time it: such a measurement is retaken behind a longer sleep, so the result stays the kernel's time."""
+    import time
+
+    x = torch.randn(1 << 20, device="cuda")
+    y = torch.empty_like(x)
+    plain = _common.queued_gpu_time(lambda: y.copy_(x), quantiles=None)
+    calls = [0]
+
+    def stalling():
+        calls[0] += 1
+        if calls[0] > 21:  # after the compile call and the 20 launches of the pass that sizes the sleep
+            time.sleep(5e-4)
+        y.copy_(x)
+
+    before = sum(_common.HOST_OUTRAN.values())
+    stalled = _common.queued_gpu_time(stalling, quantiles=None)
+    assert sum(_common.HOST_OUTRAN.values()) > before  # the stall was seen...
+    assert stalled < 1.5 * plain + 2e-3, (stalled, plain)  # ...and not timed (it would add 0.5 ms a launch)
+
+
+@gpu_only
+def test_a_sleep_lasts_as_long_as_it_was_sized_for():
+    """The timer sizes its sleep in GPU clock cycles. Calibrated once on an idle GPU, a cycle count meant for 1 ms
+    slept 0.2 ms at the clocks kernels run at (H200, session 19); the timer now keeps the fastest clock it has seen,
+    so a sleep sized after it has timed something lasts at least what it was sized for (at a slower clock, longer)."""
+    x = torch.randn(1 << 24, device="cuda")
+    y = torch.empty_like(x)
+    _common.queued_gpu_time(lambda: y.copy_(x), quantiles=None)
+    for _ in range(50):  # keep the GPU busy, as a sleep in the timer follows its own launches
+        y.copy_(x)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(int(_common._SLEEP_CYCLES_PER_MS[torch.cuda.current_device()] * 2.0))
+    b.record()
+    torch.cuda.synchronize()
+    assert a.elapsed_time(b) > 1.6, a.elapsed_time(b)
+

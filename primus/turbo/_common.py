@@ -48,6 +48,8 @@ def interpreting() -> bool:
 
 
 _SLEEP_CYCLES_PER_MS: dict = {}
+_SLEEP_RETRIES = 3  # queued_gpu_time's measurements retaken, at most, when the host outran the sleep
+HOST_OUTRAN: dict = {}  # device index -> how many queued_gpu_time measurements the host outran (and were retaken)
 _L2_FLUSH: dict = {}  # device index -> a buffer twice the L2's size, zeroed before each timed launch
 
 
@@ -90,6 +92,7 @@ def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7, f
     flush = _l2_flush_buffer(dev) if flush_l2 else None
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(n if flush_l2 else 1)]
+    slept = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
 
     def launches():
         if flush is None:
@@ -111,9 +114,28 @@ def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7, f
     host_ms *= 1e3
     times = []
     for _ in range(reps):
-        torch.cuda._sleep(int(_SLEEP_CYCLES_PER_MS[dev] * (2 * host_ms + 0.2)))
-        launches()
-        torch.cuda.synchronize()
+        for attempt in range(_SLEEP_RETRIES + 1):
+            # The sleep must outlast the host's enqueueing, or the GPU waits for launches and the events time the
+            # host. Two things made it fall short: the host stalling after the pass that sized it (a garbage
+            # collection, a profiler's teardown), and the sleep's clock: calibrated on an idle GPU, a cycle count
+            # ran 5x faster once the clocks had risen (H200, session 19). So each sleep is timed too and the
+            # calibration keeps the fastest clock seen; a measurement the host outran is taken again, its sleep
+            # sized from the slower host time.
+            cycles = int(_SLEEP_CYCLES_PER_MS[dev] * (2 * host_ms + 0.2))
+            slept[0].record()
+            torch.cuda._sleep(cycles)
+            slept[1].record()
+            t = time.perf_counter()
+            launches()
+            outran = slept[1].query()  # True: the sleep ended before the host had enqueued every launch
+            took_ms = (time.perf_counter() - t) * 1e3
+            torch.cuda.synchronize()
+            rate = cycles / max(slept[0].elapsed_time(slept[1]), 1e-3)
+            _SLEEP_CYCLES_PER_MS[dev] = max(_SLEEP_CYCLES_PER_MS[dev], rate)
+            if not outran:
+                break
+            HOST_OUTRAN[dev] = HOST_OUTRAN.get(dev, 0) + 1
+            host_ms = max(host_ms, took_ms)
         times.append(sum(a.elapsed_time(b) for a, b in events) / n)
     times.sort()
     pick = [times[min(len(times) - 1, int(q * len(times)))] for q in (quantiles or (0.5,))]
