@@ -122,7 +122,7 @@ def set_autotune_l2(module, flush: bool) -> list:
     spaces = [v for v in vars(module).values() if isinstance(v, _common.Tuned)]
     for t in spaces:
         t.picked.clear()
-        t._auto._do_bench = functools.partial(_common.queued_gpu_time, flush_l2=flush)
+        t._auto._do_bench = functools.partial(t.bench, flush_l2=flush)
     return spaces
 
 

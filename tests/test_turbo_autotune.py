@@ -114,3 +114,39 @@ def test_a_sleep_lasts_as_long_as_it_was_sized_for():
     torch.cuda.synchronize()
     assert a.elapsed_time(b) > 1.6, a.elapsed_time(b)
 
+
+@gpu_only
+def test_the_pass_before_a_kernel_is_launched_but_not_timed():
+    """queued_gpu_time(before=...) runs `before` ahead of each timed launch, outside the events: a 256 MB read before
+    a 4 MB copy adds none of its ~70 us."""
+    big = torch.randn(1 << 26, device="cuda")
+    x = torch.randn(1 << 20, device="cuda")
+    y = torch.empty_like(x)
+    ran = [0]
+
+    def before():
+        ran[0] += 1
+        big.sum()
+
+    alone = _common.queued_gpu_time(lambda: y.copy_(x), quantiles=None)
+    after = _common.queued_gpu_time(lambda: y.copy_(x), quantiles=None, before=before)
+    assert ran[0] >= 20 * 8  # before every launch of the sizing pass and of the 7 measurements
+    assert after < alone + 0.02, (after, alone)
+
+
+@gpu_only
+def test_the_transposed_rowwise_cast_tunes_after_its_column_amax_pass(monkeypatch):
+    """_COLS_T's autotune launches the column amax pass of the same x before each timed launch (as the cast runs in
+    use); once picked, a call runs no extra pass."""
+    e4 = F8.fp8_dtypes("cuda")[0]
+    x = torch.randn(4096, 2048, device="cuda").to(torch.bfloat16)
+    seen = []
+    real = F8._COLS_T.before
+    monkeypatch.setattr(F8._COLS_T, "before", lambda args, consts: (seen.append(args[0]), real(args, consts)))
+    F8._COLS_T.picked.clear()
+    y, sinv = F8.cast_rowwise(x, e4, transpose=True, pad=True)
+    assert seen and all(t.data_ptr() == x.data_ptr() and t.shape == x.shape for t in seen)  # x's own pass
+    n = len(seen)
+    y2, _ = F8.cast_rowwise(x, e4, transpose=True, pad=True)
+    assert len(seen) == n and torch.equal(y.view(torch.uint8), y2.view(torch.uint8))
+    assert torch.equal(sinv, F8.cast_rowwise(x, e4, transpose=True, pad=True, config=F8._COLS_T.configs[0])[1])

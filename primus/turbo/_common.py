@@ -60,7 +60,8 @@ def _l2_flush_buffer(dev: int) -> torch.Tensor:
     return _L2_FLUSH[dev]
 
 
-def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7, flush_l2: bool = True):
+def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7, flush_l2: bool = True,
+                    before=None):
     """The GPU time of one `fn()` launch, in ms (the `quantiles` of `reps` measurements), for triton.autotune.
 
     Triton's default benchmark puts CUDA events around each launch; a launch from Python costs 35-90 us of host
@@ -74,7 +75,11 @@ def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7, f
     written long before, or is larger than the L2. Launched back to back (flush_l2=False, the form before session
     18) a 34-67 MB input is read partly from the 50 MB L2. On the H200 the two forms picked the same config in 45 of
     48 autotunes, the cold picks closer to the fastest config by profiler time (44 within 1%, against 42; session 18,
-    bench/autotune_l2_probe.py)."""
+    bench/autotune_l2_probe.py).
+
+    before: with flush_l2, launched after each flush and before the timed launch, untimed: the pass that precedes
+    this kernel in use, so the launch finds the L2 as it does there (a cast's second pass reads x just after the
+    first pass read it)."""
     import time
 
     import torch
@@ -103,6 +108,8 @@ def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7, f
             return
         for a, b in events:
             flush.zero_()
+            if before is not None:
+                before()
             a.record()
             fn()
             b.record()
@@ -160,11 +167,13 @@ class Tuned:
     compiles each for sm90).
         grid(meta) -> launch grid from the config's constexprs (meta["BLOCK_M"]...); the caller closes over sizes
         valid(cfg, **the call's scalar args and constexprs) -> bool
+        before(args, consts) -> None: the pass that runs just before this kernel in use, launched untimed before
+            each timed launch (queued_gpu_time's `before`)
     """
 
     spaces: list = []  # every Tuned built in this process (autotune_picks reads their picks)
 
-    def __init__(self, kernel, configs, key, valid=None):
+    def __init__(self, kernel, configs, key, valid=None, before=None):
         import triton
 
         Tuned.spaces.append(self)
@@ -172,6 +181,8 @@ class Tuned:
         self.valid = valid or (lambda cfg, **kw: True)
         self.key = list(key)
         self.picked = {}  # call key -> the config autotune chose for it
+        self.before = before
+        self._before_now = None  # `before` bound to the call being tuned
         # num_stages only where a space names it (the backend's default stays otherwise: 3 on CUDA, 2 on ROCm)
         self._stages = any("num_stages" in c for c in self.configs)
         self._auto = triton.autotune([triton.Config({k: v for k, v in c.items() if k not in _LAUNCH},
@@ -179,7 +190,11 @@ class Tuned:
                                                     **({"num_stages": c.get("num_stages", 3)} if self._stages
                                                        else {})) for c in self.configs],
                                      key=list(key), prune_configs_by={"early_config_prune": self.prune},
-                                     do_bench=queued_gpu_time)(kernel)
+                                     do_bench=self.bench)(kernel)
+
+    def bench(self, fn, **kw):
+        """triton.autotune's do_bench: queued_gpu_time, after `before` for the call being tuned."""
+        return queued_gpu_time(fn, before=self._before_now, **kw)
 
     @staticmethod
     def _scalars(named) -> dict:
@@ -224,7 +239,12 @@ class Tuned:
         else:
             tune_args = tuple(a.clone() if i in stateful else a for i, a in enumerate(args))
             self._auto.cache.clear()  # its key lacks our constexprs: benchmark this call's space afresh
-            self._auto[lambda meta: grid(dict(meta))](*tune_args, **consts)
+            if self.before is not None:
+                self._before_now = lambda: self.before(args, consts)
+            try:
+                self._auto[lambda meta: grid(dict(meta))](*tune_args, **consts)
+            finally:
+                self._before_now = None
             best = self._auto.best_config
             cfg = {**best.kwargs, "num_warps": best.num_warps}
             if self._stages:

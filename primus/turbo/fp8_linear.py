@@ -748,13 +748,16 @@ _ROWWISE_ROWS = _common.Tuned(_cast_rowwise, [
 # Quantising along the other dimension (the rowwise backward's x^T and dy^T, scales over the tokens) used to read a
 # column view: 17% of copy bandwidth at best (GPU time, session 5: bytes 64 contiguous at a time). Now two passes
 # that read x row-major: per-column amax (_colmax, atomic max over row chunks), then the cast with a transposed
-# store (_cast_cols_t, tuned below); ~2 reads + 1 fp8 write of x instead of the column-view walk.
+# store (_cast_cols_t, tuned below); ~2 reads + 1 fp8 write of x instead of the column-view walk. It is tuned
+# after the column amax pass (`before`), as it runs: that pass leaves part of x in the L2. Tuned from a flushed
+# L2, all 8 picks at 8192x4096 and 16384x2048 were a config 2.4-3.2% slower in use; tuned after the pass, 10 of 12
+# were the fastest (session 19, H200, bench/autotune_l2_probe.py).
 _COLS_T = _common.Tuned(_cast_cols_t, [
     {"BM": 64, "BK": 128, "num_warps": 8}, {"BM": 128, "BK": 64, "num_warps": 8},
     {"BM": 64, "BK": 64, "num_warps": 4}, {"BM": 128, "BK": 128, "num_warps": 8},
     {"BM": 32, "BK": 128, "num_warps": 4}, {"BM": 128, "BK": 64, "num_warps": 4},
     {"BM": 128, "BK": 32, "num_warps": 4},
-], key=["R", "C"])
+], key=["R", "C"], before=lambda args, consts: column_amax(args[0]))
 
 
 def _colmax_ok(cfg, R=1, C=1, **_):
