@@ -7,7 +7,8 @@
 #   bash bench/session19.sh 2   # the autotune tests with the host-outrun guard (test_a_host_stall_is_not_timed); session
 #                               # 18's call 5 again (autotune_l2_probe.py --only "rmsnorm fwd", now counting the
 #                               # measurements the host outran), twice (its guard then retook them with the sleep
-#                               # sized as before, which outputs/diag found to run 5x short: fixed for call 3)
+#                               # sized as before, which bench/sleep_clock_probe.py then found to run 5x short; that
+#                               # probe ran alone in the next call: `python bench/sleep_clock_probe.py`; fixed after it)
 #   bash bench/session19.sh 3   # the autotune tests with the sleep's calibration kept at the fastest clock seen;
 #                               # the whole autotune_l2_probe.py (every memory-bound space, 2 rounds per form)
 #   bash bench/session19.sh 4   # _COLS_T tuned after its column amax pass (Tuned's `before`): the autotune and
