@@ -10,7 +10,11 @@
 # ($OUT/bench_multigpu<part>.md/json + $OUT/parity.md; part 2 reads part 1's result.json files under outputs/bench)
 #   bash bench/multi_gpu.sh      # both parts in one command (a longer call limit)
 #   bash bench/multi_gpu.sh 3    # 4 GPUs (nvidia-h200-x4): TorchTitan tp2 x fsdp2, bf16 vs the turbo fp8 linear under
-#                                # TP (session 9: tested on CPU ranks only; never measured on GPUs yet)
+#                                # TP (session 9: tested on CPU ranks only; never measured on GPUs yet), and bf16 with
+#                                # async TP (turbo.use_turbo_async_tp; overlap.enable_async_tensor_parallel) vs without
+#   bash bench/multi_gpu.sh 4    # 2 GPUs, issue 5: megatron tp2 + SP, megatron's linears vs turbo=megatron (primus'
+#                                # parallel linears: chunked all-gather / reduce-scatter overlapped with the GEMMs),
+#                                # bf16 and fp8; tested on CPU gloo ranks only so far
 set -u
 PART=${1:-all}
 OUT=${OUT:-outputs/bench}
@@ -25,7 +29,21 @@ if [ "$PART" = 3 ]; then
   python bench/e2e.py --suite none --tag multigpu3 --timeout 150 --log-dir "$LOGS" --ref "torchtitan tp2 fsdp2 bf16" \
     --extra "torchtitan tp2 fsdp2 bf16=$TT" \
     --extra "torchtitan tp2 fsdp2 turbo fp8=$TT precision=fp8 turbo=torchtitan_fp8" \
-    --extra "torchtitan tp2 fsdp2 turbo fp8 delayed=$TT precision=fp8_delayed turbo=torchtitan_fp8"
+    --extra "torchtitan tp2 fsdp2 turbo fp8 delayed=$TT precision=fp8_delayed turbo=torchtitan_fp8" \
+    --extra "torchtitan tp2 fsdp2 bf16 turbo async tp=$TT turbo=torchtitan turbo.use_turbo_async_tp=true" \
+    --extra "torchtitan tp2 fsdp2 bf16 async tp=$TT overlap.enable_async_tensor_parallel=true"
+  exit 0
+fi
+if [ "$PART" = 4 ]; then
+  # turbo=megatron also swaps attention and RMSNorm: the "turbo parallel linear only" rows isolate the linears
+  MT="$M $N2 parallel=tp2"
+  PL="turbo.enable_primus_turbo=true turbo.use_turbo_parallel_linear=true"
+  python bench/e2e.py --suite none --tag multigpu4 --timeout 110 --log-dir "$LOGS" --ref "megatron tp2 bf16" \
+    --extra "megatron tp2 bf16=$MT" \
+    --extra "megatron tp2 bf16 turbo parallel linear only=$MT $PL" \
+    --extra "megatron tp2 bf16 turbo=$MT turbo=megatron" \
+    --extra "megatron tp2 fp8=$MT precision=fp8" \
+    --extra "megatron tp2 fp8 turbo parallel linear only=$MT precision=fp8 $PL"
   exit 0
 fi
 if [ "$PART" != 2 ]; then
