@@ -108,12 +108,11 @@ def _run(dcfg: DictConfig):
 
         return run_stage2(cfg, ctx, meta)
 
-    if ctx.device == "cuda":  # refuse a run the memory estimate says cannot fit (plan.enforce=false overrides)
-        from primus.plan import check_fits
+    from primus.plan import check_fits  # refuse a run the memory estimate says cannot fit (plan.enforce=false overrides)
 
-        issue = check_fits(cfg, ctx)
-        if issue is not None:
-            raise ConfigError(issue)
+    issue = check_fits(cfg, ctx)
+    if issue is not None:
+        raise ConfigError(issue)
 
     from primus.launch.local import launch_local, single_process_env
 

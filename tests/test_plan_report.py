@@ -57,8 +57,51 @@ def test_check_fits_refuses_and_is_overridable():
     assert issue is not None and "plan.enforce" in issue.keys and "plan.enforce=false" in issue.fix
     assert check_fits(compose_cfg(["model=llama3_70b", "training=bench", "plan.gpu=H100", "plan.enforce=false"]),
                       GPU_CTX) is None
-    assert check_fits(bad, RunContext(device="cpu", world_size=1)) is None  # CPU runs are not judged
     assert check_fits(compose_cfg(["model=debug"]), GPU_CTX) is None
+
+
+def test_check_fits_on_cpu_sets_the_estimate_against_host_memory(monkeypatch):
+    import primus.plan as P
+
+    cpu = RunContext(device="cpu", world_size=1)
+    big = compose_cfg(["model=llama2_7b"])
+    monkeypatch.setattr(P, "host_memory_bytes", lambda: 24.0 * GiB)
+    issue = check_fits(big, cpu)
+    assert issue is not None and issue.keys[0] == "model.name"
+    assert issue.value["model"] == "llama2_7b" and issue.value["host_memory_gib"] == 24.0
+    assert issue.value["estimated_gib_per_process"] > 24.0
+    assert "model=debug" in issue.fix and "plan.enforce=false" in issue.fix
+    assert check_fits(compose_cfg(["model=debug"]), cpu) is None
+    assert check_fits(compose_cfg(["model=llama2_7b", "plan.enforce=false"]), cpu) is None
+    # every local process holds its own share: two processes need twice one
+    small = compose_cfg(["model=debug"])
+    one = P.plan(small, cpu, advise=False).breakdown.total
+    monkeypatch.setattr(P, "host_memory_bytes", lambda: 1.5 * one)
+    assert check_fits(small, cpu) is None
+    assert check_fits(compose_cfg(["model=debug", "launcher.nproc_per_node=2"]), cpu) is not None
+    monkeypatch.setattr(P, "host_memory_bytes", lambda: None)  # unknown: not judged
+    assert check_fits(big, cpu) is None
+    monkeypatch.setattr(P, "host_memory_bytes", lambda: 1e6 * GiB)
+    assert check_fits(big, cpu) is None
+
+
+def test_host_memory_is_read():
+    from primus.plan import host_memory_bytes
+
+    m = host_memory_bytes()
+    assert m is not None and 1 * GiB < m < (1 << 50)
+
+
+def test_a_cpu_run_that_cannot_fit_the_host_is_refused_before_the_model_is_built():
+    from primus.plan import host_memory_bytes
+
+    if (host_memory_bytes() or 0) > 1024 * GiB:
+        pytest.skip("this machine has the memory for llama3_70b's CPU estimate")
+    r, dt = _run([PY, "train.py", "backend=megatron", "model=llama3_70b"])
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    err = r.stdout + r.stderr
+    assert "model.name, launcher.nproc_per_node, plan.enforce" in err and "host memory" in err, err[-2000:]
+    assert dt < 25, dt
 
 
 def test_recompute_offload_and_sharding_lower_the_estimate():
@@ -120,9 +163,6 @@ def test_plan_module_cli_is_fast_and_exits_zero():
 
 
 def test_train_py_mode_plan_is_fast_and_exits_zero():
-    with open(os.path.join(ROOT, "primus", "run.py")) as f:
-        if "run_plan" not in f.read():
-            pytest.skip("primus/run.py does not call primus.plan.run_plan yet")
     r, dt = _run([PY, "train.py", "model=llama2_7b", "training=bench", "mode=plan", "plan.gpu=H200"])
     assert r.returncode == 0, r.stderr
     assert "[primus plan]" in r.stdout and "[fits]" in r.stdout

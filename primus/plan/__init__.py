@@ -3,8 +3,8 @@
 Entry points (called from primus/run.py):
     run_plan(cfg, ctx) -> int           `mode=plan`: print the plan, return 0 (fits or not: the plan is the output)
     check_fits(cfg, ctx) -> ConfigIssue | None
-                                        before a real GPU run: an issue when the estimate does not fit the GPU
-                                        (None on CPU, or with plan.enforce=false)
+                                        before a real run: an issue when the estimate does not fit the GPU, or on
+                                        CPU this machine's memory (None with plan.enforce=false)
     plan(cfg, ctx) -> Plan              the estimate, variants and the text, for programs and tests
 
 Modules: `memory` (the formulas and the breakdown), `advice` (what-if variants), `report` (the table), `gpus`
@@ -66,12 +66,34 @@ def run_plan(cfg: PrimusConfig, ctx: Optional[RunContext] = None) -> int:
     return 0
 
 
+def host_memory_bytes() -> Optional[float]:
+    """What this machine (or its cgroup, when that is smaller) lets processes allocate; None when unknown."""
+    import os
+
+    try:
+        total = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, float(text))
+    return total
+
+
 def check_fits(cfg: PrimusConfig, ctx: RunContext) -> Optional[ConfigIssue]:
-    """The refusal before a real run: None when it fits, on CPU, or with plan.enforce=false."""
+    """The refusal before a real run: None when it fits or with plan.enforce=false. On a GPU the estimate is set
+    against the GPU; on CPU every local process holds its share in host memory, and a run that cannot fit there
+    would be killed by the kernel's OOM killer minutes in, after building the model."""
     from primus.plan.memory import plan_settings
 
-    if ctx.device != "cuda" or getattr(ctx, "planned", False) or not plan_settings(cfg).enforce:
+    if getattr(ctx, "planned", False) or not plan_settings(cfg).enforce:
         return None
+    if ctx.device != "cuda":
+        return _check_fits_host(cfg, ctx)
     p = plan(cfg, ctx)
     if p.fits:
         return None
@@ -88,3 +110,27 @@ def check_fits(cfg: PrimusConfig, ctx: RunContext) -> Optional[ConfigIssue]:
          "capacity_gib": round(bd.capacity / G, 1), "gpu": bd.gpu},
         f"the memory estimate does not fit the GPU ({bd.needed / G:.1f} GiB needed, {bd.capacity / G:.1f} GiB available)",
         fix)
+
+
+def _check_fits_host(cfg: PrimusConfig, ctx: RunContext) -> Optional[ConfigIssue]:
+    """CPU: the GPU-shaped estimate (bf16 weights, fp32 optimizer states, activations) times the processes on this
+    node against the host's memory. CPU runs keep weights in fp32 and host offload shares count too, so the
+    estimate is a floor: only a run that cannot fit even then is refused."""
+    host = host_memory_bytes()
+    if host is None:
+        return None
+    bd = plan(cfg, ctx, advise=False).breakdown
+    procs = max(1, cfg.launcher.nproc_per_node)
+    need = (bd.total + bd.optimizer_cpu) * procs
+    if need <= host:
+        return None
+    G = float(1 << 30)
+    return ConfigIssue(
+        ["model.name", "launcher.nproc_per_node", "plan.enforce"],
+        {"model": cfg.model.name, "processes": procs, "estimated_gib_per_process": round(need / procs / G, 1),
+         "host_memory_gib": round(host / G, 1)},
+        f"on CPU this run needs at least {need / G:.1f} GiB of host memory ({procs} process(es) x "
+        f"{need / procs / G:.1f} GiB: weights, gradients, optimizer states, activations), and this machine has "
+        f"{host / G:.1f} GiB: it would be killed for memory after building the model",
+        "run it on a GPU machine, or choose a smaller model (model=debug, model=debug_moe) or fewer processes; "
+        "`python train.py <same overrides> mode=plan` shows the estimate; plan.enforce=false starts anyway")
