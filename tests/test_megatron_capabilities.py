@@ -111,3 +111,26 @@ def test_validate_runs_these_rules(monkeypatch):
     cfg = compose(["memory=distributed_optimizer", "device=cpu"])
     with pytest.raises(ConfigError, match="memory.use_distributed_optimizer"):
         validate(cfg, RunContext(device="cpu", world_size=1))
+
+
+@pytest.mark.skipif(margs._importable("deep_ep"), reason="DeepEP installed")
+def test_deepep_missing_gives_one_fix_not_two_that_contradict():
+    """turbo=sync_free_stage2 asks for DeepEP (flex dispatcher): without deep_ep the provider rule says to install it
+    or turn both off; the megatron rule must not add "use alltoall" alone, which the DeepEP rule then refuses."""
+    from primus.config.validate import validate
+    from primus.config.errors import ConfigError
+
+    found = issues("model=debug_moe", "turbo=sync_free_stage2", ctx=GPU)
+    assert "moe.moe_token_dispatcher_type" not in [k for i in found for k in i.keys], found
+    with pytest.raises(ConfigError) as e:  # the whole validation, provider rules included
+        validate(compose(["model=debug_moe", "turbo=sync_free_stage2"]), GPU)
+    deepep = [i for i in e.value.issues if i.keys == ["turbo.use_turbo_deepep"]]
+    assert deepep and "install DeepEP" in deepep[0].fix and "moe_token_dispatcher_type=alltoall" in deepep[0].fix
+    assert not [i for i in e.value.issues if i.keys == ["moe.moe_token_dispatcher_type"]], e.value.issues
+    # flex without the DeepEP flag still gets megatron's own rule; a dry run planned for a GPU is not judged
+    assert "moe.moe_token_dispatcher_type" in keys_of(issues("model=debug_moe", "moe.moe_token_dispatcher_type=flex",
+                                                               ctx=GPU))
+    planned = RunContext(device="cuda", world_size=1, planned=True)
+    assert "moe.moe_token_dispatcher_type" not in keys_of(issues("model=debug_moe", "moe.moe_token_dispatcher_type=flex",
+                                                                   ctx=planned))
+

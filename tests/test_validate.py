@@ -257,3 +257,37 @@ def test_fp8_fused_mlp_needs_fp8_and_the_megatron_backend():
     assert "replaces megatron's MLP module" in msg and "backend=megatron" in msg
     check(["backend=torchtitan", "precision=fp8", "precision.fp8_fused_mlp=false"])
     check(["precision=fp8", "precision.fp8_fused_mlp=true"])
+
+
+@pytest.mark.parametrize("key,value,least", [
+    ("training.micro_batch_size", 0, 1), ("training.global_batch_size", 0, 1), ("training.seq_length", -4, 1),
+    ("training.train_iters", 0, 1), ("training.lr_warmup_iters", -1, 0), ("model.num_attention_heads", 0, 1),
+    ("model.hidden_size", 0, 1), ("model.num_layers", 0, 1), ("model.vocab_size", 0, 1), ("model.kv_channels", 0, 1),
+    ("parallel.tensor_model_parallel_size", 0, 1), ("launcher.nproc_per_node", 0, 1), ("model.mtp_num_layers", -1, 0),
+])
+def test_counts_must_be_positive_and_are_reported_alone(key, value, least):
+    """A count below its floor is named with its value; the rules that divide by it do not add noise."""
+    with pytest.raises(ConfigError) as e:
+        check([f"{key}={value}"])
+    assert [i.keys for i in e.value.issues] == [[key]]
+    msg = str(e.value)
+    assert f"{key} = {value}" in msg and f"must be >= {least}" in msg and f"set {key} to {least} or more" in msg
+
+
+def test_an_unset_optional_size_is_not_judged_and_its_null_is_named():
+    check(["model.kv_channels=null"])
+    msg = error_of(["model=debug_moe", "model.num_experts=0"])
+    assert "model.num_experts = 0" in msg and "null: a dense model" in msg
+
+
+def test_query_heads_must_be_a_multiple_of_kv_heads():
+    msg = error_of(["model.num_attention_heads=4", "model.num_query_groups=3"])
+    assert "model.num_query_groups" in msg and "'kv_heads': 3" in msg and "dividing 4" in msg
+    check(["model.num_attention_heads=4", "model.num_query_groups=4"])  # MHA
+
+
+def test_head_dim_must_be_whole_unless_kv_channels_is_set():
+    msg = error_of(["model.hidden_size=66"])
+    assert "model.hidden_size" in msg and "'hidden_size': 66" in msg and "model.kv_channels" in msg
+    check(["model.hidden_size=66", "model.kv_channels=16"])
+

@@ -23,6 +23,66 @@ def rule(fn: Rule) -> Rule:
     return fn
 
 
+# ---------------------------------------------------------------- counts and the model's shape
+# Every other rule divides or compares by these, so `validate` reports these alone when any is off.
+
+# (key, must be >= this); a None value (an optional size left unset) is not judged
+POSITIVE = (
+    ("model.num_layers", 1), ("model.hidden_size", 1), ("model.ffn_hidden_size", 1),
+    ("model.num_attention_heads", 1), ("model.num_query_groups", 1), ("model.kv_channels", 1),
+    ("model.vocab_size", 1), ("model.max_position_embeddings", 1), ("model.num_experts", 1),
+    ("model.moe_ffn_hidden_size", 1), ("model.moe_shared_expert_intermediate_size", 1),
+    ("model.moe_first_k_dense", 0), ("model.mtp_num_layers", 0), ("model.q_lora_rank", 1),
+    ("model.kv_lora_rank", 1), ("model.qk_head_dim", 1), ("model.qk_pos_emb_head_dim", 1), ("model.v_head_dim", 1),
+    ("training.train_iters", 1), ("training.seq_length", 1), ("training.micro_batch_size", 1),
+    ("training.global_batch_size", 1), ("training.lr_warmup_iters", 0), ("training.timing_warmup_steps", 0),
+    ("training.log_interval", 1),
+    ("parallel.tensor_model_parallel_size", 1), ("parallel.pipeline_model_parallel_size", 1),
+    ("parallel.context_parallel_size", 1), ("parallel.expert_model_parallel_size", 1),
+    ("launcher.nproc_per_node", 1), ("launcher.nnodes", 1),
+)
+
+
+def _get(cfg, key: str):
+    obj = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def counts_are_positive(cfg, ctx) -> List[ConfigIssue]:
+    out = []
+    for key, least in POSITIVE:
+        v = _get(cfg, key)
+        if v is not None and v < least:
+            what = "a count" if least == 1 else "a count that may be 0"
+            null = f" (or null: {_NULL_MEANS[key]})" if key in _NULL_MEANS else ""
+            out.append(ConfigIssue([key], v, f"must be >= {least} ({what})", f"set {key} to {least} or more{null}"))
+    return out
+
+
+_NULL_MEANS = {"model.kv_channels": "hidden_size / heads", "model.num_experts": "a dense model",
+               "model.moe_ffn_hidden_size": "ffn_hidden_size", "model.moe_shared_expert_intermediate_size":
+               "no shared experts", "model.q_lora_rank": "full-rank queries"}
+
+
+@rule
+def attention_shape(cfg, ctx):
+    m, out = cfg.model, []
+    if m.num_attention_heads % m.num_query_groups:
+        out.append(ConfigIssue(["model.num_attention_heads", "model.num_query_groups"],
+                               {"heads": m.num_attention_heads, "kv_heads": m.num_query_groups},
+                               "each key/value head serves a whole group of query heads (GQA): heads must be a "
+                               "multiple of num_query_groups",
+                               f"choose num_query_groups dividing {m.num_attention_heads} (MHA: equal to it)"))
+    if m.kv_channels is None and not m.multi_latent_attention and m.hidden_size % m.num_attention_heads:
+        out.append(ConfigIssue(["model.hidden_size", "model.num_attention_heads", "model.kv_channels"],
+                               {"hidden_size": m.hidden_size, "heads": m.num_attention_heads},
+                               "with kv_channels unset the head dim is hidden_size / heads, which must be whole",
+                               "choose heads dividing hidden_size, or set model.kv_channels (the head dim)"))
+    return out
+
+
 # ---------------------------------------------------------------- turbo
 
 
@@ -252,11 +312,6 @@ def low_precision_recipe_for_backend(cfg, ctx):
 @rule
 def parallel_layout(cfg, ctx):
     p, m, t, out = cfg.parallel, cfg.model, cfg.training, []
-    for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size"):
-        if getattr(p, k) < 1:
-            out.append(ConfigIssue([f"parallel.{k}"], getattr(p, k), "must be >= 1", "use a positive size"))
-    if out:
-        return out
     tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
     world = ctx.world_size
     dp = data_parallel_size(cfg, world)
@@ -289,7 +344,7 @@ def parallel_layout(cfg, ctx):
     elif m.num_experts and m.num_experts % ep:
         out.append(ConfigIssue(["model.num_experts", "parallel.expert_model_parallel_size"],
                                {"experts": m.num_experts, "ep": ep}, "experts must be divisible by ep", "choose ep dividing num_experts"))
-    if t.micro_batch_size < 1 or t.global_batch_size < 1 or t.global_batch_size % (t.micro_batch_size * dp):
+    if t.global_batch_size % (t.micro_batch_size * dp):
         out.append(ConfigIssue(["training.global_batch_size", "training.micro_batch_size", "parallel.data_parallel_size"],
                                {"global": t.global_batch_size, "micro": t.micro_batch_size, "dp": dp},
                                "micro_batch_size x dp must divide global_batch_size (gradient accumulation steps are whole)",
@@ -310,17 +365,13 @@ def parallel_layout(cfg, ctx):
 @rule
 def training_values(cfg, ctx):
     t, out = cfg.training, []
-    if t.train_iters < 1:
-        out.append(ConfigIssue(["training.train_iters"], t.train_iters, "must be >= 1", "train at least one step"))
     if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
         out.append(ConfigIssue(["training.lr", "training.min_lr"], [t.lr, t.min_lr], "need 0 <= min_lr <= lr, lr > 0", "fix the rates"))
-    if t.lr_warmup_iters < 0 or (t.lr_warmup_iters and t.lr_warmup_iters >= t.train_iters):
+    if t.lr_warmup_iters and t.lr_warmup_iters >= t.train_iters:
         # the schedulers need warm-up to end before the decay does (megatron asserts warmup < decay steps)
         out.append(ConfigIssue(["training.lr_warmup_iters", "training.train_iters"], t.lr_warmup_iters,
                                f"warm-up must be 0 or shorter than the run (train_iters={t.train_iters})",
                                f"set training.lr_warmup_iters to 0..{max(t.train_iters - 1, 0)}"))
-    if t.timing_warmup_steps < 0:
-        out.append(ConfigIssue(["training.timing_warmup_steps"], t.timing_warmup_steps, "must be >= 0", "use 0 or more"))
     return out
 
 
@@ -439,9 +490,6 @@ def data_paths(cfg, ctx):
 @rule
 def launcher_values(cfg, ctx):
     lc, out = cfg.launcher, []
-    if lc.nproc_per_node < 1 or lc.nnodes < 1:
-        out.append(ConfigIssue(["launcher.nproc_per_node", "launcher.nnodes"], [lc.nproc_per_node, lc.nnodes],
-                               "must be >= 1", "use positive counts"))
     launching = not (cfg.dry_run or cfg.mode.value == "plan")
     if lc.nnodes > 1 and launching and "WORLD_SIZE" not in os.environ and "SLURM_JOB_ID" not in os.environ:
         out.append(ConfigIssue(["launcher.nnodes"], lc.nnodes,
@@ -497,7 +545,9 @@ def wandb_installed(cfg, ctx):
 
 def validate(cfg: PrimusConfig, ctx: RunContext, rules: Optional[List[Rule]] = None) -> PrimusConfig:
     """Run every rule (generic, then the backend's capability rules) and raise one ConfigError listing all issues."""
-    issues: List[ConfigIssue] = []
+    issues: List[ConfigIssue] = counts_are_positive(cfg, ctx)
+    if issues:  # the other rules divide by these counts: their verdicts would be noise
+        raise ConfigError(issues)
     for r in rules or RULES:
         issues += r(cfg, ctx)
     if not issues and rules is None:

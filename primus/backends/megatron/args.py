@@ -681,7 +681,9 @@ def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
                           "the fused cross entropy is a GPU kernel (torch.compile'd / TE)",
                           "set model.cross_entropy_loss_fusion=false on CPU"))
     out += turbo_loss_issues(cfg, ctx)
-    if moe.moe_token_dispatcher_type.value == "flex" and m.num_experts and not _importable("deep_ep"):
+    deepep_flag = cfg.turbo.enable_primus_turbo and cfg.turbo.use_turbo_deepep  # the provider rule names that fix
+    if moe.moe_token_dispatcher_type.value == "flex" and m.num_experts and not deepep_flag and not ctx.planned \
+            and not _importable("deep_ep"):
         out.append(_issue(["moe.moe_token_dispatcher_type"], "flex",
                           f"megatron-core {ver}'s flex dispatcher needs DeepEP (deep_ep), which does not import",
                           "use moe.moe_token_dispatcher_type=alltoall"))
