@@ -264,6 +264,7 @@ def test_fp8_fused_mlp_needs_fp8_and_the_megatron_backend():
     ("training.train_iters", 0, 1), ("training.lr_warmup_iters", -1, 0), ("model.num_attention_heads", 0, 1),
     ("model.hidden_size", 0, 1), ("model.num_layers", 0, 1), ("model.vocab_size", 0, 1), ("model.kv_channels", 0, 1),
     ("parallel.tensor_model_parallel_size", 0, 1), ("launcher.nproc_per_node", 0, 1), ("model.mtp_num_layers", -1, 0),
+    ("checkpoint.interval", -3, 0), ("checkpoint.keep_last", -1, 0),
 ])
 def test_counts_must_be_positive_and_are_reported_alone(key, value, least):
     """A count below its floor is named with its value; the rules that divide by it do not add noise."""

@@ -365,7 +365,7 @@ class ProfileConfig:
 class CheckpointConfig:
     interval: int = 0  # save every N steps; 0 = never during the run
     save_at_end: bool = False  # save after the last step
-    keep_last: int = 2  # checkpoints kept (older ones deleted)
+    keep_last: int = 2  # checkpoints kept (older ones deleted); 0 = keep all
     dir: Optional[str] = None  # null = <run_dir>/checkpoints
     resume: Optional[str] = None  # null = fresh start; "auto" = latest valid in dir; or a checkpoint path
 

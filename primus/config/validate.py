@@ -39,7 +39,7 @@ POSITIVE = (
     ("training.log_interval", 1),
     ("parallel.tensor_model_parallel_size", 1), ("parallel.pipeline_model_parallel_size", 1),
     ("parallel.context_parallel_size", 1), ("parallel.expert_model_parallel_size", 1),
-    ("launcher.nproc_per_node", 1), ("launcher.nnodes", 1),
+    ("launcher.nproc_per_node", 1), ("launcher.nnodes", 1), ("checkpoint.interval", 0), ("checkpoint.keep_last", 0),
 )
 
 
