@@ -138,6 +138,13 @@ CASES = [
     (["training.adam_eps=1e-6"], "optimizer_config", "adam_eps", 1e-6),
     (["training.clip_grad=0.5"], "optimizer_config", "clip_grad", 0.5),
     (["precision=fp16"], "optimizer_config", "fp16", True),
+    (["precision=fp16"], "optimizer_config", "initial_loss_scale", 2.0 ** 32),  # megatron's default, dynamic
+    (["precision=fp16"], "optimizer_config", "loss_scale", None),
+    (["precision=fp16", "precision.loss_scale=512"], "optimizer_config", "loss_scale", 512.0),
+    (["precision=fp16", "precision.initial_loss_scale=65536"], "optimizer_config", "initial_loss_scale", 65536.0),
+    (["precision=fp16", "precision.min_loss_scale=2"], "optimizer_config", "min_loss_scale", 2.0),
+    (["precision=fp16", "precision.loss_scale_window=200"], "optimizer_config", "loss_scale_window", 200),
+    (["precision=fp16", "precision.hysteresis=1"], "optimizer_config", "hysteresis", 1),
     # scheduler
     (["training.lr=0.01"], "scheduler", "max_lr", 0.01),
     (["training.min_lr=0.0001"], "scheduler", "min_lr", 0.0001),

@@ -83,3 +83,21 @@ def test_deepseek_style_mla_moe_trains(tmp_path):
            "model.moe_first_k_dense=1"]
     res, _ = train(tmp_path, "mla", mla, steps=4)
     assert res["losses"][-1] < res["losses"][0] - 0.2, res["losses"]
+
+
+def test_fp16_loss_scaling_skips_overflows_says_so_and_then_trains(tmp_path):
+    """precision=fp16 on the real megatron optimizer: at megatron's initial scale 2^32 the first steps overflow and
+    are skipped while the scale comes down; each step line shows the scale and says "update skipped", result.json
+    lists the skipped steps; from a small static scale every step applies and the loss falls."""
+    res, out = train(tmp_path, "dynamic", ["precision=fp16", "precision.hysteresis=1"], steps=6)
+    lines = [l for l in out.splitlines() if l.startswith("step ")]
+    assert len(lines) == 6 and all("| loss scale " in l for l in lines), lines
+    scales = [float(l.split("| loss scale ")[1].split(" |")[0]) for l in lines]
+    assert scales[0] == 2.0 ** 31  # hysteresis 1: the first overflow halves the 2^32 start
+    assert res["skipped_steps"] and res["skipped_steps"][0] == 1, res["skipped_steps"]
+    assert all(("update skipped" in lines[s - 1]) for s in res["skipped_steps"])
+    assert res["loss_scale"] == scales[-1] and scales == sorted(scales, reverse=True)
+    res2, out2 = train(tmp_path, "static", ["precision=fp16", "precision.loss_scale=128"], steps=8)
+    assert res2["skipped_steps"] == [] and "update skipped" not in out2
+    assert res2["loss_scale"] == 128.0
+    assert sum(res2["losses"][-2:]) / 2 < res2["losses"][0] - 0.3, res2["losses"]

@@ -26,8 +26,9 @@ def test_tensorboard_events_and_profiler_trace(tmp_path):
     acc = EventAccumulator(str(tb))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    expected = {t for t in TAGS if t != "perf/mfu"}  # MFU is null on CPU (no peak): not written
+    expected = {t for t in TAGS if t not in ("perf/mfu", "train/loss_scale")}  # null on CPU / in bf16: not written
     assert expected <= tags, expected - tags
+    assert "train/loss_scale" not in tags  # bf16: no loss scaling
     assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3, 4, 5]
     res = json.load(open(tmp_path / "result.json"))
     assert [round(e.value, 4) for e in acc.Scalars("train/loss")] == [round(x, 4) for x in res["losses"]]
@@ -49,7 +50,7 @@ def test_wandb_offline_run_has_the_same_metrics(tmp_path):
     res = json.load(open(tmp_path / "result.json"))
     assert [int(r["_step"]) for r in rows] == [1, 2, 3]
     assert [round(r["train/loss"], 4) for r in rows] == [round(x, 4) for x in res["losses"]]
-    expected = {t for t in TAGS if t != "perf/mfu"}  # MFU is null on CPU
+    expected = {t for t in TAGS if t not in ("perf/mfu", "train/loss_scale")}  # null on CPU / in bf16
     assert all(expected <= set(r) for r in rows), [expected - set(r) for r in rows]
 
 

@@ -292,3 +292,16 @@ def test_head_dim_must_be_whole_unless_kv_channels_is_set():
     assert "model.hidden_size" in msg and "'hidden_size': 66" in msg and "model.kv_channels" in msg
     check(["model.hidden_size=66", "model.kv_channels=16"])
 
+
+def test_loss_scaling_settings_need_fp16_and_sane_values():
+    msg = error_of(["precision.loss_scale=1024"])  # bf16 (the default): a loss scale would be ignored
+    assert "precision.loss_scale" in msg and "precision.fp16" in msg and "fp16 training only" in msg
+    check(["precision=fp16", "precision.loss_scale=1024"])
+    check(["precision=fp16", "precision.initial_loss_scale=65536", "precision.hysteresis=1"])
+    msg = error_of(["precision=fp16", "precision.loss_scale=0"])
+    assert "precision.loss_scale = 0" in msg and "> 0" in msg
+    msg = error_of(["precision=fp16", "precision.min_loss_scale=100", "precision.initial_loss_scale=10"])
+    assert "precision.min_loss_scale" in msg and "min_loss_scale <= initial_loss_scale" in msg
+    msg = error_of(["precision=fp16", "precision.loss_scale_window=0"])
+    assert "precision.loss_scale_window = 0" in msg
+

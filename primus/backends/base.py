@@ -15,6 +15,7 @@ class StepResult:
     grad_norm: Optional[float]  # global grad norm before clipping (None when the backend cannot tell)
     lr: float  # learning rate used by this step
     skipped: bool = False  # the optimizer skipped the update (fp16 overflow, non-finite guard)
+    loss_scale: Optional[float] = None  # fp16: the dynamic loss scale after this step (None: no scaling)
     extra: Dict[str, float] = field(default_factory=dict)  # e.g. MoE aux loss
 
 

@@ -181,6 +181,12 @@ class ModelConfig:
 class PrecisionConfig:
     bf16: bool = True  # BFloat16 training
     fp16: bool = False  # FP16 training (loss scaling)
+    # fp16 loss scaling (megatron's names and defaults); with fp16 off these must stay at their defaults
+    loss_scale: Optional[float] = None  # static loss scale (a power of 2 helps); null = dynamic
+    initial_loss_scale: float = 4294967296.0  # dynamic: the first scale (2^32); halved on overflows
+    min_loss_scale: float = 1.0  # dynamic: the scale never goes below this
+    loss_scale_window: int = 1000  # dynamic: overflow-free steps before the scale doubles
+    hysteresis: int = 2  # dynamic: overflows tolerated before the scale starts halving
     fp8: Optional[FP8Format] = None  # FP8 format; null = off
     fp8_recipe: FP8Recipe = FP8Recipe.tensorwise  # FP8 scaling recipe
     fp8_margin: int = 0  # delayed scaling: scale margin (power of 2)

@@ -228,6 +228,34 @@ def precision_exclusive(cfg, ctx):
     return out
 
 
+LOSS_SCALING = {"loss_scale": None, "initial_loss_scale": 2.0 ** 32, "min_loss_scale": 1.0,
+                "loss_scale_window": 1000, "hysteresis": 2}  # the schema's defaults
+
+
+@rule
+def fp16_loss_scaling(cfg, ctx):
+    p, out = cfg.precision, []
+    changed = [k for k, d in LOSS_SCALING.items() if getattr(p, k) != d]
+    if not p.fp16:
+        if changed:
+            out.append(ConfigIssue([f"precision.{k}" for k in changed] + ["precision.fp16"],
+                                   {k: getattr(p, k) for k in changed},
+                                   "loss scaling applies to fp16 training only (bf16 and fp32 need none)",
+                                   "use precision=fp16, or drop these settings"))
+        return out
+    if p.loss_scale is not None and p.loss_scale <= 0:
+        out.append(ConfigIssue(["precision.loss_scale"], p.loss_scale, "a static loss scale must be > 0",
+                               "use a power of 2 such as 1024, or null for dynamic scaling"))
+    if not 0 < p.min_loss_scale <= p.initial_loss_scale:
+        out.append(ConfigIssue(["precision.min_loss_scale", "precision.initial_loss_scale"],
+                               [p.min_loss_scale, p.initial_loss_scale], "need 0 < min_loss_scale <= initial_loss_scale",
+                               "e.g. precision.initial_loss_scale=65536 precision.min_loss_scale=1"))
+    for k in ("loss_scale_window", "hysteresis"):
+        if getattr(p, k) < 1:
+            out.append(ConfigIssue([f"precision.{k}"], getattr(p, k), "must be >= 1", f"set precision.{k} to 1 or more"))
+    return out
+
+
 @rule
 def first_last_layers_bf16(cfg, ctx):
     p, out = cfg.precision, []

@@ -34,14 +34,20 @@ class StepLine:
     tflops_per_gpu: float
     mfu: Optional[float]
     mem_gib: float
+    skipped: bool = False  # the optimizer did not apply this step's update
+    loss_scale: Optional[float] = None  # fp16's loss scale after the step
 
     def format(self, total_steps: int) -> str:
         gn = "n/a" if self.grad_norm is None else f"{self.grad_norm:.3f}"
         mfu = "n/a" if self.mfu is None else f"{100 * self.mfu:.1f}%"
+        ls = self.loss_scale
+        tail = "" if ls is None else f" | loss scale {ls:.0f}" if ls >= 1 and ls.is_integer() else f" | loss scale {ls:g}"
+        if self.skipped:  # megatron's fp16 scaler skips steps whose gradients overflowed while the scale comes down
+            tail += " | update skipped"
         return (f"step {self.step:>5}/{total_steps} | loss {self.loss:.4f} | grad_norm {gn} | lr {self.lr:.3e} | "
                 f"step_time {self.step_time_s * 1000:.1f} ms | tokens/s {self.tokens_per_s:,.0f} "
                 f"({self.tokens_per_s_per_gpu:,.0f}/gpu) | TFLOP/s/gpu {self.tflops_per_gpu:.1f} | MFU {mfu} | "
-                f"mem {self.mem_gib:.2f} GiB")
+                f"mem {self.mem_gib:.2f} GiB{tail}")
 
 
 class Meter:
@@ -55,12 +61,14 @@ class Meter:
         self.peak_fp8 = peaks[1] if peaks else None
         self.lines: List[StepLine] = []
 
-    def step(self, step: int, loss: float, grad_norm: Optional[float], lr: float, step_time_s: float) -> StepLine:
+    def step(self, step: int, loss: float, grad_norm: Optional[float], lr: float, step_time_s: float,
+             skipped: bool = False, loss_scale: Optional[float] = None) -> StepLine:
         tps = self.tokens_per_step / step_time_s
         per_gpu = tps / self.ctx.world_size
         tflops = per_gpu * self.flops_per_token / 1e12
         mfu = tflops / self.peak_bf16 if self.peak_bf16 else None
-        line = StepLine(step, loss, grad_norm, lr, step_time_s, tps, per_gpu, tflops, mfu, peak_memory_gib(self.ctx.device))
+        line = StepLine(step, loss, grad_norm, lr, step_time_s, tps, per_gpu, tflops, mfu, peak_memory_gib(self.ctx.device),
+                        skipped, loss_scale)
         self.lines.append(line)
         return line
 
@@ -93,6 +101,8 @@ class Meter:
             "first_loss": self.lines[0].loss,
             "final_loss": self.lines[-1].loss,
             "losses": [l.loss for l in self.lines],
+            "skipped_steps": [l.step for l in self.lines if l.skipped],
+            **({"loss_scale": self.lines[-1].loss_scale} if self.lines[-1].loss_scale is not None else {}),
         }
 
 

@@ -22,6 +22,7 @@ TAGS = {
     "perf/tflops_per_gpu": "tflops_per_gpu",
     "perf/mfu": "mfu",
     "memory/peak_gib": "mem_gib",
+    "train/loss_scale": "loss_scale",  # fp16 only (None otherwise, not written)
 }
 
 

@@ -452,6 +452,10 @@ def optimizer_config_kwargs(cfg: PrimusConfig) -> Dict[str, Any]:
     if name == "adam":
         k.update({"adam_beta1": t.adam_beta1, "adam_beta2": t.adam_beta2, "adam_eps": t.adam_eps,
                   "decoupled_weight_decay": True})
+    if p.fp16:
+        k.update({"loss_scale": p.loss_scale, "initial_loss_scale": p.initial_loss_scale,
+                  "min_loss_scale": p.min_loss_scale, "loss_scale_window": p.loss_scale_window,
+                  "hysteresis": p.hysteresis})
     if p.fp8 is not None:
         k["fp8_recipe"] = p.fp8_recipe.value  # megatron's optimizer reads it for precision-aware state
     return k

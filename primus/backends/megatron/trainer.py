@@ -433,8 +433,9 @@ class MegatronTrainer(Trainer):
             self.scheduler.step(increment=1)
         if level >= 1 and self.ctx.device == "cuda":
             torch.cuda.empty_cache()
+        scale = float(self.optimizer.get_loss_scale()) if self.cfg.precision.fp16 else None
         return StepResult(loss=self._global_loss(losses), grad_norm=None if grad_norm is None else float(grad_norm),
-                          lr=float(lr), skipped=not ok)
+                          lr=float(lr), skipped=not ok, loss_scale=scale)
 
     def _global_loss(self, losses) -> float:
         """Mean LM loss of the global batch, the same value on every rank (one all-reduce over the world)."""
