@@ -11,7 +11,7 @@ import os
 from typing import Callable, List, Optional
 
 from primus.config.errors import ConfigError, ConfigIssue
-from primus.config.schema import Backend, PrimusConfig
+from primus.config.schema import Backend, PrecisionConfig, PrimusConfig
 from primus.context import RunContext, data_parallel_size
 
 Rule = Callable[[PrimusConfig, RunContext], List[ConfigIssue]]
@@ -228,8 +228,8 @@ def precision_exclusive(cfg, ctx):
     return out
 
 
-LOSS_SCALING = {"loss_scale": None, "initial_loss_scale": 2.0 ** 32, "min_loss_scale": 1.0,
-                "loss_scale_window": 1000, "hysteresis": 2}  # the schema's defaults
+LOSS_SCALING = {k: getattr(PrecisionConfig(), k) for k in  # fp16's scaler settings and their schema defaults
+                ("loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis")}
 
 
 @rule
