@@ -162,6 +162,12 @@ def test_plan_module_cli_is_fast_and_exits_zero():
     assert dt < 10, dt
 
 
+def test_plan_module_cli_names_an_unknown_gpu_and_exits_2():
+    r, _ = _run([PY, "-m", "primus.plan", "model=llama3_8b", "plan.gpu=H300"])
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "plan.gpu = 'H300'" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
 def test_train_py_mode_plan_is_fast_and_exits_zero():
     r, dt = _run([PY, "train.py", "model=llama2_7b", "training=bench", "mode=plan", "plan.gpu=H200"])
     assert r.returncode == 0, r.stderr

@@ -305,3 +305,12 @@ def test_loss_scaling_settings_need_fp16_and_sane_values():
     msg = error_of(["precision=fp16", "precision.loss_scale_window=0"])
     assert "precision.loss_scale_window = 0" in msg
 
+
+def test_plan_settings_are_checked_before_anything_plans():
+    msg = error_of(["plan.gpu=H300"])
+    assert "plan.gpu = 'H300'" in msg and "H200" in msg and "plan.gpu_memory_gb" in msg
+    check(["plan.gpu=h100"])  # names match case-insensitively
+    check(["plan.gpu=H300", "plan.gpu_memory_gb=96"])  # an explicit size names any GPU
+    assert "plan.gpu_memory_gb = 0.0" in error_of(["plan.gpu_memory_gb=0"])
+    assert "plan.assumed_mfu = 1.5" in error_of(["plan.assumed_mfu=1.5"])
+

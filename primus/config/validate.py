@@ -534,6 +534,23 @@ def launcher_values(cfg, ctx):
 
 
 @rule
+def plan_values(cfg, ctx):
+    from primus.plan.gpus import KNOWN, lookup
+
+    p, out = cfg.plan, []
+    if p.gpu_memory_gb is not None and p.gpu_memory_gb <= 0:
+        out.append(ConfigIssue(["plan.gpu_memory_gb"], p.gpu_memory_gb, "a GPU's memory must be > 0 GiB",
+                               "set the capacity in GiB (e.g. 141), or null to take plan.gpu's"))
+    elif p.gpu_memory_gb is None and p.gpu and p.gpu.lower() != "auto" and lookup(p.gpu) is None:
+        out.append(ConfigIssue(["plan.gpu"], p.gpu, f"not a GPU the planner knows ({', '.join(KNOWN)})",
+                               "use one of those or auto, or give the size: plan.gpu_memory_gb=<GiB>"))
+    if not 0 < p.assumed_mfu <= 1:
+        out.append(ConfigIssue(["plan.assumed_mfu"], p.assumed_mfu, "an MFU is a fraction in (0, 1]",
+                               "e.g. plan.assumed_mfu=0.45"))
+    return out
+
+
+@rule
 def profile_window(cfg, ctx):
     p, out = cfg.profile, []
     if not (p.enabled or p.memory_snapshot):

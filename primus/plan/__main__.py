@@ -1,4 +1,5 @@
-"""`python -m primus.plan <hydra overrides>`: the plan without train.py (same composition, no validation, no run dir).
+"""`python -m primus.plan <hydra overrides>`: the plan without train.py (same composition, the plan's own checks
+and the counts only, no run dir).
 
     python -m primus.plan model=llama3_70b training=bench plan.gpu=H100
 """
@@ -13,6 +14,8 @@ def main(argv=None) -> int:
     from primus.config.hydra_compat import quote_numeric_group_choices
     from primus.config.schema import PrimusConfig, register
     from primus.context import RunContext, world_size_of
+    from primus.config.errors import ConfigError
+    from primus.config.validate import plan_values, validate
     from primus.plan import run_plan
 
     register()
@@ -21,7 +24,13 @@ def main(argv=None) -> int:
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         dcfg = compose("config", overrides=overrides)
     cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
-    return run_plan(cfg, RunContext(device="cuda", world_size=world_size_of(cfg)))
+    ctx = RunContext(device="cuda", world_size=world_size_of(cfg))
+    try:  # the plan's own settings and the counts it divides by (the full validation is train.py's)
+        validate(cfg, ctx, rules=[plan_values])
+    except ConfigError as e:
+        print(f"[primus plan] {e}", file=sys.stderr)
+        return 2
+    return run_plan(cfg, ctx)
 
 
 if __name__ == "__main__":
