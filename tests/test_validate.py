@@ -314,3 +314,21 @@ def test_plan_settings_are_checked_before_anything_plans():
     assert "plan.gpu_memory_gb = 0.0" in error_of(["plan.gpu_memory_gb=0"])
     assert "plan.assumed_mfu = 1.5" in error_of(["plan.assumed_mfu=1.5"])
 
+
+@pytest.mark.parametrize("overrides,key,words", [
+    (["training.seed=-1"], "training.seed", "0..2^32-1"),  # numpy refused it minutes in, as a traceback
+    (["training.adam_beta1=1.5"], "training.adam_beta1", "[0, 1)"),
+    (["training.adam_eps=-1e-8"], "training.adam_eps", ">= 0"),
+    (["training.weight_decay=-0.1"], "training.weight_decay", ">= 0"),
+    (["training.clip_grad=-1"], "training.clip_grad", "0 = off"),
+    (["training.init_method_std=0"], "training.init_method_std", "> 0"),
+    (["model.rotary_base=0"], "model.rotary_base", "> 0"),
+    (["model.norm_epsilon=-1e-5"], "model.norm_epsilon", ">= 0"),
+    (["model=debug_moe", "moe.moe_aux_loss_coeff=-1"], "moe.moe_aux_loss_coeff", ">= 0"),
+    (["launcher.master_port=99999"], "launcher.master_port", "1..65535"),
+    (["data.num_workers=-1"], "data.num_workers", ">= 0"),
+])
+def test_out_of_range_values_are_named(overrides, key, words):
+    msg = error_of(overrides)
+    assert key in msg and words in msg, msg
+

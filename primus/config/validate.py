@@ -40,6 +40,7 @@ POSITIVE = (
     ("parallel.tensor_model_parallel_size", 1), ("parallel.pipeline_model_parallel_size", 1),
     ("parallel.context_parallel_size", 1), ("parallel.expert_model_parallel_size", 1),
     ("launcher.nproc_per_node", 1), ("launcher.nnodes", 1), ("checkpoint.interval", 0), ("checkpoint.keep_last", 0),
+    ("data.num_workers", 0),
 )
 
 
@@ -64,6 +65,20 @@ def counts_are_positive(cfg, ctx) -> List[ConfigIssue]:
 _NULL_MEANS = {"model.kv_channels": "hidden_size / heads", "model.num_experts": "a dense model",
                "model.moe_ffn_hidden_size": "ffn_hidden_size", "model.moe_shared_expert_intermediate_size":
                "no shared experts", "model.q_lora_rank": "full-rank queries"}
+
+
+@rule
+def model_values(cfg, ctx):
+    m, moe, out = cfg.model, cfg.moe, []
+    if m.rotary_base <= 0:
+        out.append(ConfigIssue(["model.rotary_base"], m.rotary_base, "RoPE's theta must be > 0", "e.g. 10000 or 500000"))
+    if m.norm_epsilon < 0:
+        out.append(ConfigIssue(["model.norm_epsilon"], m.norm_epsilon, "must be >= 0", "e.g. 1e-5"))
+    for k in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
+        v = getattr(moe, k)
+        if v is not None and v < 0:
+            out.append(ConfigIssue([f"moe.{k}"], v, "a loss weight must be >= 0", f"set moe.{k} to 0 (off) or more"))
+    return out
 
 
 @rule
@@ -395,6 +410,18 @@ def training_values(cfg, ctx):
     t, out = cfg.training, []
     if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
         out.append(ConfigIssue(["training.lr", "training.min_lr"], [t.lr, t.min_lr], "need 0 <= min_lr <= lr, lr > 0", "fix the rates"))
+    if not 0 <= t.seed < 2 ** 32:  # numpy's seed range (megatron and torchtitan seed numpy too)
+        out.append(ConfigIssue(["training.seed"], t.seed, "must be in 0..2^32-1", "use a non-negative seed, e.g. 1234"))
+    if not (0 <= t.adam_beta1 < 1 and 0 <= t.adam_beta2 < 1):
+        out.append(ConfigIssue(["training.adam_beta1", "training.adam_beta2"], [t.adam_beta1, t.adam_beta2],
+                               "Adam's betas are decay rates in [0, 1)", "e.g. 0.9 and 0.95"))
+    for k, v in (("adam_eps", t.adam_eps), ("weight_decay", t.weight_decay), ("clip_grad", t.clip_grad)):
+        if v < 0:
+            out.append(ConfigIssue([f"training.{k}"], v, "must be >= 0" + (" (0 = off)" if k == "clip_grad" else ""),
+                                   f"set training.{k} to 0 or more"))
+    if t.init_method_std <= 0:
+        out.append(ConfigIssue(["training.init_method_std"], t.init_method_std, "a standard deviation must be > 0",
+                               "e.g. 0.02"))
     if t.lr_warmup_iters and t.lr_warmup_iters >= t.train_iters:
         # the schedulers need warm-up to end before the decay does (megatron asserts warmup < decay steps)
         out.append(ConfigIssue(["training.lr_warmup_iters", "training.train_iters"], t.lr_warmup_iters,
@@ -518,6 +545,9 @@ def data_paths(cfg, ctx):
 @rule
 def launcher_values(cfg, ctx):
     lc, out = cfg.launcher, []
+    if not 0 <= lc.master_port <= 65535:
+        out.append(ConfigIssue(["launcher.master_port"], lc.master_port, "a TCP port is 1..65535 (0 = pick a free one)",
+                               "use 0, or a free port such as 29500"))
     launching = not (cfg.dry_run or cfg.mode.value == "plan")
     if lc.nnodes > 1 and launching and "WORLD_SIZE" not in os.environ and "SLURM_JOB_ID" not in os.environ:
         out.append(ConfigIssue(["launcher.nnodes"], lc.nnodes,
