@@ -40,7 +40,7 @@ POSITIVE = (
     ("parallel.tensor_model_parallel_size", 1), ("parallel.pipeline_model_parallel_size", 1),
     ("parallel.context_parallel_size", 1), ("parallel.expert_model_parallel_size", 1),
     ("launcher.nproc_per_node", 1), ("launcher.nnodes", 1), ("checkpoint.interval", 0), ("checkpoint.keep_last", 0),
-    ("data.num_workers", 0),
+    ("data.num_workers", 0), ("precision.loss_scale_window", 1), ("precision.hysteresis", 1),
 )
 
 
@@ -265,10 +265,7 @@ def fp16_loss_scaling(cfg, ctx):
         out.append(ConfigIssue(["precision.min_loss_scale", "precision.initial_loss_scale"],
                                [p.min_loss_scale, p.initial_loss_scale], "need 0 < min_loss_scale <= initial_loss_scale",
                                "e.g. precision.initial_loss_scale=65536 precision.min_loss_scale=1"))
-    for k in ("loss_scale_window", "hysteresis"):
-        if getattr(p, k) < 1:
-            out.append(ConfigIssue([f"precision.{k}"], getattr(p, k), "must be >= 1", f"set precision.{k} to 1 or more"))
-    return out
+    return out  # loss_scale_window and hysteresis are counts: POSITIVE
 
 
 @rule
