@@ -14,13 +14,7 @@ from primus.config.errors import ConfigError, ConfigIssue
 from primus.config.schema import Backend, PrecisionConfig, PrimusConfig
 from primus.context import RunContext, data_parallel_size
 
-Rule = Callable[[PrimusConfig, RunContext], List[ConfigIssue]]
-RULES: List[Rule] = []
-
-
-def rule(fn: Rule) -> Rule:
-    RULES.append(fn)
-    return fn
+from primus.features import RULES, Rule, rule  # noqa: F401 - the registry every feature module's rules join
 
 
 # ---------------------------------------------------------------- counts and the model's shape
