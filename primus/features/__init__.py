@@ -15,7 +15,7 @@ So `git grep <flag>` finds where a flag is defined, checked and applied.
 """
 from __future__ import annotations
 
-from typing import Callable, List
+from typing import Any, Callable, Dict, Iterable, List
 
 Rule = Callable[..., list]  # (cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]
 RULES: List[Rule] = []  # every feature's rules, in import order; validate() runs them all
@@ -25,3 +25,36 @@ def rule(fn: Rule) -> Rule:
     """Register a cross-field rule. It returns ConfigIssues (keys, value, what is allowed, the fix), never raises."""
     RULES.append(fn)
     return fn
+
+
+# Every feature module, in the order their rules run and their backend mappings merge.
+FEATURES = ("backend", "model", "precision", "recompute", "moe", "turbo", "tuning", "parallel", "overlap", "memory",
+            "training", "data", "launcher", "logging", "checkpoint", "plan")
+
+
+def modules():
+    """The feature modules, imported (importing one registers its rules)."""
+    import importlib
+
+    return [importlib.import_module(f"primus.features.{name}") for name in FEATURES]
+
+
+def merged(parts: Iterable[Dict[str, Any]], where: str = "") -> Dict[str, Any]:
+    """Deep-merge the backend mappings of several features. Each feature owns its leaves: two features setting the
+    same leaf is a bug in the mapping, raised here rather than one silently winning."""
+    out: Dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            path = f"{where}.{key}" if where else key
+            if key not in out:
+                out[key] = value
+            elif isinstance(out[key], dict) and isinstance(value, dict):
+                out[key] = merged([out[key], value], path)
+            else:
+                raise RuntimeError(f"two features map the backend argument {path!r}")
+    return out
+
+
+def backend_mapping(backend: str, cfg, ctx) -> Dict[str, Any]:
+    """Merge `<backend>(cfg, ctx)` of every feature module that maps to this backend."""
+    return merged(getattr(m, backend)(cfg, ctx) for m in modules() if hasattr(m, backend))

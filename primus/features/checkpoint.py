@@ -1,0 +1,1 @@
+"""The checkpoint feature: its config, rules and backend mapping (see primus/features/__init__.py)."""
