@@ -23,6 +23,9 @@ def losses(overrides, env):
 
 
 def main():
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        return
     over = sys.argv[1:] or ["model=llama3_2_1b", "training.seq_length=1024", "training.micro_batch_size=2",
                             "training.global_batch_size=4", "training.train_iters=8"]
     det = {"PRIMUS_DETERMINISTIC": "1"}

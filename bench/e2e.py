@@ -1,11 +1,12 @@
-"""End-to-end benchmark: the plain-PyTorch reference and this framework's backends, same model, one GPU, one call.
+"""End-to-end benchmark: the plain-PyTorch reference and this framework's backends, same model, one GPU, one command.
 
     python bench/e2e.py --suite core          # reference (compile+fused, float8) + both backends bf16/fp8
-    python bench/e2e.py --suite core --append docs/benchmarks.md
+    python bench/e2e.py --suite presets       # the README's performance table: references + the experiment presets
+    python bench/e2e.py --suite core --append results.md
 
 Each point runs in its own process (clean memory, own compile caches) with a time limit; a failed point is a row
 with its error. Prints a markdown table of tokens/s, TFLOP/s/GPU, MFU, peak memory and the ratio to the
-reference measured in the same call, and writes it (with date, GPU, versions and commands) to $OUT or --append.
+reference measured in the same run, and writes it (with date, GPU, versions and commands) to $OUT or --append.
 """
 from __future__ import annotations
 
@@ -33,6 +34,15 @@ SUITES = {
         ("megatron fp8", ["train.py", "backend=megatron", "precision=fp8", *BENCH]),
         ("torchtitan bf16 compile", ["train.py", "backend=torchtitan", "training.compile=true", *BENCH]),
         ("torchtitan fp8 compile", ["train.py", "backend=torchtitan", "training.compile=true", "precision=fp8", *BENCH]),
+    ],
+    # the README's performance table: the references and the Llama-3.2-1B experiment presets, in one run
+    "presets": [
+        ("reference/compile_fused", ["bench/reference.py", "--variant", "compile_fused"]),
+        ("reference/float8", ["bench/reference.py", "--variant", "float8"]),
+        ("megatron bf16 preset", ["train.py", *QUIET, "experiment=llama3_2_1b_megatron_bf16"]),
+        ("megatron fp8 preset", ["train.py", *QUIET, "experiment=llama3_2_1b_megatron_fp8"]),
+        ("megatron fp8 delayed preset", ["train.py", *QUIET, "experiment=llama3_2_1b_megatron_fp8_delayed"]),
+        ("torchtitan bf16 preset", ["train.py", *QUIET, "experiment=llama3_2_1b_torchtitan_bf16"]),
     ],
     "none": [],  # only the --extra points
     "reference": [

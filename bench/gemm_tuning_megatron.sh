@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Issue 6 on the real step, one device call (<= 10 min): the guide's three stages on the megatron bf16 preset as
+# GEMM tuning on the real step (<= 10 min on one H200): the guide's three stages on the megatron bf16 preset as
 # shipped (Llama-3.2-1B shape, seq 4096, micro batch 16, compiled layers), then the tuned and the default step side
-# by side in the same call, the default twice to measure noise. "never slower" = tuned within the default runs'
+# by side in the same run, the default twice to measure noise. "never slower" = tuned within the default runs'
 # spread or faster.
 #   stage 1  train.py tuning_stage=1: eager steps (the torch-level recorder sees the GEMMs the compiled graphs also
 #            run; same shapes), recompute=full so the eager micro batch 16 fits (recompute adds forward calls of
 #            the same shapes: the report's weights count them)
 #   stage 2  tuning/offline_tune_gemm.py with 32 candidates, up to 10 timed calls each (the lm_head GEMMs of this
-#            step take ~50 ms each); resumable: a stopped run continues in the next call from its journal (session
-#            4 needed three calls, two of them before the tuner's OOM / pruning fixes)
+#            step take ~50 ms each); resumable: a stopped run continues from its journal
+#            when the script is run again
 #   stage 3  train.py tuning_stage=3 (tuned shapes through cuBLASLt, under torch.compile)
 #   bash bench/gemm_tuning_megatron.sh      # $OUT: stage logs, tune report, gemm_e2e.log
 set -u

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The megatron backend's Triton fusions (model.apply_rope_fusion: q/k/v split + RoPE; model.bias_activation_fusion:
 # SwiGLU) on vs off, bf16 and fp8, next to the compiled reference and its float8 variant.
-# Llama-3.2-1B shape, seq 4096, micro batch 8, training.compile=true. One device call:
+# Llama-3.2-1B shape, seq 4096, micro batch 8, training.compile=true. One GPU, ~8 min:
 #   bash bench/megatron_fusions.sh      # $OUT/bench_fusions.md/json
 set -u
 OUT=${OUT:-outputs/bench}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Planner accuracy (issue 11) + issue 3's llama2_7b fp8 preset + MoE on/off, in one device call:
+# Planner accuracy + the llama2_7b fp8 preset on one GPU + MoE grouped GEMM on/off + determinism, one GPU, ~9 min:
 # short runs whose result.json carry torch's max_memory_allocated, then the estimate-vs-measured table.
 set -u
 S="training.train_iters=4 training.timing_warmup_steps=1 training.lr_warmup_iters=1"

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Issue 13 on a 2-GPU machine (device kind nvidia-h200-x2), two calls: both backends with tp=2, dp=2 (megatron with
-# the distributed optimizer), pp=2, and ep=2 on the MoE model; loss parity against the same config on 1 GPU; overlap
-# settings on vs off with the speedup. Llama-3.2-1B shape at seq 2048, 12 steps; MoE: experiment=mixtral_small_moe.
+# Multi-GPU on one host. Parts 1-2 (2 GPUs): both backends with tp=2, dp=2 (megatron with the distributed
+# optimizer), pp=2, and ep=2 on the MoE model; loss parity against the same config on 1 GPU; overlap settings on vs
+# off with the speedup. Llama-3.2-1B shape at seq 2048, 12 steps; MoE: experiment=mixtral_small_moe.
 # TorchTitan TP is left to 4+ GPUs: with tied embeddings (Llama-3.2-1B) or without FSDP next to TP, TorchTitan 0.2.2
 # cannot keep its bf16 mixed precision, and validation says so.
-# Ten points at ~60-90 s each do not fit one 600 s device call: run it as two calls on the same warm machine,
+# Ten points at ~60-90 s each: parts 1 and 2 can run as two commands (~10 min each) on the same machine,
 #   bash bench/multi_gpu.sh 1    # dense: megatron 1gpu / dp2 / dp2 distopt overlap / tp2 / tp2 overlap
 #   bash bench/multi_gpu.sh 2    # megatron pp2, torchtitan 1gpu / fsdp2, MoE 1gpu / ep2; then the parity table
 # ($OUT/bench_multigpu<part>.md/json + $OUT/parity.md; part 2 reads part 1's result.json files under outputs/bench)
-#   bash bench/multi_gpu.sh      # both parts in one command (a longer call limit)
-#   bash bench/multi_gpu.sh 3    # 4 GPUs (nvidia-h200-x4): TorchTitan tp2 x fsdp2, bf16 vs the turbo fp8 linear under
-#                                # TP (session 9: tested on CPU ranks only; never measured on GPUs yet), and bf16 with
-#                                # async TP (turbo.use_turbo_async_tp; overlap.enable_async_tensor_parallel) vs without
-#   bash bench/multi_gpu.sh 4    # 2 GPUs, issue 5: megatron tp2 + SP, megatron's linears vs turbo=megatron (primus'
+#   bash bench/multi_gpu.sh      # both parts in one command
+#   bash bench/multi_gpu.sh 3    # 4 GPUs: TorchTitan tp2 x fsdp2, bf16 vs the turbo fp8 linear under TP (tested on
+#                                # CPU ranks; not yet measured on GPUs), and bf16 with async TP
+#                                # (turbo.use_turbo_async_tp; overlap.enable_async_tensor_parallel) vs without
+#   bash bench/multi_gpu.sh 4    # 2 GPUs: megatron tp2 + SP, megatron's linears vs turbo=megatron (primus'
 #                                # parallel linears: chunked all-gather / reduce-scatter overlapped with the GEMMs),
-#                                # bf16 and fp8; tested on CPU gloo ranks only so far
+#                                # bf16 and fp8; tested on CPU gloo ranks, not yet measured on GPUs
 set -u
 PART=${1:-all}
 OUT=${OUT:-outputs/bench}

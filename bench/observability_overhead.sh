@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 12: the cost of observability when profiling is off. Same config (megatron bf16, compile, Llama-3.2-1B shape,
+# The cost of observability when profiling is off. Same config (megatron bf16, compile, Llama-3.2-1B shape,
 # seq 4096, micro batch 8, 20 steps) with every sink off, then with the defaults (TensorBoard on, profiler hooks
 # present but idle), off again (run-to-run noise), and with the profiler recording steps 16-17 (its kernel table
-# goes to $OUT/overhead_kernels.md). One device call:
+# goes to $OUT/overhead_kernels.md). One GPU, ~6 min:
 #   bash bench/observability_overhead.sh     # $OUT/bench_overhead.md/json
 set -u
 OUT=${OUT:-outputs/bench}

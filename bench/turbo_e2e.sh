@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Issue 5's end-to-end check, one device call (~8 min): turbo on vs off on the megatron backend, same model, same
-# call. Dense: the bf16 and fp8 delayed presets with `turbo=megatron` (attention, RMSNorm, parallel linear) vs
+# Turbo end to end (~8 min on one H200): turbo on vs off on the megatron backend, same model, same
+# run. Dense: the bf16 and fp8 delayed presets with `turbo=megatron` (attention, RMSNorm, parallel linear) vs
 # without, compiled as the presets ship, and the bf16 one eager. MoE: `experiment=mixtral_small_moe` with
 # `turbo=megatron_moe` (+ grouped GEMM, fused router, fused act with probs) and `moe.moe_permute_fusion=true` vs
-# without. The reference column is each pair's "off" run.
+# without, and the fp8 MoE preset (`experiment=mixtral_small_moe_fp8`: + fp8 experts); its ratio to the turbo MoE
+# bf16 run is the two rows' quotient. The reference column is each part's "off" run.
 #   bash bench/turbo_e2e.sh [dense|eager|moe]   # default: all three; $OUT/bench_turbo_<part>.md (+ json)
 set -u
 OUT=${OUT:-outputs/bench}
@@ -30,9 +31,10 @@ if [ "$PART" = all ] || [ "$PART" = eager ]; then
   grep -E "^\| " "$OUT/turbo_eager.log"
 fi
 if [ "$PART" = all ] || [ "$PART" = moe ]; then
-  timeout 200 python bench/e2e.py --suite none --tag turbo_moe --timeout 90 --log-dir "$LOGS" --ref "moe turbo off" \
+  timeout 300 python bench/e2e.py --suite none --tag turbo_moe --timeout 90 --log-dir "$LOGS" --ref "moe turbo off" \
     --extra "moe turbo off=experiment=mixtral_small_moe $B" \
     --extra "moe turbo on=experiment=mixtral_small_moe turbo=megatron_moe moe.moe_permute_fusion=true $B" \
+    --extra "moe fp8 preset=experiment=mixtral_small_moe_fp8 $B" \
     > "$OUT/turbo_moe.log" 2>&1
   grep -E "^\| " "$OUT/turbo_moe.log"
 fi

@@ -20,12 +20,11 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Optional
 
 SMOKE = "--smoke" in sys.argv  # CPU smoke run of this script: Triton interpreter, tiny sizes, no timing loop
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
-else:  # real kernels, unless a probe importing this module for its helpers runs on the CPU (it set "1" first)
+else:  # real kernels, unless the caller asked for the interpreter
     os.environ.setdefault("TRITON_INTERPRET", "0")
 DEV = "cpu" if SMOKE else "cuda"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,8 +57,8 @@ def sync():
 
 def ms(fn, grad_to_none=None) -> float:
     """Median ms. Default: triton's do_bench (L2 flushed per call; when the host is the bottleneck - ~35-90 us to
-    launch a Triton kernel from Python on the H200 host, measured by bench/kernel_probe.py - its time is inside).
-    --gpu-time: the kernels' own device time per call, summed from a torch.profiler trace (host launch path and
+    launch a Triton kernel from Python on an H200 host - its time is inside).
+    --gpu-time: the kernels' own GPU time per call, summed from a torch.profiler trace (host launch path and
     idle gaps excluded; nothing is captured, so calls that sync with the host are timed the same way)."""
     if SMOKE:
         t = time.time()
@@ -74,7 +73,7 @@ _FLUSH = {}
 
 
 def kernel_ms(fn, grad_to_none=None, n=20) -> float:
-    """Mean device time of fn's kernels per call (L2 flushed before each call; the flush kernel is not counted)."""
+    """Mean GPU time of fn's kernels per call (L2 flushed before each call; the flush kernel is not counted)."""
     from torch.profiler import ProfilerActivity, profile
 
     if "buf" not in _FLUSH:  # an int8 add: a kernel no bench function launches (a zero_ could be a memset like
@@ -100,71 +99,6 @@ def kernel_ms(fn, grad_to_none=None, n=20) -> float:
     if us <= 0:
         raise RuntimeError("the profiler recorded no kernel time for this call")
     return us / n / 1e3
-
-
-def load_module(path: str, name: str = "fp8_linear_baseline"):
-    """An older tree's copy of a module (e.g. `outputs/baseline_sN/fp8_linear.py`) imported under `name`, beside
-    this tree's, for A/B probes in one call."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def set_autotune_l2(module, flush: bool) -> list:
-    """Every `_common.Tuned` space defined in `module` autotunes with this timing form from now on (flush: an L2
-    flush before each timed launch, production's since session 18; else back to back, the form before), and forgets
-    its picks. Returns the spaces."""
-    import functools
-
-    spaces = [v for v in vars(module).values() if isinstance(v, _common.Tuned)]
-    for t in spaces:
-        t.picked.clear()
-        t._auto._do_bench = functools.partial(t.bench, flush_l2=flush)
-    return spaces
-
-
-def ab_cell(fns, a: str, b: str, key, tot, grad_to_none=None) -> str:
-    """kernel_ms of fns[a], fns[b], fns[a], fns[b] (alternated: the two readings of each show the noise), each
-    appended to tot[(key, tag)]; returns the table cell "a / b / a / b"."""
-    ts = []
-    for tag in (a, b, a, b):
-        t = kernel_ms(fns[tag], grad_to_none)
-        ts.append(t)
-        tot.setdefault((key, tag), []).append(t)
-    return " / ".join(f"{t:.3f}" for t in ts)
-
-
-def ab_summary(tot, keys, same, a: str, b: str, base: str = "bf16") -> None:
-    """The A/B table over ab_cell's readings: per key the best of each tag's two summed readings, both vs
-    tot[base], b's speed-up over a, the readings, and whether the outputs were bit-equal (same[key])."""
-    print(f"| recipe | {a}: ms (vs {base}) | {b}: ms (vs {base}) | {b} vs {a} | outputs bit-equal |")
-    print("|---|---:|---:|---:|---|")
-    for k in keys:
-        ra = [sum(tot[(k, a)][i::2]) for i in range(2)]
-        rb = [sum(tot[(k, b)][i::2]) for i in range(2)]
-        o, n = min(ra), min(rb)
-        print(f"| {k} | {o:.3f} ({tot[base] / o:.3f}x) | {n:.3f} ({tot[base] / n:.3f}x) | {o / n:.3f}x "
-              f"(readings {ra[0]:.3f}/{rb[0]:.3f}, {ra[1]:.3f}/{rb[1]:.3f}) | {same[k]} |")
-
-
-def variants_row(shape: str, production, variant, variants, gbytes: float, copy: Optional[float]) -> None:
-    """One row of a probe's table: whether every variant(v) writes production()'s bytes (same_bytes). With `copy`
-    (a GPU run: copy_line's bandwidth) also production's time, the fastest variant's and every variant's, each as %
-    of copy bandwidth on `gbytes` minimum GB; without (the interpreter) the byte check alone."""
-    ref = production()
-    eq = all(same_bytes(ref, variant(v)) for v in variants)
-    if copy is None:
-        print(f"{shape}: every variant's bytes equal production's: {eq}")
-        return
-    t0 = kernel_ms(production)
-    ts = [kernel_ms(lambda v=v: variant(v)) for v in variants]
-    k = min(range(len(ts)), key=ts.__getitem__)
-    print(f"| {shape} | {t0:.4f} ({gbytes / t0 / copy * 1e5:.1f}) | {variants[k]} | {ts[k]:.4f} "
-          f"({gbytes / ts[k] / copy * 1e5:.1f}) | {t0 / ts[k]:.3f}x | {eq} | "
-          f"{' / '.join(f'{t:.4f}' for t in ts)} |", flush=True)
 
 
 def kernel_breakdown(fn, grad_to_none=None, n=10, top=12):
@@ -257,26 +191,6 @@ def env_and_copy():
                           timing="kernel time (profiler)" if ARGS.gpu_time else "do_bench")
     RESULTS["env"]["copy_GBps"] = copy_gbps()
     print("env:", RESULTS["env"], flush=True)
-
-
-def copy_line(extra: str = "") -> float:
-    """copy_gbps(), after printing the line a probe's table starts with: versions, GPU, that copy bandwidth."""
-    copy = copy_gbps()
-    print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name(0)}, "
-          f"copy {copy:.0f} GB/s" + (f", {extra}" if extra else ""), flush=True)
-    return copy
-
-
-def same_bytes(a, b) -> bool:
-    """Whether two outputs (tensors, None, or tuples / lists of them) are equal bit for bit: fp8 tensors compared
-    as bytes (torch.equal on fp8 compares values: NaN codes would never match), others with torch.equal."""
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(same_bytes(u, v) for u, v in zip(a, b))
-    if a is None or b is None:
-        return a is b
-    if a.dtype.itemsize == 1 and a.dtype.is_floating_point:
-        a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
-    return a.shape == b.shape and bool(torch.equal(a, b))
 
 
 def copy_gbps() -> float:
@@ -653,7 +567,7 @@ def b_tuned_spaces():
             row("tuned rowwise cast along M", f"{R}x{C} {cfg} (amax pass included)",
                 ms(lambda: F8.cast_rowwise(xr, e4, transpose=True, pad=True, config=cfg)), gbytes=R * C * 3 / 1e9,
                 note="PICKED" if picked and picked[-1] == cfg else "")
-    # the tensorwise / delayed cast pass (session 8: autotuned; a 64x64 tile before), y and y^T, with its amax pass
+    # the tensorwise / delayed cast pass (autotuned), y and y^T, with its amax pass
     for R, C in (sz((8192, 28672), (256, 384)), (M, K)):
         xr = torch.randn(R, C, device=DEV, dtype=torch.bfloat16)
         F8.cast_tensorwise(xr, e4, True, True)
@@ -817,7 +731,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-tests", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--gpu-time", action="store_true", help="time the kernels' device time (profiler), not the host launch path")
+    ap.add_argument("--gpu-time", action="store_true", help="time the X, not the host launch path")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--budget", type=float, default=330.0, help="seconds for the whole script")
     ap.add_argument("--test-timeout", type=float, default=150.0)
@@ -845,7 +759,7 @@ def main():
     print("\npytest on GPU:", RESULTS["checks"].get("pytest_rc"), "in %.0fs" % RESULTS["checks"].get("pytest_s", 0)
           if not ARGS.no_tests else "skipped")
     print(f"copy bandwidth {RESULTS['env']['copy_GBps']:.0f} GB/s; elapsed {RESULTS['elapsed_s']:.0f}s; timing: "
-          + ("kernel device time from the profiler" if ARGS.gpu_time else "do_bench (host launch path included)") + "\n")
+          + ("kernel GPU time from the profiler" if ARGS.gpu_time else "do_bench (host launch path included)") + "\n")
     print(table())
     return 0
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Where the step time goes (issues 3/10/12): the compiled reference, megatron bf16/fp8 and TorchTitan bf16 at
+# Where the step time goes: the compiled reference, megatron bf16/fp8 and TorchTitan bf16 at
 # the bench shape (Llama-3.2-1B, seq 4096, micro batch 8), the profiled points with the profiler's kernel-category
-# table (profile.start_step=16, 2 steps) and megatron's with a CUDA memory snapshot. One device call:
+# table (profile.start_step=16, 2 steps) and megatron's with a CUDA memory snapshot. One GPU, ~8 min:
 #   bash bench/where_time_goes.sh        # writes $OUT/bench_where.md/json and $OUT/kernels.md
 set -u
 OUT=${OUT:-outputs/bench}

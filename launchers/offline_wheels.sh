@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The Python packages the H200 machine lacks, as Python 3.12 wheels in .whl/ (git-ignored): that machine has
-# torch 2.11, triton 3.6 and no registry, so every device call carries these (`carry: [".whl"]`, ~8 MB) and starts
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-#     && export PYTHONPATH=/tmp/site:$PWD
-# Versions are requirements.lock's (torchao is the float8 reference's, not a project dependency).
-#   bash bench/device_wheels.sh
+# Offline wheelhouse for an air-gapped GPU machine: downloads, on a machine with registry access, the Python 3.12
+# wheels that a GPU machine with its own torch / triton (and no registry) needs to run this project, into .whl/
+# (git-ignored). Copy the checkout with .whl/ to the GPU machine, then `. launchers/offline_env.sh` there.
+# Versions are requirements.lock's (torchao is the float8 reference's in bench/reference.py, not a project
+# dependency). torch and triton are not downloaded: the GPU machine's own builds are used.
+#   bash launchers/offline_wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
