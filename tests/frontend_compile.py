@@ -111,7 +111,7 @@ def checks():
             "MARGIN_MULT": "fp32"}
     for x in ("*bf16", "*fp32"):
         yield (f"amax pass {x}", F8._absmax_partial, {**amax, "X": x, "META": "*fp32"}, {"BLOCK": 4096, "DELAYED": False})
-        # delayed: call 0 only reads X; its last program computes call 0's scale
+        # delayed: only the first call reads X; its last program computes that call's scale
         yield f"amax pass {x} delayed", F8._absmax_partial, {**amax, "X": x}, {"BLOCK": 4096, "DELAYED": True}
     rn = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32", "M": "i32", "N": "i32", "stride_x": "i32",
           "stride_y": "i32", "eps": "fp32"}

@@ -91,7 +91,7 @@ def test_kernel_categories(name, cat):
 
 def test_gpu_annotations_are_not_counted_twice():
     """kineto mirrors record_function ranges on the GPU timeline (inductor's "## Call CompiledFxGraph ##"); their
-    device time is their kernels' time, already counted in the kernels' own rows."""
+    GPU time is their kernels' time, already counted in the kernels' own rows."""
     import types
 
     def ev(key, t, annotation=False):

@@ -239,7 +239,7 @@ def test_portable_fp8_saves_one_byte_linear_inputs_and_transposed_weights():
 def test_fp8_weight_copies_follow_the_weight_cache_and_the_experts_gemm(extra, dense_bytes, expert_bytes):
     """The portable fp8 path's weight copies (megatron, MoE): the fp8 weight cache's two forms per dense linear
     weight, and per expert weight what its grouped GEMM casts (primus/turbo/grouped_gemm_fp8.py). The preset plans
-    just above its measured peaks (H200, session 14: 64.9 GiB with the cache off, 69.4 GiB on)."""
+    just above its measured peaks (H200, 2026-12-02: 64.9 GiB with the cache off, 69.4 GiB on)."""
     from primus.plan.memory import layout_of, stage_params
 
     cfg = compose_cfg(["experiment=mixtral_small_moe_fp8", *extra])

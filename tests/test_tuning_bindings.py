@@ -79,7 +79,7 @@ def test_maps_scan_of_this_process_finds_nothing_on_cpu():
 def test_block_scaled_fp8_problem_maps_each_scale_to_its_cublas_operand():
     """torch.nn.functional.scaled_mm's blockwise recipes as cuBLASLt problems: cuBLAS A is torch's right-hand
     operand, so scaleA describes b's scales. The enum values are the ones the H200's cublasLt.h (CUDA 13.0)
-    spells (bench/lt_blockwise_probe.py printed them: VEC128_32F 4, BLK128x128_32F 5, A/B_SCALE_MODE 31/32)."""
+    spells (VEC128_32F 4, BLK128x128_32F 5, A/B_SCALE_MODE 31/32)."""
     from tuning.gemm_problem import SCALE_1X128, SCALE_128X128, problem_from_matmul
     from tuning.lt_bindings import LtError
 

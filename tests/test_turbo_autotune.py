@@ -100,7 +100,7 @@ def test_a_host_stall_is_not_timed():
 @gpu_only
 def test_a_sleep_lasts_as_long_as_it_was_sized_for():
     """The timer sizes its sleep in GPU clock cycles. Calibrated once on an idle GPU, a cycle count meant for 1 ms
-    slept 0.2 ms at the clocks kernels run at (H200, session 19); the timer now keeps the fastest clock it has seen,
+    slept 0.2 ms at the clocks kernels run at (H200, 2026-12-03); the timer now keeps the fastest clock it has seen,
     so a sleep sized after it has timed something lasts at least what it was sized for (at a slower clock, longer)."""
     x = torch.randn(1 << 24, device="cuda")
     y = torch.empty_like(x)

@@ -78,7 +78,7 @@ def test_every_config_of_the_tuned_tensorwise_cast_gives_the_same_bytes(R, C, dt
         assert all(torch.equal(a, b) for a, b in zip([t.view(torch.uint8) for t in (yd, ytd) if t is not None],
                                                      first)), cfg  # first call: the scale of its own amax
         _, _, sd2 = F8.cast_tensorwise(x * 0.5, E4, want_y=wy, want_t=wt, history=hist, config=cfg)
-        assert sd2.item() == pytest.approx(20.0 / 448.0, rel=1e-6), cfg  # the recorded amax (of call 1) per tile
+        assert sd2.item() == pytest.approx(20.0 / 448.0, rel=1e-6), cfg  # the recorded amax (of the first call) per tile
 
 
 @pytest.mark.parametrize("R,C", [(37, 50), (9, 130)])
@@ -148,7 +148,7 @@ def test_column_amax_every_config(R, C, dtype):
 
 
 def test_column_amax_space_fits_x():
-    """The autotuner's space for a call: every config at Llama shapes (the prefetching ones included, session 18);
+    """The autotuner's space for a call: every config at Llama shapes (the prefetching ones included);
     for a small x, no program spans more rows than x has (rounded up to a power of two) nor a tile more columns."""
     def space(R, C):
         return F8._COLMAX.space((None, None, R, C))
@@ -602,7 +602,7 @@ def test_blockwise_linear_through_scaled_mm_on_sm90(monkeypatch, M, K, N, wdtype
 def test_fp8_linear_fp32_weights_as_torchtitan_runs_it(M, K, N):
     """TorchTitan on one GPU keeps fp32 parameters and runs bf16 autocast: the fp8 linear gets a bf16 input and an
     fp32 weight, and returns an fp32 weight gradient. Through the TorchTitan custom ops (the path that gave an
-    intermittent NaN gradient norm on the H200 in session 2), outputs poisoned, repeated so the caching allocator
+    intermittent NaN gradient norm on the H200 on 2026-11-29), outputs poisoned, repeated so the caching allocator
     hands back used blocks; finite and within the hybrid band every time."""
     from primus.turbo import fp8_ops
 
@@ -637,7 +637,7 @@ def test_cast_tensorwise_writes_every_element_of_both_outputs(R, C, dtype):
 @pytest.mark.skipif(DEV != "cuda", reason="torch.compile of the fp8 custom ops: GPU only")
 def test_compiled_fp32_weight_fp8_mlp_as_torchtitan_trains_it():
     """The TorchTitan path end to end on a small scale: fp32 parameters, bf16 autocast, the turbo fp8 linears
-    swapped in, each block compiled; several optimizer steps; every gradient finite at every step (session 2: a
+    swapped in, each block compiled; several optimizer steps; every gradient finite at every step (once, a
     NaN gradient norm at step 1 in 3 of 4 TorchTitan runs) and the compiled grads equal the eager ones closely."""
     from primus.backends.torchtitan import turbo as TT
 
@@ -710,9 +710,9 @@ def test_delayed_cast_scale_follows_the_history():
 
 
 def test_delayed_cast_launches_the_amax_pass_until_call_0_ran_and_a_lost_flag_costs_no_bytes(monkeypatch):
-    """The amax pass (call 0's own amax) is launched only until the host knows the operand's first recorded cast
+    """The amax pass (the first call's own amax) is launched only until the host knows the operand's first recorded cast
     ran; then one kernel per call. A view rebuilt around a copy of META (no flag: e.g. a functionalised custom-op
-    input) launches the pass again, which the device skips after call 0: the same bytes and state as the primed
+    input) launches the pass again, which the GPU skips after the first call: the same bytes and state as the primed
     path. Replays (record=False) never launch it."""
     launched = []
     real = F8._amax_partials

@@ -148,7 +148,7 @@ def test_fused_mlp_ops_fakes_match_and_compile_without_graph_breaks():
 def test_backward_fills_no_zero_gradients_for_the_saved_outputs(op):
     """The ops return their saved fp8 tensors as outputs (custom ops cannot stash them otherwise). torch fills a
     zero "gradient" for each such output before calling the backward, unless the op says not to: on the H200 the
-    fills made the fused MLP 1% slower than the unfused one (bench/fp8_mlp_ab.py, session 15). The backward
+    fills made the fused MLP 1% slower than the unfused one (2026-12-02). The backward
     must dispatch no zeros / fill."""
     from primus.turbo import fp8_ops
 

@@ -252,7 +252,7 @@ _LINEAR_ROUTED: dict[tuple, bool] = {}  # linear signature -> is any of its thre
 def _linear_routed(a: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
     """Does one of this linear's GEMMs (forward a @ W^T, dgrad grad @ W, wgrad grad^T @ a; the products
     `_grads` issues) have a tuned algorithm? A linear with none keeps torch's own F.linear: no Python autograd, no
-    per-call lookup (on the H200 in session 2 every linear of an eager step went through the tuned op, tuned or not,
+    per-call lookup (on the H200, when every linear of an eager step went through the tuned op, tuned or not,
     and the tuned step ran 0.977x the default one)."""
     ex = _EXECUTOR
     table = getattr(ex, "table", None)

@@ -245,9 +245,9 @@ class TurboConfig:
     use_turbo_parallel_linear: bool = False  # turbo GEMM in column/row-parallel linears
     use_turbo_grouped_gemm: bool = False  # grouped GEMM over MoE experts
     # ... and under precision.fp8 (portable path) in fp8 too: torch._scaled_grouped_mm (sm90, precision.fp8=e4m3;
-    # H200: 1.11x bf16 at Mixtral's experts, 0.53-0.74x at many small ones, docs/benchmarks.md session 14) else
+    # H200: 1.11x bf16 at Mixtral's experts, 0.53-0.74x at many small ones, docs/benchmarks.md 2026-12-02) else
     # primus' Triton fp8 grouped GEMM (primus/turbo/grouped_gemm_fp8.py decides).
-    # Off by default: the Triton one measured 0.2x torch's bf16 grouped GEMM on the H200 (docs/benchmarks.md, session 3)
+    # Off by default: the Triton one measured 0.2x torch's bf16 grouped GEMM on the H200 (docs/benchmarks.md)
     grouped_gemm_fp8: bool = False
     use_turbo_grouped_mlp: Optional[bool] = None  # REMOVED: use use_turbo_grouped_gemm (setting it is an error)
     use_turbo_rms_norm: bool = False  # fused RMSNorm

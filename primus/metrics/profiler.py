@@ -95,7 +95,7 @@ class StepProfiler:
 
 def is_annotation(e) -> bool:
     """A record_function range mirrored on the GPU timeline (kineto's gpu_user_annotation: inductor's
-    "## Call CompiledFxGraph ... ##", "Optimizer.step#AdamW.step", ...). Its device time is the time of the kernels
+    "## Call CompiledFxGraph ... ##", "Optimizer.step#AdamW.step", ...). Its GPU time is the time of the kernels
     it encloses, which are rows of their own: counting it would count them twice (measured on the H200: the
     category table read 50% "elementwise" for compiled models until these were dropped)."""
     if getattr(e, "is_user_annotation", False):
@@ -104,7 +104,7 @@ def is_annotation(e) -> bool:
 
 
 def kernel_breakdown(events, on_gpu: bool) -> Tuple[Dict[str, float], List[Tuple[str, float, int]]]:
-    """(time per category in us, [(kernel, us, calls)]) from profiler key averages (device time on GPU)."""
+    """(time per category in us, [(kernel, us, calls)]) from profiler key averages (GPU time on a GPU)."""
     per_cat: Dict[str, float] = defaultdict(float)
     rows = []
     for e in events:
@@ -114,7 +114,7 @@ def kernel_breakdown(events, on_gpu: bool) -> Tuple[Dict[str, float], List[Tuple
                 t = getattr(e, "self_cuda_time_total", 0.0)
             if not t or e.key.startswith("ProfilerStep") or is_annotation(e):
                 continue
-            # device-side kernels only: CPU ops carry device time of their children too
+            # device-side kernels only: CPU ops carry the GPU time of their children too
             if getattr(e, "device_type", None) is not None and "CUDA" not in str(e.device_type) and "PrivateUse" not in str(e.device_type):
                 continue
         else:

@@ -5,7 +5,7 @@ inputs and the compile configuration. A call to a custom op enters that key as t
 the op's schema, its fake kernel and its Python body do not. So after one of primus' ops changes (an argument added
 or dropped, an output's declared layout), a process that finds an entry compiled against the old op in the cache
 directory (`/tmp/torchinductor_<user>` unless TORCHINDUCTOR_CACHE_DIR says otherwise, shared by every run of that
-user) runs the old compiled call against the new op. Seen in session 16, after a schema change was reverted:
+user) runs the old compiled call against the new op. Seen on the H200 (2026-12-03), after a schema change was reverted:
 `primus::fp8_linear_fwd() expected at most 4 argument(s) but received 5`, from a compiled megatron layer.
 
 `torch.compiler.config.cache_key_tag` is "included in the cache key generation for all torch compile caching",

@@ -72,10 +72,10 @@ def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7, f
 
     flush_l2: each launch runs after a write of twice the L2 and is timed alone (events around it, still queued
     behind the sleep), so it reads its inputs from HBM, as a cast or norm does in training: there its input was
-    written long before, or is larger than the L2. Launched back to back (flush_l2=False, the form before session
-    18) a 34-67 MB input is read partly from the 50 MB L2. On the H200 the two forms picked the same config in 45 of
-    48 autotunes, the cold picks closer to the fastest config by profiler time (44 within 1%, against 42; session 18,
-    bench/autotune_l2_probe.py).
+    written long before, or is larger than the L2. Launched back to back (flush_l2=False, the earlier
+    form) a 34-67 MB input is read partly from the 50 MB L2. On the H200 the two forms picked the same config in 45 of
+    48 autotunes, the cold picks closer to the fastest config by profiler time (44 within 1%, against 42;
+    2026-12-03).
 
     before: with flush_l2, launched after each flush and before the timed launch, untimed: the pass that precedes
     this kernel in use, so the launch finds the L2 as it does there (a cast's second pass reads x just after the
@@ -125,7 +125,7 @@ def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7, f
             # The sleep must outlast the host's enqueueing, or the GPU waits for launches and the events time the
             # host. Two things made it fall short: the host stalling after the pass that sized it (a garbage
             # collection, a profiler's teardown), and the sleep's clock: calibrated on an idle GPU, a cycle count
-            # ran 5x faster once the clocks had risen (H200, session 19). So each sleep is timed too and the
+            # ran 5x faster once the clocks had risen (H200, 2026-12-03). So each sleep is timed too and the
             # calibration keeps the fastest clock seen; a measurement the host outran is taken again, its sleep
             # sized from the slower host time.
             cycles = int(_SLEEP_CYCLES_PER_MS[dev] * (2 * host_ms + 0.2))

@@ -11,7 +11,7 @@ registers, and a register-only reorder on the fp32 values puts each thread's byt
 conversion: 936 instructions per thread, no shared-memory transpose, no spill. The arithmetic is _cast_block's
 CUDA path (SAT: no clamp, scales from rcp.approx), so the bytes and scales are equal to its (checked on the GPU by
 tests/test_turbo_fp8.py). H200: 1.08-1.12x _cast_block's tuned pick at 4096x4096 to 8192x28672, and the blockwise
-fp8 linear of a Llama-3-8B layer 1.013x (docs/benchmarks.md, session 12).
+fp8 linear of a Llama-3-8B layer 1.013x (H200, 2026-12-01; docs/turbo.md).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ except Exception:  # pragma: no cover - depends on the installed Triton
 
 BR = BC = 128  # the tile: 1x128 groups along both dims
 NUM_WARPS = 8  # the layouts below are written for 8 warps of 32 lanes
-# Where this kernel was measured faster than the Triton kernel's tuned pick (H200, session 12, GPU time: 1.05-1.44x
+# Where this kernel was measured faster than the Triton kernel's tuned pick (H200, 2026-12-01, GPU time: 1.05-1.44x
 # from 16 tiles (256x1024) to 4,096 (16384x4096); 0.73x at 150x260, 6 tiles, rows not 16-element aligned)
 MIN_TILES = 16
 ALIGN = 16  # elements: the columns and the row stride (fp8 GEMM operands' dims are multiples of 16 anyway)

@@ -131,7 +131,7 @@ def _absmax_partial(X, PART, n, ITERS, META, SC, FP8_MAX, MARGIN_MULT, BLOCK: tl
     """PART[pid] = max |X| over this program's blocks.
     DELAYED (delayed scaling; launched until the host knows the operand's first cast ran, AmaxHistory.primed): X
     is read only while META[0] (the operand's call count) is 0, and the last program to finish turns the partials
-    into call 0's scale (SC[0]): the first call takes its scale from its own amax. Later calls read nothing."""
+    into the first call's scale (SC[0]): the first call takes its scale from its own amax. Later calls read nothing."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     todo = n
@@ -213,9 +213,9 @@ def _cast_tensorwise(X, PART, Y, YT, SINV, AMAX, R, C, RP, stride_xr, NPART, FP8
         amax = tl.max(p, axis=0)
         scale = FP8_MAX / tl.maximum(amax, 1e-12)
     # Tile order. After the amax pass (tensorwise, a 1-D grid): reversed row-major, the last rows first, the bytes
-    # that pass (a grid-stride loop) read last and L2 still holds (bench/tensorwise_l2_probe.py: 1.03-1.06x the
-    # column-strip order at 4096-14336 rows). Alone (delayed, a 2-D grid): column strips, down the rows, as before
-    # session 9 (a 1-D grid, either order, made its cast ~4% slower: session 9, calls 3-4).
+    # that pass (a grid-stride loop) read last and L2 still holds (H200, GPU time: 1.03-1.06x the
+    # column-strip order at 4096-14336 rows). Alone (delayed, a 2-D grid): column strips, down the rows (a 1-D
+    # grid, either order, made its cast ~4% slower on the H200).
     if DELAYED:
         pid_r = tl.program_id(0)
         pid_c = tl.program_id(1)
@@ -241,7 +241,7 @@ def _cast_tensorwise(X, PART, Y, YT, SINV, AMAX, R, C, RP, stride_xr, NPART, FP8
         # Relaxed, and no arrival count: the kernel boundary orders these atomics before _delayed_advance. Session
         # 10 had the last program to arrive (an acq_rel count after the stores) compute the next scale in this
         # kernel; every program then waited for its stores to land: the cast ran 1.16-1.19x slower than now, from
-        # 4096x4096 to 8192x28672 (bench/delayed_record_probe.py, session 11, call 1).
+        # 4096x4096 to 8192x28672 (H200, 2026-12-01).
         tile_amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
         tl.atomic_max(AMAX + (pid_r * tl.num_programs(1) + pid_c) % NS, tile_amax, sem="relaxed")
 
@@ -363,7 +363,7 @@ def _group_scales(amax, FP8_MAX, SAT: tl.constexpr):
     """(scale, scale_inv) of fp8 groups with this amax (1e-12 at least). Each thread of the blockwise cast holds
     ~8 rows' and 8 columns' scales (Triton replicates a reduced vector over the threads that share it), and a
     division compiles to ~7 instructions there (reciprocal and range fix-ups): ~16% of the kernel's instructions
-    in the both-ways 128x128 config (sm90 SASS read on the CPU, session 11). Under SAT (CUDA): scale = FP8_MAX x
+    in the both-ways 128x128 config (sm90 SASS). Under SAT (CUDA): scale = FP8_MAX x
     rcp.approx(amax) and scale_inv = amax x (1 / FP8_MAX), one instruction each after the reciprocal; x * scale
     may then round an ulp above FP8_MAX, which the saturating conversion takes to FP8_MAX."""
     a = tl.maximum(amax, 1e-12)
@@ -382,7 +382,7 @@ def _conversion_saturates(device) -> bool:
     """Whether Triton's fp32 -> fp8 conversion saturates to the format's largest finite value on this device, so
     that a clamp before it is redundant (inf -> max as well; NaN stays NaN, where Triton leaves a clamp's NaN
     unspecified). On CUDA (sm89+, the GPUs with fp8) it compiles to `cvt.rn.satfinite.e4m3x2.f32` (read in the PTX
-    by bench/cast_sat_probe.py on the H200). Not assumed elsewhere: ROCm's conversion and the interpreter's (numpy)
+    on the H200). Not assumed elsewhere: ROCm's conversion and the interpreter's (numpy)
     are not known to saturate, so they keep the clamp."""
     return device.type == "cuda" and torch.version.hip is None and not _common.interpreting()
 
@@ -411,7 +411,7 @@ def _cast_block(X, Y, YT, S, ST, R, C, RP, stride_xr, stride_xc, s_sr, s_sc, s_t
     cols = c0 + lc
     # 64-bit tile bases, 32-bit offsets inside the tile: per-element int64 offsets cost registers (sm90, 8 warps,
     # both outputs, compiled without the alignment hints a launch adds: 255 registers and a 384-byte spill stack
-    # with them, none without; with the hints, 113 registers, no spill: bench/kernel_resources.py, session 7)
+    # with them, none without; with the hints, 113 registers, no spill: ptxas for sm90)
     x = tl.load(X + (r0.to(tl.int64) * stride_xr + c0.to(tl.int64) * stride_xc)
                 + (lr[:, None] * stride_xr + lc[None, :] * stride_xc),
                 mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0).to(tl.float32)
@@ -421,7 +421,7 @@ def _cast_block(X, Y, YT, S, ST, R, C, RP, stride_xr, stride_xc, s_sr, s_sc, s_t
     tpt = YT + (c0.to(tl.int64) * RP + r0) + (lc[:, None] * RP + lr[None, :])
     # each output is stored as soon as it is computed (fewer live 128x128 tiles)
     if TILE:
-        # one scale per tile: the exact division (the fast one saved nothing here: 0.985-0.991x, session 11 call 4)
+        # one scale per tile: the exact division (the fast one saved nothing here: 0.985-0.991x on the H200)
         scale, sinv = _group_scales(tl.max(tl.max(tl.abs(x), axis=1), axis=0), FP8_MAX, False)
         q = _sat(x * scale, FP8_MAX, SAT)
         pad = tl.arange(0, 4)
@@ -559,7 +559,7 @@ class AmaxHistory:
 
     # Whether this operand's first recorded cast has been launched (outside a CUDA-graph capture), kept on the META
     # tensor (fp8_ops rebuilds AmaxHistory views around the same tensors). Until then every recorded cast launches
-    # the amax pass (call 0 computes its scale from its own amax there; later calls skip it on the device); after,
+    # the amax pass (the first call computes its scale from its own amax there; later calls skip it on the GPU); after,
     # the cast kernel alone. A missing flag (a copy of META) only costs that pass again, never a wrong scale.
     @property
     def primed(self) -> bool:
@@ -640,7 +640,7 @@ WEIGHT_CASTS = WeightCasts()
 
 def _amax_partials(flat: torch.Tensor, delayed=None):
     """(partial maxima of |flat|, their count). delayed: (history, its _state tensors, fp8 dtype): the pass reads
-    flat only at that operand's call 0, and its last program writes call 0's scale into the state."""
+    flat only at that operand's first call, and its last program writes that call's scale into the state."""
     n = flat.numel()
     BLOCK = 4096
     nprog = max(1, min(_PARTS, triton.cdiv(n, BLOCK)))
@@ -685,13 +685,13 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
     else:
         state = history._state(x2.device)
         hist, amax_slots, part, meta = state  # part: the state's two scales
-        if record and not history.primed:  # call 0 (or not known not to be): its scale from its own amax
+        if record and not history.primed:  # the first call (or not known not to be): its scale from its own amax
             _amax_partials(flat, delayed=(history, state, dtype))
             history._mark_primed()
         nprog = 1
     # fp32 input (TorchTitan's fp32 weights on one GPU) with both outputs from one kernel: on the H200 (Triton 3.6,
     # ptxas 12.9) the transposed fp8 store leaves elements unwritten whenever the plain store is in the same
-    # kernel (bench/fp8_cast_probe.py: 260 of 3072 for a 48x64 weight; none with the transpose alone, none for
+    # kernel (260 of 3072 for a 48x64 weight; none with the transpose alone, none for
     # bf16 input up to 8192x2048; storing the bytes as int8 did not help). The likely upstream bug:
     # triton-lang/triton#11111. This was the intermittent NaN gradient norm of TorchTitan + turbo fp8 linear.
     # So fp32 input gets one launch per output (one more read of a weight-sized tensor).
@@ -719,9 +719,9 @@ def cast_tensorwise(x2: torch.Tensor, dtype, want_y: bool = True, want_t: bool =
     return y, yt, sinv
 
 
-# The tensorwise (and delayed) cast pass ran one fixed 64x64 tile, 4 warps, since session 1 (55% of its minimum
-# bytes with the amax pass, session 7); autotuned per (R, C) and outputs since session 8, its tiles in reversed
-# row-major order since session 9. Wider tiles store Y and YT in whole 128-byte lines. Autotuning re-runs the
+# The tensorwise (and delayed) cast pass first ran one fixed 64x64 tile, 4 warps (55% of its minimum bytes with
+# the amax pass on the H200); it is autotuned per (R, C) and outputs, its tiles in reversed row-major order.
+# Wider tiles store Y and YT in whole 128-byte lines. Autotuning re-runs the
 # pass: its outputs are the same on every run, and a recorded delayed cast tunes on copies of its state.
 _TENSORWISE = _common.Tuned(_cast_tensorwise, [
     {"BR": 64, "BC": 64, "num_warps": 4}, {"BR": 128, "BC": 64, "num_warps": 4},
@@ -737,8 +737,8 @@ def _rowwise_ok(cfg, CP=1, **_):
 
 
 # The rowwise cast ran 0.68x torch.compile (33% of copy bandwidth) along contiguous rows with the default below
-# (first of the space; docs/benchmarks.md session 2). Autotuned on the GPU per (R, CP): rows read once when a chunk
-# spans the row, wider / taller tiles, more warps (1.87x compile, 97% of copy bandwidth in GPU time, session 5).
+# (first of the space; H200). Autotuned on the GPU per (R, CP): rows read once when a chunk spans the row, wider /
+# taller tiles, more warps (1.87x compile, 97% of copy bandwidth in GPU time, H200).
 _ROWWISE_ROWS = _common.Tuned(_cast_rowwise, [
     {"BR": 2, "BC": 1024, "num_warps": 4}, {"BR": 1, "BC": 2048, "num_warps": 4},
     {"BR": 1, "BC": 4096, "num_warps": 4}, {"BR": 1, "BC": 4096, "num_warps": 8},
@@ -746,12 +746,12 @@ _ROWWISE_ROWS = _common.Tuned(_cast_rowwise, [
     {"BR": 4, "BC": 2048, "num_warps": 8}, {"BR": 4, "BC": 1024, "num_warps": 4},
 ], key=["R", "CP"], valid=_rowwise_ok)
 # Quantising along the other dimension (the rowwise backward's x^T and dy^T, scales over the tokens) used to read a
-# column view: 17% of copy bandwidth at best (GPU time, session 5: bytes 64 contiguous at a time). Now two passes
+# column view: 17% of copy bandwidth at best (GPU time, H200: bytes 64 contiguous at a time). Now two passes
 # that read x row-major: per-column amax (_colmax, atomic max over row chunks), then the cast with a transposed
 # store (_cast_cols_t, tuned below); ~2 reads + 1 fp8 write of x instead of the column-view walk. It is tuned
 # after the column amax pass (`before`), as it runs: that pass leaves part of x in the L2. Tuned from a flushed
 # L2, all 8 picks at 8192x4096 and 16384x2048 were a config 2.4-3.2% slower in use; tuned after the pass, 10 of 12
-# were the fastest (session 19, H200, bench/autotune_l2_probe.py).
+# were the fastest (H200, 2026-12-03).
 _COLS_T = _common.Tuned(_cast_cols_t, [
     {"BM": 64, "BK": 128, "num_warps": 8}, {"BM": 128, "BK": 64, "num_warps": 8},
     {"BM": 64, "BK": 64, "num_warps": 4}, {"BM": 128, "BK": 128, "num_warps": 8},
@@ -766,13 +766,13 @@ def _colmax_ok(cfg, R=1, C=1, **_):
 
 
 # The column amax pass was the largest cast of a rowwise gate+up linear (532 of 1,123 us: 1.45 TB/s for a pure
-# read, session 6) with one fixed config (the first); autotuned per (R, C) since session 7. ROWS rows per program
-# (one atomic per column each): more rows, fewer atomics but fewer programs. Session 17 (bench/colmax_pass_probe.py,
-# H200): the pass still read at 43-81% of copy bandwidth. Relaxed atomics (Triton's default is acq_rel) ran every
+# read, H200) with one fixed config (the first); now autotuned per (R, C). ROWS rows per program
+# (one atomic per column each): more rows, fewer atomics but fewer programs. Autotuned (H200, 2026-12-03), the
+# pass still read at 43-81% of copy bandwidth. Relaxed atomics (Triton's default is acq_rel) ran every
 # config 1.04-1.05x. A prefetched tile with a 16-bit running max (the last three configs) took the best form to
-# 1.01-1.21x. Session 17 admitted those only from 48M elements up: its autotuner, timing launches back to back, had
-# picked them at smaller x where they lost on a cold x. Session 18 autotunes with the L2 flushed before each launch
-# (_common.queued_gpu_time) and measured them at every size (bench/colmax_ab.py, H200): 1.08-1.10x the gated pass
+# 1.01-1.21x. Those were first admitted only from 48M elements up: an autotuner timing launches back to back had
+# picked them at smaller x where they lost on a cold x. The autotuner now flushes L2 before each launch
+# (_common.queued_gpu_time), and measured at every size (H200): 1.08-1.10x the gated pass
 # at 8192x2048 and 4096x4096, the same pick as before at 8192x4096, so no size gate.
 _PLAIN = {"PREFETCH": 0, "ACC16": 0}
 _AHEAD = {"PREFETCH": 1, "ACC16": 1}
@@ -993,7 +993,7 @@ def _block_ok(cfg, TILE=False, WRITE_Y=True, WRITE_T=False, **_):
 
 
 # The blockwise casts, autotuned per (R, C) and outputs; each output's default first in the space _block_ok admits
-# for it. H200, 8192x4096 bf16, GPU time, every config alone (session 6, docs/benchmarks.md): Y alone (32, 128, 4
+# for it. H200, 8192x4096 bf16, GPU time, every config alone (2026-12-01): Y alone (32, 128, 4
 # warps) 0.026 ms, 92% of copy bandwidth, the others within 10%; YT alone (128, 64, 4) 0.032 ms, 77%, next best
 # (128, 32, 4) 0.036; Y and YT / 128x128 tiles (128, 128, 8) 0.056 / 0.039 ms, 57% / 81%, 16 warps 0.072 / 0.058
 # (32 warps, and a sliced two-pass walk that held fewer registers, were slower still and are gone). The space is
@@ -1040,7 +1040,7 @@ def cast_blockwise(x2: torch.Tensor, dtype, tile: bool = False, want_y: bool = T
         args = (x2, y if y is not None else yt, yt if yt is not None else y, s_y, s_t, R, C, RP, x2.stride(0),
                 x2.stride(1), ssr, ssc, s_t.stride(1), s_t.stride(0), s_y.shape[0], s_t.shape[0], _fmax(dtype))
         # no clamp where the conversion saturates: 1.07-1.10x for dy and dy^T, 1.07x for W and W^T tiles; the
-        # x^T-alone cast ran 0.92-0.97x without it (H200, 8192x4096 / 8192x14336, session 11 calls 1-2), so it
+        # x^T-alone cast ran 0.92-0.97x without it (H200, 8192x4096 / 8192x14336), so it
         # keeps its clamp
         consts = dict(TILE=tile, WRITE_Y=wy, WRITE_T=wt, SAT=saturates and (wy or tile))
 
@@ -1103,7 +1103,7 @@ def _gemm_blockwise_ok(cfg, M=1, N=1, UPCAST=False, **_):
 
 
 # The Triton blockwise GEMM (ROCm, other GPUs, e5m2 gradients) ran one 128x128 tile, 8 warps, 3 stages, a 2-D grid
-# and masked loads in its K loop until session 9 (~535 TFLOP/s in the fp8 linear on the H200, half of cuBLASLt's
+# and masked loads in its K loop at first (~535 TFLOP/s in the fp8 linear on the H200, half of cuBLASLt's
 # blockwise kernel); since then a grouped 1-D grid, unmasked loads for K % 128 == 0 and a tuned tile space.
 _GEMM_BLOCKWISE = _common.Tuned(_gemm_blockwise, [
     {"BM": 128, "BN": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},

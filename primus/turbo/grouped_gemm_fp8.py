@@ -304,7 +304,7 @@ def experts_summary(device, fmt: str, shapes: Sequence[Tuple[int, int]], groups:
     """One line for backend_info.fp8_experts: which fp8 grouped GEMM the experts' (K, N) GEMMs run, and why."""
     prov, why = plan_for(device, fmt, [d for s in shapes for d in s], groups)
     if prov == "torch_scaled":
-        # the H200 figures of docs/benchmarks.md, session 14 (fwd+bwd, 4 micro batches, the fp8 weight cache on)
+        # the H200 figures of docs/benchmarks.md, 2026-12-02 (fwd+bwd, 4 micro batches, the fp8 weight cache on)
         return (f"fp8 {fmt} rowwise: {why} (primus.turbo.grouped_gemm_fp8; on the H200 1.11x the bf16 grouped GEMM "
                 "at Mixtral-8x7B's 8 experts, 0.53-0.74x at 64-128 experts of ffn 768-1408)")
     return (f"fp8 {fmt} tensorwise: primus' Triton grouped GEMM (slower than the bf16 one on the H200), because "

@@ -232,7 +232,7 @@ def _permute_kernel(X, MAP, P, Y, PY, T, E, H, s_x, s_y, NCHUNK, HAS_P: tl.const
     """Scatter token t to every expert row it is routed to, and its probs. One program per token: all E
     destinations are loaded once (not once per H chunk: with 256 experts that was more bytes than the row), then
     each H chunk goes out as one masked [BE, BH] store (unrouted experts masked off: no traffic) - no chain of
-    dependent scalar loads and branches per expert (session 2's version ran at 22% of copy bandwidth)."""
+    dependent scalar loads and branches per expert (an earlier version ran at 22% of copy bandwidth)."""
     t = tl.program_id(0)
     es = tl.arange(0, BE)
     dst = tl.load(MAP + es * T + t, mask=es < E, other=-1)

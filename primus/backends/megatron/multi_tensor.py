@@ -10,7 +10,7 @@ Upstream behaviour worked around (megatron-core 0.16.1, `megatron/core/utils.py`
 - the scale one runs `dst.copy_(src * scale)`: a temporary plus a second pass per tensor, used for gradient
   clipping (scale = clip coefficient, src is dst) and for copying the fp32 main params into the bf16 model params
   after every step (scale = 1.0).
-Profiled on the H200 (session 3, megatron bf16, 515 ms step): ~10 ms of kernels (norm, mul, device copies, bf16
+Profiled on the H200 (2026-11-29, megatron bf16, 515 ms step): ~10 ms of kernels (norm, mul, device copies, bf16
 copies: 400 launches) plus the syncs. The replacements compute the same values with `torch._foreach_*` (a few
 multi-tensor kernels, no host sync); `install()` swaps them in only where megatron bound its local fallbacks.
 """

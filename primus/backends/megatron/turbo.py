@@ -156,7 +156,7 @@ def fp8_experts_info(tconfig, device, fmt: str) -> str:
     return experts_summary(device, fmt, [(h, fc1), (f, h)], local)
 
 
-# Measured on the H200 (docs/benchmarks.md, session 14; fwd+bwd of the experts, fp8 weight cache on): fp8 grouped
+# Measured on the H200 (docs/benchmarks.md, 2026-12-02; fwd+bwd of the experts, fp8 weight cache on): fp8 grouped
 # GEMMs vs bf16 1.11x at ffn 14336 (Mixtral-8x7B), 0.74x at 1408 (DeepSeek-V2-Lite), 0.53x at 768 (Qwen3-30B-A3B).
 SMALL_EXPERT_FFN = 4096
 
@@ -168,7 +168,7 @@ def small_experts_warning(tconfig) -> Optional[str]:
     if f >= SMALL_EXPERT_FFN:
         return None
     return (f"turbo.grouped_gemm_fp8=true with experts of ffn {f}: on the H200 the fp8 grouped GEMMs ran 0.74x the "
-            "bf16 ones at ffn 1408 and 0.53x at 768 (1.11x at 14336; docs/benchmarks.md, session 14). Unless "
+            "bf16 ones at ffn 1408 and 0.53x at 768 (1.11x at 14336; docs/benchmarks.md, 2026-12-02). Unless "
             "measured otherwise here, set turbo.grouped_gemm_fp8=false for these experts")
 
 
