@@ -110,7 +110,8 @@ def table(rows, ref_name):
 def environment():
     import torch
 
-    vers = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0)}
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"  # a CPU run checks the script
+    vers = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": gpu}
     for mod in ("megatron.core", "torchtitan", "torchao", "triton"):
         try:
             m = __import__(mod, fromlist=["x"])

@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Words about the work process, not about the project. Measurements say date, commit, GPU and versions instead.
 # (the phrase "device" + "call" is split so that this line does not match itself)
-WORK_LOG = re.compile(r"session ?[0-9]|device (tool|minutes|time)|device " r"calls?\b|call [0-9]+", re.IGNORECASE)
+WORK_LOG = re.compile(r"sessions? ?[0-9]|device (tool|minutes|time)|device " r"calls?\b|calls? [0-9]+", re.IGNORECASE)
 # (path, a substring of the line) pairs where the words mean something else; keep this short and say why.
 ALLOWED = ()
 SKIP_DIRS = {".git", ".venv", "outputs", "multirun", "__pycache__", ".pytest_cache", ".whl", "node_modules"}
@@ -43,9 +43,21 @@ def read_text(rel):
         return None  # binary files say nothing
 
 
+# a line break inside a comment or paragraph, with the comment marks of the next line
+BREAK = re.compile(r"[ \t]*\n[ \t#*/>-]*")
+
+
 def work_log_lines(rel, text):
-    return [f"{rel}:{i}: {line.strip()[:160]}" for i, line in enumerate(text.splitlines(), 1)
-            if WORK_LOG.search(line) and not any(rel == p and s in line for p, s in ALLOWED)]
+    """The lines that match, and matches that a line break splits (reported at the line they start on)."""
+    lines = text.splitlines()
+    hits = {i: line for i, line in enumerate(lines, 1)
+            if WORK_LOG.search(line) and not any(rel == p and s in line for p, s in ALLOWED)}
+    for i, (a, b) in enumerate(zip(lines, lines[1:]), 1):
+        joined = BREAK.sub(" ", a + "\n" + b)
+        if i not in hits and i + 1 not in hits and WORK_LOG.search(joined) \
+                and not any(rel == p and (s in a or s in b) for p, s in ALLOWED):
+            hits[i] = joined
+    return [f"{rel}:{i}: {line.strip()[:160]}" for i, line in sorted(hits.items())]
 
 
 def broken_links(rel, text):
@@ -86,9 +98,12 @@ def test_markdown_links_stay_inside_the_repository_and_resolve():
 # built from parts, so that this file does not match the pattern it tests
 @pytest.mark.parametrize("line", [f"measured in session {4}", f"Session{12} figures", "the device " + "time ran out",
                                   "28 of 30 device " + "minutes", "through the device " + "tool",
-                                  f"call {3}: the table", "each device " + "call carries"])
+                                  f"call {3}: the table", f"calls {2}-{3}", f"sessions {5}-{6}", "each device " + "call carries"])
 def test_the_work_log_pattern_catches(line):
     assert work_log_lines("x.md", line)
+    # split over two comment lines, as a wrapped comment splits it
+    first, rest = line.rsplit(" ", 1)
+    assert work_log_lines("x.py", f"# {first}\n# {rest}")
 
 
 @pytest.mark.parametrize("line", ["a pytest session fixture", "sessions of a Slurm cluster", "the first call's scale",

@@ -23,7 +23,7 @@ def relerr(out, ref) -> float:
     return (out - ref).norm().item() / (den if den > 0 else 1.0)
 
 
-# relative-error bands (METHOD.md): fp32 arithmetic far under 1e-3; bf16 operands 1e-3..1e-2
+# relative-error bands: fp32 arithmetic far under 1e-3; bf16 operands 1e-3..1e-2
 BAND = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 

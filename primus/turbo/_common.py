@@ -65,8 +65,8 @@ def queued_gpu_time(fn, quantiles=(0.5, 0.2, 0.8), n: int = 20, reps: int = 7, f
     """The GPU time of one `fn()` launch, in ms (the `quantiles` of `reps` measurements), for triton.autotune.
 
     Triton's default benchmark puts CUDA events around each launch; a launch from Python costs 35-90 us of host
-    time on the H200 machine, as long as these kernels run, so the events time the host and the autotuner's pick is
-    noise (docs/benchmarks.md, sessions 5-6). Here a sleeping kernel holds the GPU while the host enqueues `n`
+    time on an H200 host, as long as these kernels run, so the events time the host and the autotuner's pick is
+    noise (docs/turbo.md). Here a sleeping kernel holds the GPU while the host enqueues `n`
     launches behind it, so the events time the launches on the device: GPU time, without a CUDA-graph capture (a
     failed capture can poison the process).
 
@@ -257,7 +257,7 @@ class Tuned:
 def autotune_picks() -> list:
     """The launch config each tuned kernel picked in this process, one entry per call key (result.json's
     `turbo_autotune`): two runs that differ in speed can be compared kernel by kernel, since an autotuned pick can
-    vary between processes (docs/benchmarks.md, sessions 17-18). Empty without a GPU (the interpreter does not tune)."""
+    vary between processes (docs/turbo.md). Empty without a GPU (the interpreter does not tune)."""
     out = []
     for t in Tuned.spaces:
         for (key, consts, dtypes), cfg in t.picked.items():
