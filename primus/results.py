@@ -61,6 +61,46 @@ def write_json_atomic(path: str, data: Any) -> None:
         raise
 
 
+RESERVE_FILE = ".primus-reserve"
+RESERVE_BYTES = 1 << 20  # a result.json is tens of KiB; a traceback and the autotune picks fit with room to spare
+
+
+def reserve_space(run_dir: str) -> None:
+    """Hold RESERVE_BYTES in the run dir for the run's result.json. A run that fills its disk (a checkpoint save,
+    a profiler trace) would otherwise end with no result.json at all. Best effort: a disk already full gets none."""
+    path = os.path.join(run_dir, RESERVE_FILE)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def write_result(run_dir: str, result: Dict[str, Any]) -> str:
+    """Write result.json, first giving back the reserve. If even that fails, the result goes to stderr as JSON
+    (the run's log keeps it) and the error is raised."""
+    import sys
+
+    try:
+        os.unlink(os.path.join(run_dir, RESERVE_FILE))
+    except OSError:
+        pass
+    path = os.path.join(run_dir, RESULT_FILE)
+    try:
+        write_json_atomic(path, result)
+    except OSError as e:
+        print(f"[primus] could not write {path} ({e}); the result follows as JSON:\n"
+              + json.dumps(result, default=str), file=sys.stderr, flush=True)
+        raise
+    return path
+
+
 def read_result(run_dir: str) -> Dict[str, Any]:
     with open(os.path.join(run_dir, RESULT_FILE)) as f:
         return json.load(f)

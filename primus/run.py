@@ -62,6 +62,11 @@ def _run(dcfg: DictConfig):
     from primus.launch.slurm import slurm_task_env
 
     os.environ.update(slurm_task_env() or {})  # a task of a multi-task Slurm job: rank + rendezvous from Slurm
+    from primus.config.keys import unknown_keys
+
+    unknown = unknown_keys(OmegaConf.to_container(dcfg, resolve=False))  # `+key` typos: nothing would read them
+    if unknown:
+        raise ConfigError(unknown)
     # merge onto the schema so a saved run config (`--config-dir <run>/.hydra`) is typed and checked as well
     cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
     meta = hydra_meta()
@@ -114,20 +119,39 @@ def _run(dcfg: DictConfig):
     if issue is not None:
         raise ConfigError(issue)
 
-    from primus.launch.local import launch_local, single_process_env
+    locks = lock_run_dirs(cfg, meta["run_dir"])
+    try:
+        from primus.launch.local import launch_local, single_process_env
 
-    nproc = cfg.launcher.nproc_per_node
-    if "WORLD_SIZE" in os.environ or nproc == 1:
-        if "WORLD_SIZE" not in os.environ:
-            os.environ.update(single_process_env(cfg.launcher.master_port or None))
-        from primus.train_loop import train
+        nproc = cfg.launcher.nproc_per_node
+        if "WORLD_SIZE" in os.environ or nproc == 1:
+            if "WORLD_SIZE" not in os.environ:
+                os.environ.update(single_process_env(cfg.launcher.master_port or None))
+            from primus.train_loop import train
 
-        ctx = resolve(cfg, meta["run_dir"])
-        ctx.env = env
-        res = train(cfg, ctx, meta)
-        return res.get("status")
-    res = launch_local(cfg_yaml, meta["run_dir"], nproc, meta, cfg.launcher.master_port)
-    return (res or {}).get("status")
+            ctx = resolve(cfg, meta["run_dir"])
+            ctx.env = env
+            res = train(cfg, ctx, meta)
+            return res.get("status")
+        res = launch_local(cfg_yaml, meta["run_dir"], nproc, meta, cfg.launcher.master_port)
+        return (res or {}).get("status")
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def lock_run_dirs(cfg: PrimusConfig, run_dir: str) -> list:
+    """One process per job (the local launcher, or global rank 0 of a torchrun / Slurm job) locks the run dir and,
+    when the run saves checkpoints, the checkpoint dir; a second run on either is refused (primus/locks.py)."""
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        return []
+    from primus.checkpoint import default_root
+    from primus.locks import lock_dirs
+
+    dirs = {"hydra.run.dir": run_dir}
+    if cfg.checkpoint.interval > 0 or cfg.checkpoint.save_at_end:
+        dirs["checkpoint.dir"] = default_root(cfg, run_dir)
+    return lock_dirs(dirs, say=lambda m: print(m, flush=True))
 
 
 def main_error_exit(e: Exception) -> None:

@@ -18,7 +18,7 @@ from primus.config.schema import PrimusConfig
 from primus import fault_injection
 from primus.context import RunContext, resolve
 from primus.metrics.meter import Meter, is_finite
-from primus.results import RESULT_FILE, env_snapshot, git_sha, package_versions, write_json_atomic
+from primus.results import env_snapshot, git_sha, package_versions, reserve_space, write_result
 
 log = logging.getLogger("primus")
 
@@ -44,9 +44,22 @@ def _is_oom(e: BaseException) -> bool:
     return "out of memory" in str(e).lower()
 
 
+LOG_FILE = "train.log"  # Hydra's job log (${hydra.job.name}.log); the loop's own lines join it
+
+
 def _say(ctx: RunContext, msg: str) -> None:
-    if ctx.is_rank0:
-        print(msg, flush=True)
+    """Rank 0's run lines (steps, checkpoints, resume) go to the console and to <run_dir>/train.log, so the loss
+    history survives a SIGKILL without TensorBoard. Appended per line: in a multi-process run Hydra's file handler
+    lives in the launching process, not in this one."""
+    if not ctx.is_rank0:
+        return
+    print(msg, flush=True)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        with open(os.path.join(ctx.run_dir, LOG_FILE), "a") as f:
+            f.write("".join(f"[{stamp}][primus][INFO] - {line}\n" for line in msg.splitlines()))
+    except OSError:
+        pass  # a full or read-only run dir: the console still has the line
 
 
 def _tuning_hooks(cfg: PrimusConfig, ctx: RunContext, result: Dict[str, Any]):
@@ -97,6 +110,8 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
     from primus.preemption import Preemption
 
     preempt = Preemption(ctx.device)
+    if ctx.is_rank0:
+        reserve_space(ctx.run_dir)  # so that result.json is written even when the disk fills up during the run
     try:
         preempt.install()  # SIGTERM/SIGUSR1 (+ submitit's signal): stop after the current step, checkpoint, exit
         from primus import determinism
@@ -190,8 +205,9 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         picks = turbo.autotune_picks() if turbo is not None else []
         if picks:
             result["turbo_autotune"] = picks  # this rank's picks (rank 0 writes the file)
-        if ckpt is not None and ckpt.saved:
-            result["checkpoints"] = list(ckpt.saved)
+        if ckpt is not None and (ckpt.saved or ckpt.branch is not None):
+            result["checkpoints"] = [p for p in ckpt.saved if os.path.isdir(p)]  # what keep_last left on disk
+            result["checkpoint_history"] = ckpt.history()
         if ctx.device != "cuda":
             result["memory"] = host_memory()
         else:
@@ -200,13 +216,15 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
             result["memory"] = {"max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
                                 "max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
                                 "device_total_gib": torch.cuda.get_device_properties(0).total_memory / 2**30}
-        if ctx.is_rank0:
-            write_json_atomic(os.path.join(ctx.run_dir, RESULT_FILE), result)
-        if trainer is not None:
-            try:
-                trainer.close()
-            except Exception:  # noqa: BLE001 - closing must not hide the run's own error
-                log.exception("trainer.close failed")
+        try:
+            if ctx.is_rank0:
+                write_result(ctx.run_dir, result)
+        finally:
+            if trainer is not None:
+                try:
+                    trainer.close()
+                except Exception:  # noqa: BLE001 - closing must not hide the run's own error
+                    log.exception("trainer.close failed")
     if result["status"] == "preempted":
         preempt.exit_for_requeue(ctx.rank)  # in a submitit Slurm job: requeue (rank 0 exits here)
     return result

@@ -57,7 +57,8 @@ def test_crash_mid_save_leaves_nothing_that_loads(cfg_of, tmp_path):
     with pytest.raises(RuntimeError, match="mid-save"):
         m.save(4)
     root = tmp_path / "checkpoints"
-    assert sorted(os.listdir(root)) == [".tmp-step_000004", "step_000002"]  # the half-written one is only a tmp dir
+    # the half-written one is only a tmp dir
+    assert sorted(os.listdir(root)) == [".tmp-step_000004", ck.HEAD_FILE, "step_000002"]
     assert ck.list_checkpoints(str(root)) == [(2, str(root / "step_000002"))]
     path, skipped = ck.find_latest_valid(str(root))
     assert path == str(root / "step_000002") and skipped == []
@@ -72,7 +73,7 @@ def test_crash_mid_save_leaves_nothing_that_loads(cfg_of, tmp_path):
     assert ck.find_latest_valid(str(root))[0] == str(root / "step_000002")
     # the next successful save clears the leftovers
     m2.save(6)
-    assert sorted(os.listdir(root)) == ["step_000002", "step_000006"]
+    assert sorted(os.listdir(root)) == [ck.HEAD_FILE, "step_000002", "step_000006"]
 
 
 def test_meta_written_last_a_dir_without_it_is_invalid(cfg_of, tmp_path):
@@ -165,3 +166,121 @@ def test_due():
                                 backend=types.SimpleNamespace(name=types.SimpleNamespace(value="megatron")))
     m = ck.CheckpointManager(cfg, types.SimpleNamespace(run_dir="/x"), None)
     assert [s for s in range(1, 8) if m.due(s, s == 7)] == [3, 6, 7]
+
+
+# ------------------------------------------------------------------ history: branches, not step numbers
+
+def _meta(path):
+    return json.load(open(os.path.join(path, ck.META_FILE)))
+
+
+def test_rollback_starts_a_branch_that_prune_and_auto_follow(cfg_of, tmp_path):
+    root = tmp_path / "checkpoints"
+    first, _ = manager(cfg_of, tmp_path, FakeTrainer(), interval=10, keep_last=2)
+    for s in (10, 20, 30, 40):
+        first.save(s)
+    assert [s for s, _ in ck.list_checkpoints(str(root))] == [40, 30]
+    # roll back to step 30 (a loss spike after it) and save step 31
+    t = FakeTrainer()
+    back, msgs = manager(cfg_of, tmp_path, t, interval=10, keep_last=2, resume=str(root / "step_000030"))
+    got = back.resume()
+    assert got["step"] == 30 and got["branch"] == 2 and t.loaded == 30
+    assert any("branch 2 starts from step_000030" in m and "step_000040" in m for m in msgs), msgs
+    back.save(31)
+    # the checkpoint just resumed from is on the branch: kept; the abandoned step 40 is off it: kept, not pruned
+    assert [s for s, _ in ck.list_checkpoints(str(root))] == [40, 31, 30]
+    assert _meta(str(root / "step_000031"))["parent"]["name"] == "step_000030"
+    # resume=auto follows the branch: step 31, not the abandoned step 40 (which used to win by its number)
+    t2 = FakeTrainer()
+    auto, _ = manager(cfg_of, tmp_path, t2, interval=10, keep_last=2, resume="auto")
+    got = auto.resume()
+    assert got["path"] == str(root / "step_000031") and got["step"] == 31 and got["branch"] == 2
+    # the new branch reaching step 40 sets the abandoned one aside instead of overwriting it
+    abandoned_id = _meta(str(root / "step_000040"))["id"]
+    auto.save(40)
+    aside = root / f"step_000040~{abandoned_id}"
+    assert aside.is_dir() and _meta(str(aside))["branch"] == 1
+    assert _meta(str(root / "step_000040"))["branch"] == 2
+    # keep_last=2 on branch 2: 40 and 31; step 30 pruned now; the set-aside one stays
+    assert [s for s, _ in ck.list_checkpoints(str(root))] == [40, 31]
+    h = auto.history()
+    assert h["branch"] == 2 and h["on_branch"] == [str(root / "step_000040"), str(root / "step_000031")]
+    assert h["off_branch"] == [str(aside)]
+
+
+def test_every_checkpoint_damaged_new_saves_survive_and_requeue_keeps_progress(cfg_of, tmp_path):
+    root = tmp_path / "checkpoints"
+    w, _ = manager(cfg_of, tmp_path, FakeTrainer(), interval=1, keep_last=2)
+    for s in (1, 2, 3):
+        w.save(s)
+    for s in (2, 3):
+        (root / ck.step_dir_name(s) / "model.bin").write_bytes(b"x")  # both kept ones damaged
+    run, msgs = manager(cfg_of, tmp_path, FakeTrainer(), interval=1, keep_last=2, resume="auto")
+    got = run.resume()
+    assert got["path"] is None and got["step"] == 0 and len(got["skipped"]) == 2
+    assert any("no valid checkpoint on the current branch" in m for m in msgs)
+    run.save(1)
+    run.save(2)
+    # the new saves are the branch: none is deleted as soon as it is written; the damaged ones are set aside
+    assert [s for s, _ in ck.list_checkpoints(str(root))] == [3, 2, 1]
+    assert all(os.path.isdir(p) for p in run.saved)
+    assert sorted(n for n in os.listdir(root) if "~" in n) == sorted(
+        n for n in os.listdir(root) if n.startswith("step_000002~"))
+    # a requeued job (resume=auto) keeps the progress: the new branch's step 2
+    again, _ = manager(cfg_of, tmp_path, FakeTrainer(), resume="auto")
+    assert again.resume()["path"] == str(root / "step_000002")
+
+
+def test_out_of_space_before_the_save_is_refused_with_the_numbers(cfg_of, tmp_path, monkeypatch):
+    root = tmp_path / "checkpoints"
+    m, _ = manager(cfg_of, tmp_path, FakeTrainer(), interval=1, keep_last=3)
+    m.save(1)
+    usage = ck.shutil.disk_usage(str(root))
+    monkeypatch.setattr(ck.shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    with pytest.raises(ck.OutOfSpace) as e:
+        m.save(2)
+    msg = str(e.value)
+    assert str(root) in msg and "1,000 bytes free" in msg and f"{m.last_size:,} bytes" in msg
+    assert "keep_last=3" in msg and "intact" in msg
+    assert sorted(os.listdir(root)) == [ck.HEAD_FILE, "step_000001"] and ck.verify(str(root / "step_000001")) == []
+
+
+class FullDiskTrainer(FakeTrainer):
+    """Fails like a full disk inside the backend's writer: a plain OSError, or DCP's CheckpointException, which
+    wraps each rank's failure in `failures`."""
+
+    def __init__(self, wrap):
+        super().__init__()
+        self.wrap = wrap
+
+    def save_checkpoint(self, path, step):
+        with open(os.path.join(path, "model.bin"), "wb") as f:
+            f.write(b"\0" * 4096)
+        err = OSError(28, "No space left on device", os.path.join(path, "model.bin"))
+        if not self.wrap:
+            raise err
+        from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+        raise CheckpointException("save", {0: _wrap_exception(err)})
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_out_of_space_while_saving_removes_the_partial_save(cfg_of, tmp_path, wrap):
+    root = tmp_path / "checkpoints"
+    m, _ = manager(cfg_of, tmp_path, FakeTrainer(), interval=1)
+    m.save(1)
+    m.trainer = FullDiskTrainer(wrap)
+    with pytest.raises(ck.OutOfSpace, match="ran out of space while saving") as e:
+        m.save(2)
+    assert str(root) in str(e.value) and "bytes free" in str(e.value)
+    assert sorted(os.listdir(root)) == [ck.HEAD_FILE, "step_000001"]  # no partial save, the old one intact
+    assert ck.verify(str(root / "step_000001")) == []
+
+
+def test_rng_files_load_without_pickled_code(cfg_of, tmp_path):
+    import torch
+
+    m, _ = manager(cfg_of, tmp_path, FakeTrainer(), interval=1)
+    p = m.save(1)
+    st = torch.load(os.path.join(p, "rng", "rank_00000.pt"), weights_only=True)
+    assert set(st) >= {"python", "numpy", "torch"}

@@ -50,7 +50,9 @@ def test_six_steps_equal_three_plus_resume_plus_three(tmp_path, backend):
     assert r2["resumed_from"]["step"] == 3 and r2["resumed_from"]["path"].endswith("step_000003")
     assert "resumed from" in p.stdout and "next step 4" in p.stdout
     assert r2["losses"] == pytest.approx(ref[3:], rel=1e-6), (r2["losses"], ref[3:])
-    assert sorted(os.listdir(split / "checkpoints")) == ["step_000003", "step_000006"]
+    log = (split / "train.log").read_text()  # both attempts' step lines, in the run dir's log
+    assert "step     3/6 | loss" in log and "step     6/6 | loss" in log and "resumed from" in log
+    assert sorted(os.listdir(split / "checkpoints")) == [".primus.lock", "HEAD.json", "step_000003", "step_000006"]
 
     if backend == "torchtitan":
         # damage the newest checkpoint: resume=auto falls back to step 3, says so, and steps 4-6 come out the same

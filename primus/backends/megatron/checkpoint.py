@@ -111,7 +111,7 @@ def load(tr, path: str) -> Dict[str, Any]:
     rf = _rng_tracker_file(path, torch.distributed.get_rank())
     if os.path.isfile(rf):
         try:
-            tensor_parallel.get_cuda_rng_tracker().set_states(torch.load(rf, weights_only=False))
+            tensor_parallel.get_cuda_rng_tracker().set_states(torch.load(rf, weights_only=True))
         except Exception:  # noqa: BLE001 - trackers differ between platforms; torch RNGs are restored anyway
             pass
     return {"next_micro": state["data"]["next_micro"]}
