@@ -319,11 +319,12 @@ def head_chain(root: str) -> List[Dict[str, Any]]:
 
 
 def config_fingerprint(cfg) -> str:
-    """sha256 of the settings that shape the model and its training state (not run length or checkpoint knobs)."""
+    """sha256 of the settings that shape the model and its training state (not run length, checkpoint, logging or
+    profiling knobs: resuming with logging.tensorboard=false is the same training)."""
     from omegaconf import OmegaConf
 
     d = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
-    for k in ("checkpoint", "launcher", "dry_run", "mode", "plan"):
+    for k in ("checkpoint", "launcher", "logging", "profile", "dry_run", "mode", "plan"):
         d.pop(k, None)
     for k in ("train_iters", "log_interval", "timing_warmup_steps", "on_nonfinite"):
         d.get("training", {}).pop(k, None)

@@ -111,6 +111,10 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
 
     preempt = Preemption(ctx.device)
     if ctx.is_rank0:
+        from primus.attempts import archive, previous_attempts
+
+        archive(ctx.run_dir, hydra_files=False)  # a requeued job's earlier result.json (a rerun's went at start)
+        result["previous_attempts"] = previous_attempts(ctx.run_dir)
         reserve_space(ctx.run_dir)  # so that result.json is written even when the disk fills up during the run
     try:
         preempt.install()  # SIGTERM/SIGUSR1 (+ submitit's signal): stop after the current step, checkpoint, exit

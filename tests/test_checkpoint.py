@@ -284,3 +284,10 @@ def test_rng_files_load_without_pickled_code(cfg_of, tmp_path):
     p = m.save(1)
     st = torch.load(os.path.join(p, "rng", "rank_00000.pt"), weights_only=True)
     assert set(st) >= {"python", "numpy", "torch"}
+
+
+def test_fingerprint_leaves_out_logging_and_profiling(cfg_of):
+    base = ck.config_fingerprint(cfg_of([]))
+    assert ck.config_fingerprint(cfg_of(["logging.tensorboard=false"])) == base
+    assert ck.config_fingerprint(cfg_of(["profile.enabled=true"])) == base
+    assert ck.config_fingerprint(cfg_of(["training.lr=0.5"])) != base

@@ -50,6 +50,11 @@ def test_six_steps_equal_three_plus_resume_plus_three(tmp_path, backend):
     assert r2["resumed_from"]["step"] == 3 and r2["resumed_from"]["path"].endswith("step_000003")
     assert "resumed from" in p.stdout and "next step 4" in p.stdout
     assert r2["losses"] == pytest.approx(ref[3:], rel=1e-6), (r2["losses"], ref[3:])
+    # the first attempt's result and overrides were kept, not overwritten by the resumed one
+    first = split / "attempts" / "1"
+    assert r2["previous_attempts"] == [str(first)] and load(first / "result.json")["status"] == "preempted"
+    assert "checkpoint.resume=auto" not in (first / ".hydra" / "overrides.yaml").read_text()
+    assert "checkpoint.resume=auto" in (split / ".hydra" / "overrides.yaml").read_text()
     log = (split / "train.log").read_text()  # both attempts' step lines, in the run dir's log
     assert "step     3/6 | loss" in log and "step     6/6 | loss" in log and "resumed from" in log
     assert sorted(os.listdir(split / "checkpoints")) == [".primus.lock", "HEAD.json", "step_000003", "step_000006"]
