@@ -4,15 +4,13 @@ import logging
 
 import pytest
 
-from primus.backends.megatron import patches as megatron_patches
 from primus.backends.megatron.args import PINNED_MCORE
 from primus.backends.torchtitan import PINNED_VERSION as PINNED_TORCHTITAN
-from primus.backends.torchtitan import patches as torchtitan_patches
-from primus.patches import WORKAROUNDS as SHARED
 from primus.patches import registry
+from primus.patches.__main__ import all_workarounds
 from primus.patches.registry import Conditions, Workaround, apply_all, pin, version_matches
 
-ALL = megatron_patches.WORKAROUNDS + torchtitan_patches.WORKAROUNDS + SHARED
+ALL = all_workarounds()
 
 EXPECTED = {
     "megatron.no_te.te_general_gemm_name": ("megatron-core", PINNED_MCORE),
@@ -151,3 +149,18 @@ def test_a_skip_without_a_reason_is_refused():
     with pytest.raises(ValueError, match="on_mismatch"):
         Workaround("x.y.z", "u", "p", (pin("torch", "2.13"),), "always", lambda c: True, lambda c: None,
                    on_mismatch="maybe")
+
+
+def test_the_listing_cli_names_every_workaround_and_flags_a_mismatch(monkeypatch, capsys):
+    from primus.patches.__main__ import main
+
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for w in ALL:
+        assert w.name in out
+    assert "[VERSION MISMATCH]" not in out and "pinned:      megatron-core 0.16.1" in out
+    _fake_versions(monkeypatch, torchtitan="0.3.0")
+    assert main([]) == 1
+    out = capsys.readouterr().out
+    assert "torchtitan.cpu.device_type  [VERSION MISMATCH]" in out and "installed:   torchtitan 0.3.0" in out
+    assert main(["--bogus"]) == 2

@@ -41,6 +41,23 @@ def _target(owner, name: str):
     return None if fn is None or getattr(fn, "_primus_fixed", False) else fn
 
 
+def _builder_method(name: str):
+    """(interpreter module, InterpreterBuilder, its method `name`) if that method is there and not ours yet."""
+    interp = _interpreter()
+    builder = getattr(interp, "InterpreterBuilder", None)
+    orig = _target(builder, name)
+    return (interp, builder, orig) if orig is not None else None
+
+
+def _as_torch(data, dtype):
+    """numpy data holding raw `dtype` values, as a flat torch tensor of that dtype (callers reshape)."""
+    import numpy as np
+    import torch
+
+    arr = np.ascontiguousarray(data)
+    return torch.frombuffer(bytearray(arr.tobytes()), dtype=dtype) if arr.size else torch.empty(0, dtype=dtype)
+
+
 def _scalar_index(_cond: Conditions) -> None:
     """(1)"""
     _interp = _interpreter()
@@ -58,7 +75,6 @@ def _scalar_index(_cond: Conditions) -> None:
 
 def _float_downcast(_cond: Conditions) -> None:
     """(2)"""
-    import numpy as np
     import torch
 
     _interp = _interpreter()
@@ -71,9 +87,7 @@ def _float_downcast(_cond: Conditions) -> None:
         src, dst = names.get(str(input_dtype)), names.get(str(output_dtype))
         if src is None or dst is None or input_dtype.primitive_bitwidth <= output_dtype.primitive_bitwidth:
             return orig_conv(input, input_dtype, output_dtype, rounding_mode)
-        arr = np.ascontiguousarray(input)
-        t = torch.frombuffer(bytearray(arr.tobytes()), dtype=src) if arr.size else torch.empty(0, dtype=src)
-        out = t.to(dst).view(getattr(torch, f"uint{output_dtype.primitive_bitwidth}") if
+        out = _as_torch(input, src).to(dst).view(getattr(torch, f"uint{output_dtype.primitive_bitwidth}") if
                              output_dtype.primitive_bitwidth != 8 else torch.uint8)
         return out.numpy().reshape(input.shape)
 
@@ -86,21 +100,19 @@ def _fp8_upcast(_cond: Conditions) -> None:
     import numpy as np
     import torch
 
-    _interp = _interpreter()
-    names = _names()
-    builder_cls = getattr(_interp, "InterpreterBuilder", None)
-    orig_cast = _target(builder_cls, "cast_impl")
-    if orig_cast is None:
+    found = _builder_method("cast_impl")
+    if found is None:
         return
+    _interp, builder_cls, orig_cast = found
+    names = _names()
 
     def cast_impl(self, src, dst_type):
         a, b = str(src.dtype.scalar), str(dst_type.scalar)
         if a in names and b in names and a != b and a.startswith("fp8"):
-            arr = np.ascontiguousarray(src.data)
-            t = torch.frombuffer(bytearray(arr.tobytes()), dtype=names[a]) if arr.size else torch.empty(0, dtype=names[a])
-            out = np.frombuffer(t.to(names[b]).numpy().tobytes() if names[b] != torch.bfloat16 else
-                                t.to(names[b]).view(torch.uint16).numpy().tobytes(), dtype=_interp._get_np_dtype(dst_type))
-            return _interp.TensorHandle(out.reshape(arr.shape).copy(), dst_type.scalar)
+            t = _as_torch(src.data, names[a]).to(names[b])
+            raw = t.view(torch.uint16) if names[b] == torch.bfloat16 else t
+            out = np.frombuffer(raw.numpy().tobytes(), dtype=_interp._get_np_dtype(dst_type))
+            return _interp.TensorHandle(out.reshape(src.data.shape).copy(), dst_type.scalar)
         return orig_cast(self, src, dst_type)
 
     cast_impl._primus_fixed = True
@@ -110,22 +122,18 @@ def _fp8_upcast(_cond: Conditions) -> None:
 def _low_precision_dot(_cond: Conditions) -> None:
     """(4)"""
     import numpy as np
-    import torch
 
-    _interp = _interpreter()
-    names = _names()
-    builder_cls = getattr(_interp, "InterpreterBuilder", None)
-    orig_dot = _target(builder_cls, "create_dot")
-    if orig_dot is None:
+    found = _builder_method("create_dot")
+    if found is None:
         return
+    _interp, builder_cls, orig_dot = found
+    names = _names()
 
     def to_f32(h):
         name = str(h.dtype.scalar)
         if name not in names or name in ("fp32", "fp16"):
             return h.data
-        arr = np.ascontiguousarray(h.data)
-        t = torch.frombuffer(bytearray(arr.tobytes()), dtype=names[name]) if arr.size else torch.empty(0, dtype=names[name])
-        return t.float().numpy().reshape(arr.shape)
+        return _as_torch(h.data, names[name]).float().numpy().reshape(h.data.shape)
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         if str(a.dtype.scalar) in names and str(b.dtype.scalar) in names and (
