@@ -86,6 +86,17 @@ def _tuning_hooks(cfg: PrimusConfig, ctx: RunContext, result: Dict[str, Any]):
     return contextlib.nullcontext()
 
 
+def _rocm_patches(ctx: RunContext) -> None:
+    """On ROCm (torch.version.hip set), before the backend builds anything that compiles a Triton kernel: the
+    per-kernel fix of Triton's buffer-store hazard (docs/rocm-bufops.md). Every rank runs it; compile workers
+    install it themselves. A no-op elsewhere."""
+    from primus.patches import apply_rocm_patches
+
+    if apply_rocm_patches():
+        _say(ctx, "[primus] ROCm: Triton kernels whose buffer stores are clobbered get recompiled without buffer "
+                  "ops (docs/rocm-bufops.md)")
+
+
 def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str, Any]:
     """Run the training steps on this rank; returns the result dict (rank 0 also writes it)."""
     from primus.backends import trainer_class
@@ -131,6 +142,7 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         sinks = open_sinks(cfg, ctx)
         prof = StepProfiler(cfg, ctx)
         gemm_recording = _tuning_hooks(cfg, ctx, result)
+        _rocm_patches(ctx)
         trainer = trainer_class(cfg)(cfg, ctx)
         ckpt = CheckpointManager(cfg, ctx, trainer, say=lambda m: _say(ctx, m))
         ckpt.precheck()  # an explicit checkpoint.resume path must be a whole checkpoint: fail before building

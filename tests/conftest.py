@@ -58,7 +58,7 @@ def _restore_environ():
     yield
     os.environ.clear()
     os.environ.update(saved)
-    # megatron's CPU redirections switch torch.compile off for their process (cpu_compat.py, item 7): a test that
+    # megatron's CPU redirections switch torch.compile off for their process (patches/cpu.py, item 7): a test that
     # drives megatron in-process must not leave later compile tests running with dynamo disabled
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:

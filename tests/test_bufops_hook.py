@@ -188,3 +188,50 @@ def test_real_triton_folds_knob_into_cache_key():
         knobs.amd.use_buffer_ops = False
         assert get_cache_invalidating_env_vars().get("AMDGCN_USE_BUFFER_OPS") == "false"
     assert "AMDGCN_USE_BUFFER_OPS" not in get_cache_invalidating_env_vars()
+
+
+class _BuiltTrainer(Exception):
+    """Raised by the stand-in trainer's setup: the run path got that far."""
+
+
+def _run_path_sees_hook(monkeypatch, tmp_path, fake):
+    """Drive the real run path (primus.train_loop.train) with a stand-in trainer whose setup records whether
+    triton.compile is already routed through the hook when the backend starts building."""
+    import primus.backends
+    from primus.backends.base import Trainer
+    from primus.context import resolve
+    from primus.train_loop import train
+    from conftest import compose_cfg
+
+    seen = {}
+
+    class Recorder(Trainer):
+        name = "recorder"
+
+        def setup(self):
+            seen["wrapped"] = getattr(triton.compile, "__wrapped__", None) is fake
+            seen["jit_wrapped"] = getattr(triton.compiler.compile, "__wrapped__", None) is fake
+            raise _BuiltTrainer
+
+        def train_step(self, step):
+            raise AssertionError("not reached")
+
+    monkeypatch.setattr(primus.backends, "trainer_class", lambda cfg: Recorder)
+    cfg = compose_cfg(["device=cpu", "training.train_iters=1", "logging.tensorboard=false"])
+    with pytest.raises(_BuiltTrainer):
+        train(cfg, resolve(cfg, str(tmp_path)), {})
+    return seen
+
+
+def test_run_path_installs_the_hook_on_rocm_before_the_trainer_builds(monkeypatch, patchable, tmp_path):
+    fake, ac, _ = patchable
+    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    assert _run_path_sees_hook(monkeypatch, tmp_path, fake) == {"wrapped": True, "jit_wrapped": True}
+    assert ac._worker_compile_triton is hook._worker_compile_triton
+
+
+def test_run_path_leaves_triton_alone_off_rocm(monkeypatch, patchable, tmp_path):
+    fake, ac, _ = patchable
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert _run_path_sees_hook(monkeypatch, tmp_path, fake) == {"wrapped": False, "jit_wrapped": False}
+    assert triton.compile is fake

@@ -28,7 +28,7 @@ def test_sdpa_core_matches_megatron_dot_product_attention(groups, monkeypatch):
     from primus.backends.megatron.spec import SDPAttention
 
     # the stock module borrows its score buffer from megatron's (CUDA) global memory buffer and forks the CUDA RNG
-    # tracker around dropout: stand-ins for this test only (cpu_compat is not installed into the test process)
+    # tracker around dropout: stand-ins for this test only (the CPU redirections are not installed here)
     import megatron.core.transformer.dot_product_attention as dpa
 
     buffer = types.SimpleNamespace(get_tensor=lambda shape, dtype, name: torch.empty(shape, dtype=dtype))
@@ -87,7 +87,7 @@ def test_local_spec_swaps_in_the_fused_modules():
 
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_grouped_gemm_matches_per_expert_matmuls(trans_b):
-    from primus.backends.megatron.grouped_gemm import gmm
+    from primus.backends.megatron.patches.grouped_gemm import gmm
 
     g = torch.Generator().manual_seed(1)
     sizes = torch.tensor([3, 0, 5, 2])

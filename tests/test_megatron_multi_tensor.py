@@ -1,12 +1,12 @@
-"""multi_tensor.py: torch foreach kernels in place of megatron's per-tensor local fallbacks (no TE / apex): the same
-values as megatron's own local implementations / float64, and a real megatron run uses them."""
+"""patches/optimizer.py: torch foreach kernels in place of megatron's per-tensor local fallbacks (no TE / apex): the
+same values as megatron's own local implementations / float64, and a real megatron run uses them."""
 import re
 
 import pytest
 import torch
 
 from rank_script import run_train
-from primus.backends.megatron import multi_tensor as MT
+from primus.backends.megatron.patches import optimizer as MT
 
 
 def _tensors(dtype):

@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from primus.patches.compile_cache import tag_compile_caches
+from primus.patches import tag_compile_caches
 
 # Every primus custom op is defined by a module that imports this one: before any graph that calls them is compiled,
 # torch.compile's caches are keyed by these sources too (a changed op is never served a stale compiled graph).
@@ -267,81 +267,7 @@ def autotune_picks() -> list:
     return out
 
 
-def _fix_triton_interpreter() -> None:
-    """Triton 3.6's interpreter converts scalar handles with `int(ndarray)`, which numpy >= 2.4 rejects for the
-    1-element arrays it holds ("only 0-dimensional arrays can be converted"): every `range(n)` over a runtime int
-    fails. Re-patch `__index__` to take the single element. Only touches the interpreter (TRITON_INTERPRET=1)."""
-    try:
-        from triton.runtime import interpreter as _interp
-    except Exception:  # pragma: no cover
-        return
-    orig = getattr(_interp, "_patch_lang_tensor", None)
-    if orig is None or getattr(orig, "_primus_fixed", False):
-        return
-
-    def patched(tensor, scope):
-        orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._primus_fixed = True
-    _interp._patch_lang_tensor = patched
-
-    # Its float downcasts (fp32 -> bf16 / fp8) truncate or round half-up without carrying a mantissa overflow into
-    # the exponent (127.2 -> e4m3 gives 64, not 128). Do downcasts with torch's round-to-nearest-even instead.
-    import numpy as np
-
-    names = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8e4nv": torch.float8_e4m3fn,
-             "fp8e5": torch.float8_e5m2, "fp8e4b8": torch.float8_e4m3fnuz, "fp8e5b16": torch.float8_e5m2fnuz}
-    orig_conv = _interp._convert_float
-
-    def convert(input, input_dtype, output_dtype, rounding_mode):
-        src, dst = names.get(str(input_dtype)), names.get(str(output_dtype))
-        if src is None or dst is None or input_dtype.primitive_bitwidth <= output_dtype.primitive_bitwidth:
-            return orig_conv(input, input_dtype, output_dtype, rounding_mode)
-        arr = np.ascontiguousarray(input)
-        t = torch.frombuffer(bytearray(arr.tobytes()), dtype=src) if arr.size else torch.empty(0, dtype=src)
-        out = t.to(dst).view(getattr(torch, f"uint{output_dtype.primitive_bitwidth}") if
-                             output_dtype.primitive_bitwidth != 8 else torch.uint8)
-        return out.numpy().reshape(input.shape)
-
-    _interp._convert_float = convert
-
-    # ... and its fp8 -> wider float casts reinterpret the raw bits as integers (e5m2 1.0 becomes 60.0).
-    builder_cls = _interp.InterpreterBuilder
-    orig_cast = builder_cls.cast_impl
-
-    def cast_impl(self, src, dst_type):
-        a, b = str(src.dtype.scalar), str(dst_type.scalar)
-        if a in names and b in names and a != b and a.startswith("fp8"):
-            arr = np.ascontiguousarray(src.data)
-            t = torch.frombuffer(bytearray(arr.tobytes()), dtype=names[a]) if arr.size else torch.empty(0, dtype=names[a])
-            out = np.frombuffer(t.to(names[b]).numpy().tobytes() if names[b] != torch.bfloat16 else
-                                t.to(names[b]).view(torch.uint16).numpy().tobytes(), dtype=_interp._get_np_dtype(dst_type))
-            return _interp.TensorHandle(out.reshape(arr.shape).copy(), dst_type.scalar)
-        return orig_cast(self, src, dst_type)
-
-    builder_cls.cast_impl = cast_impl
-
-    # ... and its dot multiplies bf16 operands as the raw uint16 bit patterns. Upcast bf16 / fp8 through torch.
-    orig_dot = builder_cls.create_dot
-
-    def to_f32(h):
-        name = str(h.dtype.scalar)
-        if name not in names or name in ("fp32", "fp16"):
-            return h.data
-        arr = np.ascontiguousarray(h.data)
-        t = torch.frombuffer(bytearray(arr.tobytes()), dtype=names[name]) if arr.size else torch.empty(0, dtype=names[name])
-        return t.float().numpy().reshape(arr.shape)
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if str(a.dtype.scalar) in names and str(b.dtype.scalar) in names and (
-                str(a.dtype.scalar) not in ("fp32", "fp16") or str(b.dtype.scalar) not in ("fp32", "fp16")):
-            out = np.matmul(to_f32(a), to_f32(b)).astype(d.data.dtype) + d.data
-            return _interp.TensorHandle(out, d.dtype.scalar)
-        return orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
-
-    builder_cls.create_dot = create_dot
-
-
 if interpreting():
-    _fix_triton_interpreter()
+    from primus.patches import fix_triton_interpreter
+
+    fix_triton_interpreter()  # Triton 3.6's interpreter defects (primus/patches/triton_interpreter.py)

@@ -47,8 +47,8 @@ def _sharded_state_dict(tr, is_loading: bool) -> Dict[str, Any]:
 @contextlib.contextmanager
 def _cpu_safe():
     """On CPU, dist_checkpointing's torch_dist strategy calls torch.cuda.synchronize / current_device and builds
-    `device='cuda'` flags (platform facts of megatron-core 0.16.1). cpu_compat (the megatron backend's CPU
-    redirection) rebinds `torch` in megatron modules already imported: import the checkpointing modules, then
+    `device='cuda'` flags (platform facts of megatron-core 0.16.1). The megatron backend's CPU redirections
+    (patches/cpu.py) rebind `torch` in megatron modules already imported: import the checkpointing modules, then
     refresh it so they are covered too. Nothing happens on a GPU machine."""
     if not torch.cuda.is_available():
         import megatron.core.dist_checkpointing.strategies.async_utils  # noqa: F401
@@ -58,9 +58,9 @@ def _cpu_safe():
         import megatron.core.dist_checkpointing.strategies.torch  # noqa: F401
         import megatron.core.dist_checkpointing.exchange_utils  # noqa: F401
         import megatron.core.dist_checkpointing.tensor_aware_state_dict  # noqa: F401
-        from primus.backends.megatron import cpu_compat
+        from primus.backends.megatron import patches
 
-        cpu_compat.refresh()
+        patches.refresh()
     yield
 
 

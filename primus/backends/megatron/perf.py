@@ -7,14 +7,15 @@ compile_layers (training.compile=true)
     split, neg, cat, mul, add for q and k; SwiGLU: chunk, silu, mul; residual adds; casts). Inductor fuses them into
     a few Triton kernels and leaves the GEMMs to cuBLAS and SDPA to its fused kernel. megatron's linears are custom
     autograd Functions (LinearWithGradAccumulationAndAsyncCommunication); with tp=1 / no SP dynamo traces them
-    whole once `_quiet_tp_group_lookup` removes a per-call deprecation warning (measured on CPU with
-    TORCH_LOGS=graph_breaks,recompiles: 11 breaks that left most of each layer eager -> 0 breaks, 0 recompiles
-    across layers; losses equal to eager). Turbo kernel calls are graph breaks by design (turbo.py).
+    whole once the workaround `megatron.compile.quiet_tp_group_lookup` (patches/torch_compile.py) removes a
+    per-call deprecation warning (measured on CPU with TORCH_LOGS=graph_breaks,recompiles: 11 breaks that left most
+    of each layer eager -> 0 breaks, 0 recompiles across layers; losses equal to eager). Turbo kernel calls are
+    graph breaks by design (turbo.py).
     Expected on the H200 (platform facts: the plain-PyTorch reference goes 42.0% -> 53.9% MFU with per-block
     compile): most of the 47.4% -> ~55% gap of megatron bf16 to the compiled reference.
     The DDP grad hooks are on the parameters' AccumulateGrad nodes, outside the compiled graphs: unchanged.
-    On CPU the trainer's cpu_compat turns dynamo off for megatron's jit helpers; with compile on it is turned back
-    on (CPU inductor needs a C++ compiler; the first step pays the compile, ~15 s for the debug model).
+    On CPU the CPU redirections (patches/cpu.py) turn dynamo off for megatron's jit helpers; with compile on it is
+    turned back on (CPU inductor needs a C++ compiler; the first step pays the compile, ~15 s for the debug model).
 
 compile_loss (training.compile=true, tensor parallel size 1)
     megatron's unfused vocab-parallel cross entropy turns the bf16 logits ([tokens, vocab]: 32768 x 128256 for the
@@ -55,33 +56,12 @@ log = logging.getLogger("primus.megatron")
 
 
 def enable_dynamo() -> None:
-    """Undo cpu_compat's `torch._dynamo.config.disable` (compile requested) and leave room for per-layer graphs."""
+    """Undo the CPU redirections' `torch._dynamo.config.disable` (compile requested) and leave room for per-layer
+    graphs. megatron's per-call TP-group warning, which would break every layer's graph, is quietened by the
+    registered workaround `megatron.compile.quiet_tp_group_lookup` (patches/torch_compile.py)."""
     import torch._dynamo
 
     torch._dynamo.config.disable = False
-    _quiet_tp_group_lookup()
-
-
-def _quiet_tp_group_lookup() -> None:
-    """RowParallelLinear passes tp_group=None to its GEMM function, whose `get_tensor_model_parallel_group_if_none`
-    then calls warnings.warn (a deprecation notice) on every call, inside megatron's activation-offloading context
-    manager: dynamo cannot trace the warning nor resume after a graph break inside that context, so it would skip
-    the rest of the layer (measured on CPU: 11 breaks, most of each layer left eager). Same lookup, no warning."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import layers
-
-    orig = layers.get_tensor_model_parallel_group_if_none
-    if getattr(orig, "__primus_quiet__", False):
-        return
-
-    def get_tensor_model_parallel_group_if_none(tp_group, is_expert=False, check_initialized=True):
-        if tp_group is None and torch.distributed.is_initialized() and ps.is_initialized():
-            get = ps.get_expert_tensor_parallel_group if is_expert else ps.get_tensor_model_parallel_group
-            return get(check_initialized=check_initialized)
-        return orig(tp_group, is_expert=is_expert, check_initialized=check_initialized)
-
-    get_tensor_model_parallel_group_if_none.__primus_quiet__ = True
-    layers.get_tensor_model_parallel_group_if_none = get_tensor_model_parallel_group_if_none
     # one compiled call per layer instance; guards may specialise on per-layer attributes (layer_number)
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):

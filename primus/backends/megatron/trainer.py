@@ -96,29 +96,24 @@ class MegatronTrainer(Trainer):
         from megatron.core import tensor_parallel
         from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
         from megatron.core.models.gpt import GPTModel
-        from megatron.core.optimizer import get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.transformer.module import Float16Module
 
         from primus.backends.megatron import data as mdata
-        from primus.backends.megatron import multi_tensor, recompute_ids, spec, upstream_fixes
+        from primus.backends.megatron import patches, recompute_ids, spec
         from primus.backends.megatron.init import layout_independent_init
 
-        upstream_fixes.apply()
-        self.multi_tensor_swaps = multi_tensor.install()
+        cpu = ctx.device == "cpu"
+        applied = patches.apply(ctx.device, a)  # megatron-core's upstream workarounds (patches/__init__.py)
+        self.multi_tensor_swaps = applied.get("megatron.optimizer.foreach_multi_tensor") or []
         from primus.backends.megatron import fusions
 
         fusions.configure(rope=a["rope_fusion"] == "triton", swiglu=a["activation_fusion"] == "triton")
-        cpu = ctx.device == "cpu"
-        if cpu:
-            from primus.backends.megatron import cpu_compat
-
-            cpu_compat.enable()
         from primus.backends.megatron import perf
 
         if a["compile"]:
-            perf.enable_dynamo()  # cpu_compat turns dynamo off on CPU
+            perf.enable_dynamo()  # the CPU redirections turn dynamo off
 
         ps.initialize_model_parallel(**a["parallel_state"])
         self.ps = ps
@@ -130,10 +125,6 @@ class MegatronTrainer(Trainer):
         use_te = a["layer_spec"] == "te"
         if use_te:
             import transformer_engine  # noqa: F401 - confirm it imports, not only that it is installed
-        elif tconfig.num_moe_experts and tconfig.moe_grouped_gemm:
-            from primus.backends.megatron import grouped_gemm
-
-            grouped_gemm.install()
         turbo_info = self._turbo_setup()
         self.spec_name = spec.describe(use_te)
         if ctx.is_rank0:
@@ -183,11 +174,9 @@ class MegatronTrainer(Trainer):
                       for i, m in enumerate(chunks)]
 
         opt_config = optimizer_config_from(a["optimizer_config"])
-        if cpu:
-            with cpu_compat.cuda_type_names():
-                self.optimizer = get_megatron_optimizer(opt_config, self.model)
-        else:
-            self.optimizer = get_megatron_optimizer(opt_config, self.model)
+        import megatron.core.optimizer as mopt  # looked up now: on CPU a workaround wraps the factory
+
+        self.optimizer = mopt.get_megatron_optimizer(opt_config, self.model)
         self.scheduler = OptimizerParamScheduler(self.optimizer, **a["scheduler"])
         self.fused_optimizer = []
         if a["fused_adamw"]:
@@ -198,7 +187,7 @@ class MegatronTrainer(Trainer):
         self._wire_sync_hooks(tconfig, finalize_model_grads)
         self.fb_func = get_forward_backward_func()
         if cpu:
-            cpu_compat.refresh()  # modules megatron imported lazily while building
+            patches.refresh()  # modules megatron imported lazily while building
 
         dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         dataset = mdata.build_dataset(cfg, ctx, a, cache_dir=os.path.join(ctx.run_dir, "data", "cache"))
@@ -256,7 +245,7 @@ class MegatronTrainer(Trainer):
             info["compiled_loss"] = getattr(self, "compiled_loss", False)
         if a["turbo_loss"]:  # True on the ranks holding the last stage
             info["turbo_loss"] = getattr(self, "turbo_loss", False)
-        if self.multi_tensor_swaps:  # multi_tensor.py: megatron's local per-tensor loops -> torch foreach kernels
+        if self.multi_tensor_swaps:  # patches/optimizer.py: megatron's local per-tensor loops -> torch foreach kernels
             info["optimizer_multi_tensor"] = "torch foreach: " + ", ".join(self.multi_tensor_swaps)
         if self.fused_optimizer:
             info["optimizer_impl"] = "torch fused " + "/".join(sorted(set(self.fused_optimizer)))

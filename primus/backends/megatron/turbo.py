@@ -128,7 +128,7 @@ def swap_spec(layer_spec, flags: Dict[str, Any]) -> None:
 @_eager
 def _gmm(a, b, batch_sizes, trans_b=False):
     if not _on("use_turbo_grouped_gemm"):  # a later run in this process without the flag
-        from primus.backends.megatron.grouped_gemm import gmm
+        from primus.backends.megatron.patches.grouped_gemm import gmm
 
         return gmm(a, b, batch_sizes, trans_b)
     from primus.turbo.grouped_gemm import fp8_grouped_gemm, grouped_gemm

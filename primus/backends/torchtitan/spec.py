@@ -17,7 +17,7 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.models.llama3 import Transformer, TransformerModelArgs
 from torchtitan.protocols import train_spec as ts
 
-from primus.backends.torchtitan import cpu_compat, data
+from primus.backends.torchtitan import data, patches
 from primus.backends.torchtitan.flavors import DEEPSEEK_V3, LLAMA3, QWEN3
 
 
@@ -87,7 +87,7 @@ def _build_metrics(job_config, parallel_dims, model_args=None, tag=None):
 
 def _post_parallelize(fn):
     def parallelize(model, parallel_dims, job_config):
-        return cpu_compat.after_parallelize(fn(model, parallel_dims, job_config))
+        return patches.after_parallelize(fn(model, parallel_dims, job_config))
 
     return parallelize
 

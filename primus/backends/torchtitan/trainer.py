@@ -96,10 +96,9 @@ class TorchTitanTrainer(Trainer):
 
         import torch
 
-        if ctx.device == "cpu":
-            from primus.backends.torchtitan import cpu_compat
+        from primus.backends.torchtitan import patches
 
-            cpu_compat.enable()
+        patches.apply(ctx.device)  # TorchTitan's upstream workarounds (patches/__init__.py)
         from primus.backends.torchtitan import spec
         from torchtitan.config import ConfigManager
         from torchtitan.train import Trainer as TTTrainer

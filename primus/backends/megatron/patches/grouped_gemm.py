@@ -5,6 +5,10 @@ which calls `grouped_gemm.ops.gmm(a, b, batch_sizes, trans_b)` from the separate
 package is absent, this module answers the same call with torch's own grouped matmul (`torch._grouped_mm`, one
 kernel over all experts on sm90+ GPUs, with autograd) and, elsewhere (CPU, older GPUs, unaligned shapes), with one
 matmul per expert: the same numbers, slower.
+
+Applied on another megatron-core version too (with the registry's warning): it fills a slot megatron leaves empty
+(`grouped_gemm_util.grouped_gemm is None`) and touches nothing when the package is there; a changed call
+contract fails loudly at the first MoE forward rather than computing something else.
 """
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ import logging
 import types
 
 import torch
+
+from primus.backends.megatron.args import PINNED_MCORE
+from primus.patches.registry import Conditions, Workaround, pin
 
 log = logging.getLogger("primus.megatron")
 
@@ -65,7 +72,7 @@ def path() -> str:
             "failed": "per-expert matmul"}.get(_torch_path["state"], "per-expert matmul")
 
 
-def install() -> bool:
+def install(_cond: Conditions = None) -> bool:
     """Point megatron's grouped_gemm_util at `gmm` when the grouped_gemm package is missing. Returns whether it
     did."""
     from megatron.core.transformer.moe import grouped_gemm_util as gg
@@ -76,3 +83,20 @@ def install() -> bool:
     gg.grouped_gemm = types.SimpleNamespace(ops=ops, __name__="primus.backends.megatron.grouped_gemm")
     gg.ops = ops
     return True
+
+
+def _local_grouped_mlp(cond: Conditions) -> bool:
+    """The local spec builds GroupedMLP: an MoE model with moe_grouped_gemm, without Transformer Engine layers."""
+    tc = cond.args.get("transformer_config", {})
+    return cond.args.get("layer_spec") != "te" and bool(tc.get("num_moe_experts")) and bool(tc.get("moe_grouped_gemm"))
+
+
+WORKAROUNDS = (
+    Workaround(
+        "megatron.moe.grouped_gemm_fallback",
+        "megatron.core.transformer.moe.grouped_gemm_util.grouped_gemm / .ops (GroupedMLP's gmm)",
+        "without the separate grouped_gemm package GroupedMLP has no GEMM to call and fails to build",
+        (pin("megatron-core", PINNED_MCORE),),
+        "MoE with moe.moe_grouped_gemm=true on the local spec (no Transformer Engine), grouped_gemm package absent",
+        _local_grouped_mlp, install, every_run=True),
+)

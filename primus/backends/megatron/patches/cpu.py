@@ -1,8 +1,9 @@
 """Run megatron-core 0.16.1's real training code on CPU (gloo), for CI machines without a GPU.
 
 megatron-core has no CPU mode. Its modules, optimizer, DDP wrapper and pipeline schedules are device-agnostic
-except for a handful of CUDA-only spots; this module redirects exactly those, and is used only when no GPU is
-present (`enable()` is never called on a GPU machine). Upstream behaviours worked around:
+except for a handful of CUDA-only spots; this module redirects exactly those, and is used only when the run's
+device is the CPU (a GPU machine refuses it). Each item is registered as one or more workarounds (`WORKAROUNDS`,
+applied by `primus.backends.megatron.patches.apply`). Upstream behaviours worked around:
 
 1. `torch.cuda.current_device()` passed as `device=` (global memory buffer, DDP grad/param buffers, tensor-parallel
    mappings and layers, pipeline p2p buffers) and hard-coded `device="cuda"` / `'cuda'` in the FP32/mixed-precision
@@ -14,7 +15,8 @@ present (`enable()` is never called on a GPU machine). Upstream behaviours worke
    -> its two state helpers are replaced by CPU-generator equivalents, so forked RNG regions keep their meaning.
 3. Type-string assertions: the mixed-precision optimizer accepts only 'torch.cuda.{Half,BFloat16,Float}Tensor'
    params, and grad clipping asserts 'torch.cuda.FloatTensor' grads.
-   -> those two entry points run with `Tensor.type()` answering the CUDA name for CPU tensors (scoped to the call).
+   -> grad clipping and megatron's optimizer factory (`get_megatron_optimizer`, which builds the mixed-precision
+   optimizer) run with `Tensor.type()` answering the CUDA name for CPU tensors (scoped to the call).
 4. dist_checkpointing / parallel_state call `torch.cuda.synchronize()`; MoE shared experts and the alltoall token
    dispatcher create side CUDA streams and events. -> through (1): synchronize is a no-op, streams and events are
    stand-ins whose waits and records do nothing (CPU ops already run in program order).
@@ -33,6 +35,9 @@ present (`enable()` is never called on a GPU machine). Upstream behaviours worke
 Not worked around (capability_issues reports them before launch): the distributed optimizer (asserts CUDA
 tensors throughout), Transformer Engine specs, fp8/fp4. Sequence parallel does run: the stock torch norm asserts
 it off, but spec.py's RMSNorm (used on every device without TE) supports it.
+
+Every item is pinned to megatron-core 0.16.1 and applied on a version mismatch too (with the registry's warning):
+without them megatron-core cannot train on CPU at all, and each one replaces a CUDA call by its CPU meaning.
 """
 from __future__ import annotations
 
@@ -45,9 +50,11 @@ from typing import Any
 
 import torch
 
+from primus.backends.megatron.args import PINNED_MCORE
+from primus.patches.registry import Conditions, Workaround, pin
+
 _FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint", "as_tensor",
               "zeros_like", "ones_like", "empty_like", "full_like")
-_enabled = False
 
 
 def _cpu_device(dev: Any) -> Any:
@@ -244,28 +251,35 @@ def _patch_loaded_modules() -> int:
     return n
 
 
-def enable() -> None:
-    """Install the redirections (idempotent). Call after the megatron modules in use are imported; call again
-    after importing more (`refresh()`), since only loaded modules are rebound."""
-    global _enabled, _PROXY
+def _torch_proxy(_cond: Conditions) -> int:
+    """(1), (4): rebind `torch` in the megatron.core modules loaded now; `refresh()` covers later imports."""
+    global _PROXY
     if torch.cuda.is_available():
-        raise RuntimeError("cpu_compat is for machines without a GPU; a GPU is present")
+        raise RuntimeError("megatron's CPU redirections are for machines without a GPU; a GPU is present")
     if _PROXY is None:
         _PROXY = _TorchOnCpu()
+    from megatron.core.optimizer import clip_grads, optimizer  # noqa: F401 - loaded, so rebound here
+    from megatron.core.tensor_parallel import random  # noqa: F401
 
-    from megatron.core.optimizer import clip_grads, optimizer
+    return _patch_loaded_modules()
+
+
+def _jit_helpers_eager(_cond: Conditions) -> None:
+    """(7); with training.compile the compile workarounds (compile.py) turn dynamo back on."""
+    torch._dynamo.config.disable = True
+
+
+def _rng_tracker(_cond: Conditions) -> None:
     from megatron.core.tensor_parallel import random as mp_random
 
-    _patch_loaded_modules()
-    if _enabled:
-        return
-    torch._dynamo.config.disable = True
     # A forked region swaps the CPU generator here, which megatron then reports as "CPU RNG state changed
     # within GPU RNG context" on every fork: expected on CPU, so that logger is quietened.
     logging.getLogger(mp_random.__name__).setLevel(logging.ERROR)
     mp_random._get_cuda_rng_state = _cpu_rng_get
     mp_random._set_cuda_rng_state = _cpu_rng_set
 
+
+def _moe_split_sizes(_cond: Conditions) -> None:
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
     to_cpu = moe_utils.maybe_move_tensor_to_cpu
@@ -278,17 +292,75 @@ def enable() -> None:
     moe_utils.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
     token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
 
+
+def _tied_embedding_copy(_cond: Conditions) -> None:
     from megatron.core.models.common.language_module.language_module import LanguageModule
 
     LanguageModule.setup_embeddings_and_output_layer = _in_cpu_scope(
         LanguageModule.setup_embeddings_and_output_layer, tensors_stay_on_cpu)
 
+
+def _clip_grad_type_check(_cond: Conditions) -> None:
+    from megatron.core.optimizer import clip_grads, optimizer
+
     clip = _in_cpu_scope(clip_grads.clip_grad_by_total_norm_fp32, cuda_type_names)
     clip_grads.clip_grad_by_total_norm_fp32 = clip
     optimizer.clip_grad_by_total_norm_fp32 = clip
-    _enabled = True
+
+
+def _optimizer_type_check(_cond: Conditions) -> None:
+    import megatron.core.optimizer as mopt
+
+    mopt.get_megatron_optimizer = _in_cpu_scope(mopt.get_megatron_optimizer, cuda_type_names)
 
 
 def refresh() -> int:
-    """Rebind `torch` in megatron modules imported since enable(); returns how many were rebound."""
-    return _patch_loaded_modules() if _enabled else 0
+    """Rebind `torch` in megatron modules imported since the redirections were applied; returns how many."""
+    return _patch_loaded_modules() if _PROXY is not None else 0
+
+
+def _cpu_run(cond: Conditions) -> bool:
+    return cond.device == "cpu"
+
+
+_MCORE = (pin("megatron-core", PINNED_MCORE),)
+
+WORKAROUNDS = (
+    Workaround(
+        "megatron.cpu.torch_proxy",
+        "torch.cuda.current_device() / device='cuda' / torch.cuda.synchronize / CUDA streams and events inside "
+        "megatron.core modules (global memory buffer, DDP buffers, TP layers, p2p, optimizers, dist_checkpointing, "
+        "MoE dispatcher)",
+        "CUDA-only calls and hard-coded 'cuda' devices fail on a machine without a GPU (items 1 and 4)",
+        _MCORE, "device is CPU", _cpu_run, _torch_proxy, every_run=True),
+    Workaround(
+        "megatron.cpu.jit_helpers_eager",
+        "megatron.core.jit.jit_fuser (torch.compile on SwiGLU with probs, fused cross entropy)",
+        "each helper compiles per shape on CPU: seconds of compile for no gain (item 7)",
+        _MCORE, "device is CPU", _cpu_run, _jit_helpers_eager, every_run=True),
+    Workaround(
+        "megatron.cpu.rng_tracker",
+        "megatron.core.tensor_parallel.random._get_cuda_rng_state / _set_cuda_rng_state",
+        "the model-parallel RNG tracker saves and restores CUDA generator states (item 2)",
+        _MCORE, "device is CPU", _cpu_run, _rng_tracker),
+    Workaround(
+        "megatron.cpu.moe_split_sizes",
+        "megatron.core.transformer.moe.moe_utils.maybe_move_tensor_to_cpu (and token_dispatcher's binding)",
+        "CPU split sizes are not turned into numpy, and all_to_all_single rejects tensors as split sizes (item 5)",
+        _MCORE, "device is CPU", _cpu_run, _moe_split_sizes),
+    Workaround(
+        "megatron.cpu.tied_embedding_copy",
+        "megatron.core.models.common.language_module.LanguageModule.setup_embeddings_and_output_layer",
+        "with tied embeddings and pp > 1 the last stage's copy is moved with weight.data.cuda() (item 6)",
+        _MCORE, "device is CPU", _cpu_run, _tied_embedding_copy),
+    Workaround(
+        "megatron.cpu.clip_grad_type_check",
+        "megatron.core.optimizer.clip_grads.clip_grad_by_total_norm_fp32 (and optimizer's binding)",
+        "asserts grads are 'torch.cuda.FloatTensor' (item 3)",
+        _MCORE, "device is CPU", _cpu_run, _clip_grad_type_check),
+    Workaround(
+        "megatron.cpu.optimizer_type_check",
+        "megatron.core.optimizer.get_megatron_optimizer (the mixed-precision optimizer it builds)",
+        "accepts only 'torch.cuda.{Half,BFloat16,Float}Tensor' params (item 3)",
+        _MCORE, "device is CPU", _cpu_run, _optimizer_type_check),
+)

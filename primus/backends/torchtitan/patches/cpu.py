@@ -1,7 +1,8 @@
 """Every CPU-only redirection the TorchTitan backend needs, in one place (never active on a GPU).
 
 TorchTitan 0.2.2 assumes an accelerator. With torch 2.13 CPU it trains once these upstream behaviours are
-worked around:
+worked around (each item is a registered workaround, `WORKAROUNDS`, applied by
+`primus.backends.torchtitan.patches.apply`):
 
 1. Device type: `torchtitan.tools.utils` resolves `device_type` / `device_module` at import time and falls back to
    "cuda" / torch.cuda when no accelerator is found; several modules copy both names at import. We point them
@@ -18,6 +19,9 @@ worked around:
 5. MoE token counts: TorchTitan's router and token reorderer count tokens per expert with `torch.histc` on the
    int64 expert indices; CPU histc has no integer kernel. Inside `torchtitan.models.moe.moe` only, histc of an
    integer tensor is computed on a float copy and cast back (counts are exact: far below 2**24).
+
+All are applied on a version mismatch too (with the registry's warning): without them TorchTitan cannot train on
+CPU at all, and each one gives a CUDA-only call its CPU meaning.
 """
 from __future__ import annotations
 
@@ -27,7 +31,10 @@ from types import SimpleNamespace
 
 import torch
 
-_ENABLED = False
+from primus.backends.torchtitan import PINNED_VERSION
+from primus.patches.registry import TORCH, Conditions, Workaround, pin
+
+_SUM_REDUCTION = False  # (4) on: after_parallelize switches FSDP units to SUM
 
 # torchtitan modules that bind `device_type` / `device_module` at import time
 _DEVICE_MODULES = (
@@ -96,36 +103,50 @@ class _TorchWithIntegerHistc:
         return torch.histc(input.float(), *args, **kwargs).to(input.dtype)
 
 
-def enable() -> None:
-    """Apply (1)-(3) and (5) in this process. Idempotent; call before building torchtitan's Trainer."""
-    global _ENABLED
-    if _ENABLED:
-        return
+def _device_type(_cond: Conditions) -> None:
+    """(1)"""
+    import importlib
+
+    for name in _DEVICE_MODULES:
+        mod = importlib.import_module(name)
+        if hasattr(mod, "device_type"):
+            mod.device_type = "cpu"
+
+
+def _memory_monitor(_cond: Conditions) -> None:
+    """(2)"""
     import importlib
 
     module = _CpuDeviceModule()
     for name in _DEVICE_MODULES:
         mod = importlib.import_module(name)
-        if hasattr(mod, "device_type"):
-            mod.device_type = "cpu"
         if hasattr(mod, "device_module"):
             mod.device_module = module
+
+
+def _pg_timeouts(_cond: Conditions) -> None:
+    """(3)"""
     import torchtitan.distributed.utils as dist_utils
 
     dist_utils.set_pg_timeouts = _set_pg_timeouts
+
+
+def _fsdp_sum_reduction(_cond: Conditions) -> None:
+    """(4): switched on here, done per model by `after_parallelize` (the train spec's parallelize function)."""
+    global _SUM_REDUCTION
+    _SUM_REDUCTION = True
+
+
+def _integer_histc(_cond: Conditions) -> None:
+    """(5)"""
     import torchtitan.models.moe.moe as moe
 
     moe.torch = _TorchWithIntegerHistc()
-    _ENABLED = True
-
-
-def enabled() -> bool:
-    return _ENABLED
 
 
 def after_parallelize(model: torch.nn.Module) -> torch.nn.Module:
     """(4) SUM instead of PREMUL_SUM for every FSDP unit; a no-op off CPU or without FSDP."""
-    if not _ENABLED:
+    if not _SUM_REDUCTION:
         return model
     from torch.distributed.fsdp import FSDPModule
 
@@ -133,3 +154,40 @@ def after_parallelize(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(m, FSDPModule):
             m.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def _cpu_run(cond: Conditions) -> bool:
+    return cond.device == "cpu"
+
+
+_TT = pin("torchtitan", PINNED_VERSION)
+
+WORKAROUNDS = (
+    Workaround(
+        "torchtitan.cpu.device_type",
+        "torchtitan.tools.utils.device_type (copied at import by components.metrics, distributed.utils, "
+        "distributed.parallel_dims, tools.profiling)",
+        "falls back to 'cuda' when no accelerator is found (item 1)",
+        (_TT,), "device is CPU", _cpu_run, _device_type),
+    Workaround(
+        "torchtitan.cpu.memory_monitor",
+        "torchtitan.tools.utils.device_module (and its copies) as used by DeviceMemoryMonitor",
+        "falls back to torch.cuda; torch.cpu has no get_device_name / get_device_properties / memory_stats / "
+        "reset_peak_memory_stats / empty_cache (item 2)",
+        (_TT,), "device is CPU", _cpu_run, _memory_monitor),
+    Workaround(
+        "torchtitan.cpu.pg_timeouts_barrier",
+        "torchtitan.distributed.utils.set_pg_timeouts",
+        "barrier(device_ids=[current_device()]): c10d rejects device ids for a CPU / gloo group (item 3)",
+        (_TT,), "device is CPU", _cpu_run, _pg_timeouts),
+    Workaround(
+        "torchtitan.cpu.fsdp_sum_reduction",
+        "TorchTitan's FSDP2 setup (gradient divide factor 1.0) -> reduce-scatter with PREMUL_SUM",
+        "gloo has no PREMUL_SUM (item 4)",
+        (_TT, pin("torch", *TORCH)), "device is CPU", _cpu_run, _fsdp_sum_reduction),
+    Workaround(
+        "torchtitan.cpu.moe_integer_histc",
+        "torch.histc on int64 expert indices in torchtitan.models.moe.moe (router, token reorderer)",
+        "CPU histc has no integer kernel (item 5)",
+        (_TT, pin("torch", *TORCH)), "device is CPU", _cpu_run, _integer_histc),
+)

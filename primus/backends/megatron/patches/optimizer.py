@@ -13,12 +13,17 @@ Upstream behaviour worked around (megatron-core 0.16.1, `megatron/core/utils.py`
 Profiled on the H200 (2026-11-29, megatron bf16, 515 ms step): ~10 ms of kernels (norm, mul, device copies, bf16
 copies: 400 launches) plus the syncs. The replacements compute the same values with `torch._foreach_*` (a few
 multi-tensor kernels, no host sync); `install()` swaps them in only where megatron bound its local fallbacks.
+That guard makes it safe on another megatron-core version too: it applies there (with the registry's warning) and
+replaces nothing unless it finds megatron's own fallback functions bound.
 """
 from __future__ import annotations
 
 from typing import List
 
 import torch
+
+from primus.backends.megatron.args import PINNED_MCORE
+from primus.patches.registry import Conditions, Workaround, pin
 
 
 def l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
@@ -42,7 +47,7 @@ def scale(chunk_size, noop_flag, tensor_lists, factor):
         torch._foreach_copy_(dst, torch._foreach_mul(src, factor))
 
 
-def install() -> List[str]:
+def install(_cond: Conditions = None) -> List[str]:
     """Swap in the foreach versions where megatron uses its local fallbacks; returns the module.names replaced."""
     from megatron.core import utils
     from megatron.core.optimizer import clip_grads, optimizer
@@ -58,3 +63,15 @@ def install() -> List[str]:
         elif getattr(mod, name, None) is ours:
             done.append(f"{mod.__name__.rsplit('.', 1)[-1]}.{name}")
     return done
+
+
+WORKAROUNDS = (
+    Workaround(
+        "megatron.optimizer.foreach_multi_tensor",
+        "megatron.core.utils.local_multi_tensor_l2_norm / local_multi_tensor_scale as bound by optimizer.clip_grads "
+        "and optimizer.optimizer",
+        "without TE / apex, per-parameter Python loops: one device-to-host sync per parameter for the grad norm, a "
+        "temporary and a second pass per tensor for scaling",
+        (pin("megatron-core", PINNED_MCORE),), "megatron bound its local fallbacks (no TE / apex)", lambda _c: True,
+        install, every_run=True),
+)

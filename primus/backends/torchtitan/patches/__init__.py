@@ -1,0 +1,32 @@
+"""Every TorchTitan workaround of this backend, registered as data and applied by one `apply()`.
+
+Each entry (a `primus.patches.registry.Workaround`) names the upstream behaviour it works around, the versions it
+was written against (torchtitan 0.2.2; torch where the behaviour is torch's) and when it applies; `apply()` checks
+the installed versions and says so in the log when they differ.
+
+  cpu.py  CPU only: device type, memory monitor, process-group timeouts, FSDP's reduce op on gloo, integer histc
+
+Not here, because they are features (primus' kernels or behaviour put into TorchTitan on a user's request):
+turbo.py (model converters swapping in turbo modules), spec.py (our train specs and flavors in TorchTitan's
+registry), checkpoint.py (non-finite guard, NaN test hook).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from primus.patches.registry import Conditions, apply_all
+
+from . import cpu
+from .cpu import after_parallelize
+
+WORKAROUNDS = cpu.WORKAROUNDS
+
+__all__ = ["WORKAROUNDS", "apply", "after_parallelize"]
+
+
+def apply(device: str) -> Dict[str, Any]:
+    """Apply the workarounds that hold for this run (`device`: "cpu" | "cuda") before TorchTitan's Trainer is
+    built. Returns {name: result}."""
+    import torch
+
+    return apply_all(WORKAROUNDS, Conditions(device=device, rocm=torch.version.hip is not None))
