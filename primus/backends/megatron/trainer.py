@@ -102,8 +102,9 @@ class MegatronTrainer(Trainer):
         from megatron.core.transformer.module import Float16Module
 
         from primus.backends.megatron import data as mdata
-        from primus.backends.megatron import multi_tensor, recompute_ids, spec, upstream_fixes
+        from primus.backends.megatron import multi_tensor, spec, upstream_fixes
         from primus.backends.megatron.init import layout_independent_init
+        from primus.features import recompute
 
         upstream_fixes.apply()
         self.multi_tensor_swaps = multi_tensor.install()
@@ -163,7 +164,7 @@ class MegatronTrainer(Trainer):
 
                 self.tuned_linears = getattr(self, "tuned_linears", 0) + tuned_gemm.apply(model)
             if a["recompute_layer_ids"]:
-                recompute_ids.apply(model, a["recompute_layer_ids"])
+                recompute.apply(model, a["recompute_layer_ids"])
             if a["turbo_loss"]:
                 self.turbo_loss = perf.turbo_loss(model) or getattr(self, "turbo_loss", False)
             if a["compile"]:
