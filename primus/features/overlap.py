@@ -1,5 +1,9 @@
 """The overlap feature: communication hidden behind compute (gradient reduce, parameter gather, pipeline p2p, TP
-collectives), see primus/features/__init__.py."""
+collectives), see primus/features/__init__.py.
+
+Applied by megatron-core itself from the arguments `megatron()` maps (DDP, optimizer and pipeline schedule), with
+the schedules' grad / param sync hooks wired by the megatron trainer (trainer.py: _wire_sync_hooks) as Megatron-LM's
+training loop wires them; by TorchTitan from `parallelism.enable_async_tensor_parallel`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
