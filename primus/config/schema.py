@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
-
-from primus.features.backend import Backend, Device, LayerSpec, Mode  # noqa: E402
+from primus.features.backend import Backend, Device, LayerSpec, Mode
 
 
 class FP8Format(str, Enum):
