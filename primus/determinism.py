@@ -10,7 +10,7 @@ import random
 from typing import Dict
 
 from primus.config.schema import PrimusConfig
-from primus.config.validate import deterministic_on
+from primus.features.training import deterministic_on
 
 DETERMINISTIC_ENV = {
     "PRIMUS_DETERMINISTIC": "1",

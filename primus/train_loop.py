@@ -160,41 +160,42 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
                                       "slurm_restart_count": resumed.get("slurm_restart_count", 0)}
         result["first_step"] = start
         result["last_step"] = start - 1
-        gemm_recording.__enter__()
-        for step in range(start, t.train_iters + 1):
-            prof.before_step(step)
-            fault_injection.maybe_oom(step)
-            t0 = time.perf_counter()
-            r = trainer.train_step(step)
-            dt = time.perf_counter() - t0
-            prof.after_step(step)
-            line = meter.step(step, r.loss, r.grad_norm, r.lr, dt, r.skipped, r.loss_scale)
-            for sink in sinks:
-                sink.write(line)
-            if step % t.log_interval == 0 or step == t.train_iters:
-                _say(ctx, line.format(t.train_iters))
-            result["last_step"] = step
-            bad = [(n, v) for n, v in (("loss", r.loss), ("grad_norm", r.grad_norm)) if not is_finite(v)]
-            if bad:
-                what = ", ".join(f"{n}={v}" for n, v in bad)
-                if cfg.training.on_nonfinite.value == "stop":
-                    raise NonFiniteError(f"non-finite {what} at step {step}; stopping (training.on_nonfinite=stop)")
-                done = "update skipped" if r.skipped else "the backend did NOT skip the update"
-                _say(ctx, f"[primus] non-finite {what} at step {step}: {done} (training.on_nonfinite=skip)")
-                result.setdefault("nonfinite_steps", []).append(
-                    {"step": step, **{n: str(v) for n, v in bad}, "skipped": r.skipped})
-            last = step == t.train_iters
-            if ckpt.due(step, last):
-                ckpt.save(step)
-            if not last and preempt.requested(step):
-                if ckpt.last_saved_step != step:
+        # a `with`, so that a step that raises leaves the GEMM-recording dispatch mode too: left active, it would
+        # record (and slow) every later torch op of this process
+        with gemm_recording:
+            for step in range(start, t.train_iters + 1):
+                prof.before_step(step)
+                fault_injection.maybe_oom(step)
+                t0 = time.perf_counter()
+                r = trainer.train_step(step)
+                dt = time.perf_counter() - t0
+                prof.after_step(step)
+                line = meter.step(step, r.loss, r.grad_norm, r.lr, dt, r.skipped, r.loss_scale)
+                for sink in sinks:
+                    sink.write(line)
+                if step % t.log_interval == 0 or step == t.train_iters:
+                    _say(ctx, line.format(t.train_iters))
+                result["last_step"] = step
+                bad = [(n, v) for n, v in (("loss", r.loss), ("grad_norm", r.grad_norm)) if not is_finite(v)]
+                if bad:
+                    what = ", ".join(f"{n}={v}" for n, v in bad)
+                    if cfg.training.on_nonfinite.value == "stop":
+                        raise NonFiniteError(f"non-finite {what} at step {step}; stopping (training.on_nonfinite=stop)")
+                    done = "update skipped" if r.skipped else "the backend did NOT skip the update"
+                    _say(ctx, f"[primus] non-finite {what} at step {step}: {done} (training.on_nonfinite=skip)")
+                    result.setdefault("nonfinite_steps", []).append(
+                        {"step": step, **{n: str(v) for n, v in bad}, "skipped": r.skipped})
+                last = step == t.train_iters
+                if ckpt.due(step, last):
                     ckpt.save(step)
-                result["preempted"] = {"signal": preempt.signal_name, "after_step": step,
-                                       "checkpoint": ckpt.saved[-1]}
-                _say(ctx, f"[primus] preempted ({preempt.signal_name}) after step {step}: checkpoint "
-                          f"{ckpt.saved[-1]}; resume with checkpoint.resume=auto in this run dir")
-                break
-        gemm_recording.__exit__(None, None, None)
+                if not last and preempt.requested(step):
+                    if ckpt.last_saved_step != step:
+                        ckpt.save(step)
+                    result["preempted"] = {"signal": preempt.signal_name, "after_step": step,
+                                           "checkpoint": ckpt.saved[-1]}
+                    _say(ctx, f"[primus] preempted ({preempt.signal_name}) after step {step}: checkpoint "
+                              f"{ckpt.saved[-1]}; resume with checkpoint.resume=auto in this run dir")
+                    break
         result["status"] = "preempted" if "preempted" in result else "ok"
     except BaseException as e:  # noqa: BLE001 - every ending gets a status in result.json, then re-raised
         result["status"] = "interrupted" if isinstance(e, KeyboardInterrupt) else "oom" if _is_oom(e) else "failed"

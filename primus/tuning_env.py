@@ -10,7 +10,8 @@ import os
 from typing import Dict
 
 from primus.config.schema import PrimusConfig
-from primus.config.validate import deterministic_on, tuning_enabled
+from primus.features.training import deterministic_on
+from primus.features.tuning import tuning_enabled
 
 
 def model_root(cfg: PrimusConfig) -> str:

@@ -58,7 +58,7 @@ def test_wandb_missing_is_a_config_error(monkeypatch):
     import importlib.util
     import types
 
-    from primus.config.validate import wandb_installed
+    from primus.features.logging import wandb_installed
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))

@@ -12,6 +12,8 @@ from primus.backends.torchtitan.jobconfig_keys import (
     FLAVOR_KEY, UnknownTorchTitanKey, installed_version, runtime_problems, static_problems,
 )
 from primus.context import RunContext
+from primus.features.data import JSONL_DATASET, SYNTHETIC_DATASET
+from primus.features.training import NO_CLIP
 
 TT = ["backend=torchtitan"]
 GPU1 = RunContext(device="cuda", world_size=1, run_dir="/tmp/r")
@@ -54,7 +56,7 @@ def keys_of(issues):
     ("training.micro_batch_size=2", "training", "local_batch_size", 2),
     ("training.global_batch_size=16", "training", "global_batch_size", 16),
     ("training.clip_grad=0.5", "training", "max_norm", 0.5),
-    ("training.clip_grad=0", "training", "max_norm", A.NO_CLIP),
+    ("training.clip_grad=0", "training", "max_norm", NO_CLIP),
     ("training.lr=1e-4", "optimizer", "lr", 1e-4),
     ("training.weight_decay=0.01", "optimizer", "weight_decay", 0.01),
     ("training.adam_beta2=0.99", "optimizer", "beta2", 0.99),
@@ -132,10 +134,10 @@ def test_no_float8_without_fp8():
 
 def test_jsonl_data_and_local_tokenizer(tmp_path):
     args, issues = build(["data=jsonl", f"data.path={tmp_path}/d", f"data.tokenizer={tmp_path}/tok"])
-    assert args["training"]["dataset"] == A.JSONL_DATASET
+    assert args["training"]["dataset"] == JSONL_DATASET
     assert args["training"]["dataset_path"] == f"{tmp_path}/d"
     assert args["model"]["hf_assets_path"] == f"{tmp_path}/tok"
-    assert build()[0]["training"]["dataset"] == A.SYNTHETIC_DATASET
+    assert build()[0]["training"]["dataset"] == SYNTHETIC_DATASET
 
 
 # ------------------------------------------------------------------------------------------- models and flavors

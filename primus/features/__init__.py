@@ -6,7 +6,8 @@ Each module (`precision`, `recompute`, `turbo`, `moe`, `parallel`, `overlap`, `m
 - its config dataclass and enums (the Hydra group's schema; field names are the guide's);
 - its rules, registered with `@rule` below and run by `primus.config.validate.validate`;
 - its mapping to each backend: `megatron(cfg, ctx)` (megatron-core arguments, by section) and
-  `torchtitan(cfg, ctx)` (TorchTitan JobConfig keys), read by `primus/backends/<name>/args.py`;
+  `torchtitan(cfg, ctx)` (TorchTitan JobConfig keys), read by `primus/backends/<name>/args.py`; and what each
+  backend, as installed, cannot honour: `megatron_issues(cfg, ctx)` / `torchtitan_issues(cfg, ctx)`;
 - its in-model application where one exists.
 
 Facts that several rules or mappings need (which fp8 recipe runs on which backend and device, which Turbo flag
@@ -58,3 +59,9 @@ def merged(parts: Iterable[Dict[str, Any]], where: str = "") -> Dict[str, Any]:
 def backend_mapping(backend: str, cfg, ctx) -> Dict[str, Any]:
     """Merge `<backend>(cfg, ctx)` of every feature module that maps to this backend."""
     return merged(getattr(m, backend)(cfg, ctx) for m in modules() if hasattr(m, backend))
+
+
+def backend_issues(backend: str, cfg, ctx) -> List[Any]:
+    """Every feature's `<backend>_issues(cfg, ctx)`: what this backend, as installed, and this device cannot honour
+    (run by the backend's capability_issues, after the generic rules passed)."""
+    return [i for m in modules() if hasattr(m, f"{backend}_issues") for i in getattr(m, f"{backend}_issues")(cfg, ctx)]

@@ -1,1 +1,181 @@
-"""The training feature: its config, rules and backend mapping (see primus/features/__init__.py)."""
+"""The training feature: batch, steps, optimizer, schedule, seed, compile and deterministic mode (see
+primus/features/__init__.py)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+
+from primus.config.errors import ConfigIssue
+from primus.features import rule
+
+
+class Optimizer(str, Enum):
+    adam = "adam"  # decoupled weight decay (AdamW), as megatron-core's "adam"
+    adamw = "adamw"
+    sgd = "sgd"
+
+
+class LRDecay(str, Enum):  # after the linear warm-up, from lr down to min_lr
+    constant = "constant"  # (stays at lr)
+    linear = "linear"
+    cosine = "cosine"
+
+
+class NonFiniteAction(str, Enum):
+    skip = "skip"  # drop the update, keep training
+    stop = "stop"  # end the run with status failed
+
+
+@dataclass
+class TrainingConfig:
+    micro_batch_size: int = 4  # sequences per forward per rank
+    global_batch_size: int = 8  # sequences per optimizer step (all dp ranks, all micro batches)
+    seq_length: int = 128  # tokens per sequence
+    train_iters: int = 30  # optimizer steps
+    optimizer: Optimizer = Optimizer.adamw
+    lr: float = 3e-3  # peak learning rate
+    min_lr: float = 3e-4  # final learning rate of the decay
+    lr_warmup_iters: int = 2  # linear warm-up steps (0 or < train_iters)
+    lr_decay_style: LRDecay = LRDecay.cosine
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0  # max global grad norm; 0 = off
+    init_method_std: float = 0.02  # weight init std
+    seed: int = 1234
+    compile: bool = False  # torch.compile (per transformer block)
+    deterministic: bool = False  # PRIMUS_DETERMINISTIC: bitwise reruns; no compile, no tuning
+    log_interval: int = 1  # steps between log lines
+    timing_warmup_steps: int = 3  # steps left out of step-time statistics
+    on_nonfinite: NonFiniteAction = NonFiniteAction.stop  # loss or grad norm NaN/inf
+
+
+def deterministic_on(cfg) -> bool:
+    return cfg.training.deterministic or os.environ.get("PRIMUS_DETERMINISTIC") == "1"
+
+
+@rule
+def training_values(cfg, ctx):
+    t, out = cfg.training, []
+    if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
+        out.append(ConfigIssue(["training.lr", "training.min_lr"], [t.lr, t.min_lr], "need 0 <= min_lr <= lr, lr > 0", "fix the rates"))
+    if not 0 <= t.seed < 2 ** 32:  # numpy's seed range (megatron and torchtitan seed numpy too)
+        out.append(ConfigIssue(["training.seed"], t.seed, "must be in 0..2^32-1", "use a non-negative seed, e.g. 1234"))
+    if not (0 <= t.adam_beta1 < 1 and 0 <= t.adam_beta2 < 1):
+        out.append(ConfigIssue(["training.adam_beta1", "training.adam_beta2"], [t.adam_beta1, t.adam_beta2],
+                               "Adam's betas are decay rates in [0, 1)", "e.g. 0.9 and 0.95"))
+    for k, v in (("adam_eps", t.adam_eps), ("weight_decay", t.weight_decay), ("clip_grad", t.clip_grad)):
+        if v < 0:
+            out.append(ConfigIssue([f"training.{k}"], v, "must be >= 0" + (" (0 = off)" if k == "clip_grad" else ""),
+                                   f"set training.{k} to 0 or more"))
+    if t.init_method_std <= 0:
+        out.append(ConfigIssue(["training.init_method_std"], t.init_method_std, "a standard deviation must be > 0",
+                               "e.g. 0.02"))
+    if t.lr_warmup_iters and t.lr_warmup_iters >= t.train_iters:
+        # the schedulers need warm-up to end before the decay does (megatron asserts warmup < decay steps)
+        out.append(ConfigIssue(["training.lr_warmup_iters", "training.train_iters"], t.lr_warmup_iters,
+                               f"warm-up must be 0 or shorter than the run (train_iters={t.train_iters})",
+                               f"set training.lr_warmup_iters to 0..{max(t.train_iters - 1, 0)}"))
+    return out
+
+
+@rule
+def deterministic_mode(cfg, ctx):
+    from primus.features.tuning import tuning_enabled
+
+    if not deterministic_on(cfg):
+        return []
+    out = []
+    if cfg.training.compile:
+        out.append(ConfigIssue(["training.deterministic", "training.compile"], True,
+                               "deterministic mode (PRIMUS_DETERMINISTIC) turns torch.compile off",
+                               "set training.compile=false, or turn deterministic mode off"))
+    if cfg.tuning.enabled or (cfg.tuning.enabled is None and tuning_enabled(cfg) and cfg.tuning.stage > 0):
+        out.append(ConfigIssue(["training.deterministic", "tuning.enabled", "tuning.stage"],
+                               {"enabled": tuning_enabled(cfg), "stage": cfg.tuning.stage},
+                               "deterministic mode turns GEMM tuning off",
+                               "drop tuning.enabled / PRIMUS_HIPBLASLT_TUNING, or turn deterministic mode off"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- megatron-core
+
+
+def megatron(cfg, ctx) -> dict:
+    t, mem = cfg.training, cfg.memory
+    # megatron-core's "adam" is AdamW (decoupled weight decay) unless told otherwise: both our names map to it.
+    name = "sgd" if t.optimizer.value == "sgd" else "adam"
+    opt = {"optimizer": name, "lr": t.lr, "min_lr": t.min_lr, "weight_decay": t.weight_decay,
+           "clip_grad": t.clip_grad}
+    if name == "adam":
+        opt.update({"adam_beta1": t.adam_beta1, "adam_beta2": t.adam_beta2, "adam_eps": t.adam_eps,
+                    "decoupled_weight_decay": True})
+    return {
+        "transformer_config": {"init_method_std": t.init_method_std, "deterministic_mode": t.deterministic},
+        "ddp_config": {"check_for_nan_in_grad": False},  # the shared loop checks loss and grad norm itself
+        "optimizer_config": opt,
+        # megatron.core.optimizer_param_scheduler.OptimizerParamScheduler, counted in optimizer steps
+        "scheduler": {
+            "init_lr": 0.0,
+            "max_lr": t.lr,
+            "min_lr": t.min_lr,
+            "lr_warmup_steps": t.lr_warmup_iters,
+            "lr_decay_steps": t.train_iters,
+            "lr_decay_style": t.lr_decay_style.value,
+            "start_wd": t.weight_decay,
+            "end_wd": t.weight_decay,
+            "wd_incr_steps": t.train_iters,
+            "wd_incr_style": "constant",
+        },
+        "schedule": {"micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
+                     "seq_length": t.seq_length},
+        # perf.py: torch.compile per TransformerLayer; torch AdamW switched to its fused kernel (no TE/apex)
+        "compile": bool(t.compile),
+        "fused_adamw": t.optimizer.value != "sgd" and not mem.use_precision_aware_optimizer,
+        "seed": t.seed,
+    }
+
+
+# ------------------------------------------------------------------------------------------- TorchTitan
+
+NO_CLIP = 1.0e30  # TorchTitan always clips; max_norm 0 would zero every gradient, so "off" is a huge norm
+
+
+def torchtitan(cfg, ctx) -> dict:
+    from primus.features.parallel import torchtitan_batches
+
+    t = cfg.training
+    local_batch, _ = torchtitan_batches(cfg, ctx)
+    lr_min_factor = 1.0 if t.lr_decay_style == LRDecay.constant else (t.min_lr / t.lr if t.lr else 0.0)
+    return {
+        "training": {"local_batch_size": local_batch, "global_batch_size": t.global_batch_size,
+                     "seq_len": t.seq_length, "max_norm": t.clip_grad if t.clip_grad > 0 else NO_CLIP,
+                     "steps": t.train_iters},
+        "optimizer": {
+            "name": "AdamW",  # ours: adam = decoupled weight decay, as megatron-core's "adam"
+            "lr": t.lr, "beta1": t.adam_beta1, "beta2": t.adam_beta2, "eps": t.adam_eps,
+            "weight_decay": t.weight_decay,
+            # fused AdamW runs on CPU tensors too in torch >= 2.4; foreach on CPU is the safer common path
+            "implementation": "fused" if ctx.device == "cuda" else "foreach",
+        },
+        "lr_scheduler": {
+            "warmup_steps": t.lr_warmup_iters,
+            "decay_type": "cosine" if t.lr_decay_style == LRDecay.cosine else "linear",
+            "min_lr_factor": lr_min_factor,
+        },
+        "compile": {"enable": t.compile, "components": ["model", "loss"]},
+        "debug": {"seed": t.seed, "deterministic": t.deterministic},
+    }
+
+
+def torchtitan_issues(cfg, ctx) -> list:
+    t, out = cfg.training, []
+    if t.optimizer == Optimizer.sgd:
+        out.append(ConfigIssue(["training.optimizer"], "sgd", "torchtitan 0.2.2 builds Adam and AdamW only",
+                               "use adamw"))
+    if t.init_method_std != TrainingConfig.init_method_std:
+        out.append(ConfigIssue(["training.init_method_std"], t.init_method_std,
+                               "torchtitan's models fix their init (0.02, depth-scaled)", "leave it at 0.02"))
+    return out

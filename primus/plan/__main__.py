@@ -15,7 +15,8 @@ def main(argv=None) -> int:
     from primus.config.schema import PrimusConfig, register
     from primus.context import RunContext, world_size_of
     from primus.config.errors import ConfigError
-    from primus.config.validate import plan_values, validate
+    from primus.config.validate import validate
+    from primus.features.plan import plan_values
     from primus.plan import run_plan
 
     register()

@@ -101,8 +101,9 @@ class MegatronTrainer(Trainer):
         from megatron.core.transformer.module import Float16Module
 
         from primus.backends.megatron import data as mdata
-        from primus.backends.megatron import patches, recompute_ids, spec
+        from primus.backends.megatron import patches, spec
         from primus.backends.megatron.init import layout_independent_init
+        from primus.features import recompute
 
         cpu = ctx.device == "cpu"
         applied = patches.apply(ctx.device, a)  # megatron-core's upstream workarounds (patches/__init__.py)
@@ -154,7 +155,7 @@ class MegatronTrainer(Trainer):
 
                 self.tuned_linears = getattr(self, "tuned_linears", 0) + tuned_gemm.apply(model)
             if a["recompute_layer_ids"]:
-                recompute_ids.apply(model, a["recompute_layer_ids"])
+                recompute.apply(model, a["recompute_layer_ids"])
             if a["turbo_loss"]:
                 self.turbo_loss = perf.turbo_loss(model) or getattr(self, "turbo_loss", False)
             if a["compile"]:

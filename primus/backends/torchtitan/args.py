@@ -20,41 +20,19 @@ from typing import Any, Dict, List
 from primus.backends.torchtitan import flavors
 from primus.backends.torchtitan.jobconfig_keys import FLAVOR_KEY, TURBO_KEY, installed_version, static_problems
 from primus.config.errors import ConfigIssue
-from primus.config.schema import (
-    ACMode, DataKind, Dtype, FP8Format, FP8Recipe, LRDecay, Optimizer, PrimusConfig, RecomputeGranularity,
-    MemoryConfig, OverlapConfig, PrecisionConfig, RecomputeConfig, TrainingConfig, TurboConfig,
-)
-from primus.context import RunContext, data_parallel_size
-
-SYNTHETIC_DATASET = "primus_synthetic"  # registered by data.py in TorchTitan's dataset table
-JSONL_DATASET = "primus_jsonl"
-NO_CLIP = 1.0e30  # TorchTitan always clips; max_norm 0 would zero every gradient, so "off" is a huge norm
+from primus.config.schema import Dtype, FP8Format, FP8Recipe, PrimusConfig, PrecisionConfig, TurboConfig
+from primus.context import RunContext
+from primus.features import backend_issues, backend_mapping, merged
 
 # The delayed recipe's settings: megatron's, and the turbo fp8 linear's under turbo.use_turbo_float8_linear.
 DELAYED_KEYS = ("fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo")
-# Our fields that only megatron-core reads: setting them under backend=torchtitan would have no effect.
+# Our fields that only megatron-core reads: setting them under backend=torchtitan would have no effect (the
+# features' own lists are their MEGATRON_ONLY, checked by their torchtitan_issues).
 _MEGATRON_ONLY = {
-    "recompute": (RecomputeConfig, ["recompute_method", "recompute_num_layers", "recompute_layer_ids",
-                                    "recompute_modules"]),
-    "overlap": (OverlapConfig, ["overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm",
-                                "async_tensor_model_parallel_allreduce", "align_grad_reduce",
-                                "align_param_gather", "bucket_size"]),
-    "memory": (MemoryConfig, ["use_distributed_optimizer", "optimizer_cpu_offload", "optimizer_offload_fraction",
-                              "use_precision_aware_optimizer", "empty_unused_memory_level"]),
     "precision": (PrecisionConfig, [*DELAYED_KEYS, "fp4", "first_last_layers_bf16", "num_layers_at_start_in_bf16",
                                     "num_layers_at_end_in_bf16"]),
     "turbo": (TurboConfig, ["grouped_gemm_fp8"]),  # TorchTitan's MoE experts have no fp8 grouped GEMM here
 }
-
-
-def _ac_mode(r: RecomputeConfig) -> str:
-    if r.activation_checkpoint_mode is not None:
-        return r.activation_checkpoint_mode.value
-    if r.recompute_granularity == RecomputeGranularity.selective:
-        return ACMode.selective.value
-    if r.recompute_granularity == RecomputeGranularity.full:
-        return ACMode.full.value
-    return ACMode.none.value
 
 
 def _float8(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any]:
@@ -241,20 +219,26 @@ def _mixed_precision_dropped(cfg: PrimusConfig, ctx: RunContext, issues: List[Co
                                   "precision.bf16=false precision.mixed_precision_param=float32"))
 
 
+def megatron_only_issues(cfg: PrimusConfig, group: str, cls, keys) -> List[ConfigIssue]:
+    """Settings of `group` that only megatron-core reads, set away from their defaults under backend=torchtitan."""
+    out, section = [], getattr(cfg, group)
+    for k in keys:
+        value, default = getattr(section, k), cls.__dataclass_fields__[k]
+        default = default.default_factory() if callable(default.default_factory) else default.default
+        if value != default:
+            out.append(ConfigIssue([f"{group}.{k}"], getattr(value, "value", value),
+                                   "megatron-core only: torchtitan 0.2.2 has no such setting",
+                                   f"leave {group}.{k} at its default ({default!r}) or use backend=megatron"))
+    return out
+
+
 def _unhonoured(cfg: PrimusConfig, issues: List[ConfigIssue]) -> None:
     turbo_delayed = _turbo_fp8(cfg) and cfg.precision.fp8_recipe == FP8Recipe.delayed  # _turbo_float8 reads them
     for group, (cls, keys) in _MEGATRON_ONLY.items():
-        section = getattr(cfg, group)
-        for k in keys:
-            if turbo_delayed and group == "precision" and k in DELAYED_KEYS:
-                continue
-            value, default = getattr(section, k), cls.__dataclass_fields__[k]
-            default = default.default_factory() if callable(default.default_factory) else default.default
-            if value != default:
-                issues.append(ConfigIssue([f"{group}.{k}"], getattr(value, "value", value),
-                                          "megatron-core only: torchtitan 0.2.2 has no such setting",
-                                          f"leave {group}.{k} at its default ({default!r}) or use backend=megatron"))
-    p, t, m = cfg.precision, cfg.training, cfg.model
+        if turbo_delayed and group == "precision":
+            keys = [k for k in keys if k not in DELAYED_KEYS]
+        issues.extend(megatron_only_issues(cfg, group, cls, keys))
+    p, m = cfg.precision, cfg.model
     if p.fp16:
         issues.append(ConfigIssue(["precision.fp16"], True, "torchtitan 0.2.2 has no fp16 (loss-scaled) training",
                                   "use precision=bf16"))
@@ -268,39 +252,11 @@ def _unhonoured(cfg: PrimusConfig, issues: List[ConfigIssue]) -> None:
     if p.mixed_precision_reduce != Dtype.float32:
         issues.append(ConfigIssue(["precision.mixed_precision_reduce"], p.mixed_precision_reduce.value,
                                   "torchtitan 0.2.2 reduces gradients in float32 only", "use float32"))
-    if t.optimizer == Optimizer.sgd:
-        issues.append(ConfigIssue(["training.optimizer"], "sgd", "torchtitan 0.2.2 builds Adam and AdamW only",
-                                  "use adamw"))
-    if t.init_method_std != TrainingConfig.init_method_std:
-        issues.append(ConfigIssue(["training.init_method_std"], t.init_method_std,
-                                  "torchtitan's models fix their init (0.02, depth-scaled)", "leave it at 0.02"))
     if m.cross_entropy_loss_fusion:
         issues.append(ConfigIssue(["model.cross_entropy_loss_fusion"], True,
                                   "torchtitan 0.2.2 has no fused cross entropy", "set false"))
-    if cfg.data.kind == DataKind.indexed:
-        issues.append(ConfigIssue(["data.kind"], "indexed",
-                                  "torchtitan reads text datasets, not megatron .bin/.idx", "use data=jsonl or synthetic"))
     par = cfg.parallel
-    if par.tensor_model_parallel_size > 1 and not par.sequence_parallel:
-        issues.append(ConfigIssue(["parallel.sequence_parallel", "parallel.tensor_model_parallel_size"], False,
-                                  "torchtitan's tensor parallel plan always shards norms over tp (sequence parallel)",
-                                  "set parallel.sequence_parallel=true"))
-    if par.virtual_pipeline_model_parallel_size and m.num_layers % (
-            par.pipeline_model_parallel_size * par.virtual_pipeline_model_parallel_size):
-        issues.append(ConfigIssue(["parallel.virtual_pipeline_model_parallel_size"],
-                                  par.virtual_pipeline_model_parallel_size,
-                                  "layers must split evenly over pp x vpp stages", "pick a divisor of num_layers"))
-    tp, cp = par.tensor_model_parallel_size, par.context_parallel_size
-    if cfg.overlap.enable_async_tensor_parallel and (tp == 1 or not t.compile):
-        issues.append(ConfigIssue(["overlap.enable_async_tensor_parallel", "parallel.tensor_model_parallel_size",
-                                  "training.compile"], {"tp": tp, "compile": t.compile},
-                                  "torchtitan's async TP needs tp > 1 and torch.compile of the model",
-                                  "set tp > 1 and training.compile=true, or turn async TP off"))
-    divisor = tp * (2 * cp if cp > 1 else 1)
-    if cfg.training.seq_length % divisor:
-        issues.append(ConfigIssue(["training.seq_length"], cfg.training.seq_length,
-                                  f"torchtitan needs seq_len divisible by tp x 2cp = {divisor}",
-                                  f"use a multiple of {divisor}"))
+    tp = par.tensor_model_parallel_size
     if p.fp8 is not None and tp > 1 and not _turbo_fp8(cfg):
         # 0.2.2's llama3 parallelize looks for a converter named "float8", but the converter is registered as
         # "quantize.linear.float8": its float8 TP plan would never be applied to the float8 linears
@@ -308,112 +264,38 @@ def _unhonoured(cfg: PrimusConfig, issues: List[ConfigIssue]) -> None:
                                   "torchtitan 0.2.2 does not apply its float8 tensor-parallel plan",
                                   "use float8 with FSDP only (tp=1), turbo=torchtitan_fp8 (the turbo fp8 linear "
                                   "runs under TP), or drop fp8"))
-    if par.expert_model_parallel_size > 1 and not m.num_experts:
-        issues.append(ConfigIssue(["parallel.expert_model_parallel_size"], par.expert_model_parallel_size,
-                                  "expert parallelism has no effect on a dense model", "set 1"))
     if m.tie_word_embeddings and (par.tensor_model_parallel_size > 1 or par.pipeline_model_parallel_size > 1) \
             and not m.num_experts and not m.qk_layernorm:
         issues.append(ConfigIssue(["model.tie_word_embeddings"], True,
                                   "Primus ties llama3 embeddings for FSDP/DDP/single-device only",
                                   "untie, or set tp=1 and pp=1"))
-    if cfg.memory.enable_cpu_offload and cfg.device.value == "cpu":
-        issues.append(ConfigIssue(["memory.enable_cpu_offload", "device"], True,
-                                  "FSDP CPU offload needs a GPU", "set it false on CPU"))
-    if _ac_mode(cfg.recompute) == "selective":
-        opt = cfg.recompute.selective_ac_option
-        if opt != "op" and not opt.isdigit():
-            issues.append(ConfigIssue(["recompute.selective_ac_option"], opt, "must be 'op' or an integer",
-                                      "use op or e.g. 2"))
 
 
 def _map(cfg: PrimusConfig, ctx: RunContext):
+    """(the job config, the issues found building it): this module's sections merged with every feature's
+    `torchtitan()`, and this module's issues with every feature's `torchtitan_issues()`."""
     issues: List[ConfigIssue] = []
     flavor = flavors.build_flavor(cfg)
     issues += flavor.issues
     _unhonoured(cfg, issues)
     _mixed_precision_dropped(cfg, ctx, issues)
-    t, par, p = cfg.training, cfg.parallel, cfg.precision
-    dp = data_parallel_size(cfg, ctx.world_size) or 1
-    pp = par.pipeline_model_parallel_size
-    if pp > 1:
-        # megatron's micro batches all go through the pipeline in one step: TorchTitan's local batch is the whole
-        # per-dp-rank batch, split into pipeline microbatches of micro_batch_size
-        local_batch = max(1, t.global_batch_size // dp)
-        pp_micro = t.micro_batch_size
-    else:
-        local_batch, pp_micro = t.micro_batch_size, 1
+    issues += backend_issues("torchtitan", cfg, ctx)
+    p = cfg.precision
     f8 = _float8(cfg, issues)
-    turbo_converters, turbo_settings, turbo_async_tp = _turbo(cfg, issues)
-    data = cfg.data
-    training: Dict[str, Any] = {
-        "dataset": SYNTHETIC_DATASET if data.kind == DataKind.synthetic else JSONL_DATASET,
-        "local_batch_size": local_batch,
-        "global_batch_size": t.global_batch_size,
-        "seq_len": t.seq_length,
-        "max_norm": t.clip_grad if t.clip_grad > 0 else NO_CLIP,
-        "steps": t.train_iters,
-        "enable_cpu_offload": cfg.memory.enable_cpu_offload,
-        "mixed_precision_param": p.mixed_precision_param.value,
-        "mixed_precision_reduce": p.mixed_precision_reduce.value,
-        "dataloader": {"num_workers": data.num_workers},
-    }
-    if data.kind == DataKind.jsonl and data.path:
-        training["dataset_path"] = os.path.abspath(data.path)
-    model: Dict[str, Any] = {"name": flavor.spec, "flavor": flavor.name,
-                             "converters": turbo_converters + f8["converters"]}
-    if data.kind == DataKind.jsonl and data.tokenizer:
-        model["hf_assets_path"] = os.path.abspath(data.tokenizer)
-    lr_min_factor = 1.0 if t.lr_decay_style == LRDecay.constant else (t.min_lr / t.lr if t.lr else 0.0)
-    parallelism: Dict[str, Any] = {
-        "data_parallel_shard_degree": par.data_parallel_shard_degree,
-        "data_parallel_replicate_degree": par.data_parallel_replicate_degree,
-        "tensor_parallel_degree": par.tensor_model_parallel_size,
-        "enable_async_tensor_parallel": cfg.overlap.enable_async_tensor_parallel or turbo_async_tp,
-        "pipeline_parallel_degree": pp,
-        "pipeline_parallel_microbatch_size": pp_micro,
-        "pipeline_parallel_schedule": "Interleaved1F1B" if par.virtual_pipeline_model_parallel_size else "1F1B",
-        "context_parallel_degree": par.context_parallel_size,
-        "expert_parallel_degree": par.expert_model_parallel_size,
-    }
-    if par.virtual_pipeline_model_parallel_size:
-        parallelism["pipeline_parallel_layers_per_stage"] = cfg.model.num_layers // (
-            pp * par.virtual_pipeline_model_parallel_size)
+    turbo_converters, turbo_settings, _ = _turbo(cfg, issues)  # (async TP: the overlap feature's key)
     run_dir = os.path.abspath(ctx.run_dir)
     args: Dict[str, Any] = {
         "job": {"dump_folder": os.path.join(run_dir, "torchtitan"), "description": f"primus {cfg.model.name}"},
-        "metrics": {
-            # TorchTitan computes the global loss only on logging steps; the shared loop needs it every step
-            # (our MetricsProcessor subclass in spec.py records instead of printing)
-            "log_freq": 1, "enable_tensorboard": False, "enable_wandb": False, "disable_color_printing": True,
-        },
-        "model": model,
-        "optimizer": {
-            "name": "AdamW",  # ours: adam = decoupled weight decay, as megatron-core's "adam"
-            "lr": t.lr, "beta1": t.adam_beta1, "beta2": t.adam_beta2, "eps": t.adam_eps,
-            "weight_decay": t.weight_decay,
-            # fused AdamW runs on CPU tensors too in torch >= 2.4; foreach on CPU is the safer common path
-            "implementation": "fused" if ctx.device == "cuda" else "foreach",
-        },
-        "lr_scheduler": {
-            "warmup_steps": t.lr_warmup_iters,
-            "decay_type": "cosine" if t.lr_decay_style == LRDecay.cosine else "linear",
-            "min_lr_factor": lr_min_factor,
-        },
-        "training": training,
-        "parallelism": parallelism,
-        "checkpoint": {"enable": False},  # checkpointing arrives with issue 9
-        "activation_checkpoint": {"mode": _ac_mode(cfg.recompute),
-                                  "selective_ac_option": cfg.recompute.selective_ac_option},
-        "compile": {"enable": t.compile, "components": ["model", "loss"]},
-        "comm": {"trace_buf_size": 0},  # no flight-recorder files in the run dir
-        "debug": {"seed": t.seed, "deterministic": t.deterministic},
+        "model": {"name": flavor.spec, "flavor": flavor.name, "converters": turbo_converters + f8["converters"]},
+        "training": {"mixed_precision_param": p.mixed_precision_param.value,
+                     "mixed_precision_reduce": p.mixed_precision_reduce.value},
         FLAVOR_KEY: flavor.args,
     }
     if f8["quantize"]:
         args["quantize"] = f8["quantize"]
     if turbo_settings is not None:
         args[TURBO_KEY] = turbo_settings
-    return args, issues
+    return merged([args, backend_mapping("torchtitan", cfg, ctx)]), issues
 
 
 def build_args(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:

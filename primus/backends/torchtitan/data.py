@@ -16,7 +16,7 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 
-from primus.backends.torchtitan.args import JSONL_DATASET, SYNTHETIC_DATASET
+from primus.features.data import JSONL_DATASET, SYNTHETIC_DATASET
 
 
 class SyntheticTokens(IterableDataset, Stateful):
