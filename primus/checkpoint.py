@@ -564,19 +564,9 @@ class CheckpointManager:
     # ------------------------------------------------------------------ resume
     def precheck(self) -> None:
         """Before the trainer is built: an explicit resume path must at least look like a whole checkpoint."""
-        r = self.c.resume
-        if r in (None, "", "auto"):
-            return
-        path = os.path.abspath(r)
-        try:
-            meta = read_meta(path)
-        except CheckpointError as e:
-            raise _config_error(path, str(e)) from e
-        problems = check_sizes(path, meta)
-        if meta["backend"] != self.backend:
-            problems.append(f"written by backend {meta['backend']}, this run is backend {self.backend}")
-        if problems:
-            raise _config_error(path, f"checkpoint {path}: " + "; ".join(problems))
+        problem = resume_path_problem(self.c.resume, self.backend)
+        if problem:
+            raise _config_error(os.path.abspath(self.c.resume), problem)
 
     def resume(self) -> Optional[Dict[str, Any]]:
         """Restore the checkpoint that checkpoint.resume names (after trainer.setup). Returns what was restored:
@@ -647,6 +637,22 @@ class CheckpointManager:
                 return path, skipped
             skipped.append((path, "; ".join(problems)))
         return None, skipped
+
+
+def resume_path_problem(resume: Optional[str], backend: str) -> Optional[str]:
+    """Why an explicit `checkpoint.resume` path is not a whole checkpoint of this backend (the cheap checks: meta,
+    file sizes, backend; the crc32 pass runs at load), or None. Also run by validation, so a dry run says it."""
+    if resume in (None, "", "auto"):
+        return None
+    path = os.path.abspath(resume)
+    try:
+        meta = read_meta(path)
+    except CheckpointError as e:
+        return str(e)
+    problems = check_sizes(path, meta)
+    if meta["backend"] != backend:
+        problems.append(f"written by backend {meta['backend']}, this run is backend {backend}")
+    return f"checkpoint {path}: " + "; ".join(problems) if problems else None
 
 
 def requeued_slurm_job() -> bool:

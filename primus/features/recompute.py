@@ -83,6 +83,27 @@ def recompute_layer_ids(cfg, ctx):
     return out
 
 
+# megatron-core 0.16.1's selective-recompute modules (TransformerConfig.__post_init__'s allowed set)
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+@rule
+def recompute_modules_known(cfg, ctx):
+    r = cfg.recompute
+    if r.recompute_granularity is None or r.recompute_granularity.value != "selective":
+        return []
+    out = []
+    bad = [m for m in r.recompute_modules if m not in RECOMPUTE_MODULES]
+    if bad:  # megatron asserts this only once the model is being built, after the heavy imports
+        out.append(ConfigIssue(["recompute.recompute_modules"], bad, "not a selective-recompute module",
+                               "use some of " + ", ".join(RECOMPUTE_MODULES)))
+    if "mla_up_proj" in r.recompute_modules and not cfg.model.multi_latent_attention:
+        out.append(ConfigIssue(["recompute.recompute_modules", "model.multi_latent_attention"], "mla_up_proj",
+                               "mla_up_proj recomputes multi-latent attention's up projections",
+                               "drop mla_up_proj, or use an MLA model (model.multi_latent_attention=true)"))
+    return out
+
+
 @rule
 def recompute_method_needs_full(cfg, ctx):
     r = cfg.recompute
