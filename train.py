@@ -17,23 +17,42 @@ from primus.config.schema import register
 register()
 
 
+# One exit-code table for every way a run ends (docs/launching.md), whatever the launcher or process count.
+EXIT_OK = 0
+EXIT_FAILED = 1  # an error during the run: result.json says which
+EXIT_BAD_CONFIG = 2  # refused before anything started: the message names each key, value and fix
+EXIT_PREEMPTED = 75  # stopped by a signal with a checkpoint: resume me (EX_TEMPFAIL, "try again later")
+_entered = False  # Hydra's own compose errors exit 1 before main() runs; they are config errors too
+
+
 def main(cfg: DictConfig):
+    global _entered
+    _entered = True
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from primus.config.errors import ConfigError
     from primus.run import run
 
+    sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        return run(cfg)
+        status = run(cfg)
     except ConfigError as e:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
+        if sweep:
             raise  # a sweep records the failed point (primus/sweep.py) and goes on
         print(f"[primus] {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_BAD_CONFIG)
+    if status == "preempted" and not sweep:
+        sys.exit(EXIT_PREEMPTED)
+    return status
 
 
 if __name__ == "__main__":
     sys.argv[1:] = quote_numeric_group_choices(sys.argv[1:])
     conf = None if is_saved_run_dir(sys.argv[1:]) else "conf"
-    hydra.main(config_path=conf, config_name="config", version_base="1.3")(main)()
+    try:
+        hydra.main(config_path=conf, config_name="config", version_base="1.3")(main)()
+    except SystemExit as e:
+        if e.code == EXIT_FAILED and not _entered:
+            sys.exit(EXIT_BAD_CONFIG)  # an override Hydra could not compose (unknown key, bad value, no option)
+        raise

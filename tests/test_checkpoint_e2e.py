@@ -14,6 +14,7 @@ import pytest
 
 from test_launch_common import PY, ROOT, load, run_train, tail
 
+PREEMPTED = 75  # train.py's EXIT_PREEMPTED: "resume me"
 SIX = ["training.train_iters=6", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0"]
 
 
@@ -35,7 +36,7 @@ def test_six_steps_equal_three_plus_resume_plus_three(tmp_path, backend):
     # first half: the run is stopped after step 3 (test hook = SIGTERM during step 3) with the 6-step schedule
     p = run_train([f"backend={backend}", *SIX, "checkpoint.interval=3", f"hydra.run.dir={split}"],
                   env={"PRIMUS_INJECT_PREEMPT_AT_STEP": "3"})
-    assert p.returncode == 0, tail(p)
+    assert p.returncode == PREEMPTED, tail(p)
     r1 = _losses(split)
     assert r1["status"] == "preempted" and r1["last_step"] == 3 and len(r1["losses"]) == 3
     assert r1["preempted"]["after_step"] == 3 and r1["checkpoints"] == [str(split / "checkpoints" / "step_000003")]
@@ -79,14 +80,18 @@ def test_six_steps_equal_three_plus_resume_plus_three(tmp_path, backend):
     print(f"{backend} 6 vs 3+3: {time.time() - t0:.1f}s")
 
 
-def test_sigterm_finishes_step_checkpoints_and_exits(tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_sigterm_finishes_step_checkpoints_and_exits(tmp_path, nproc):
     """A real SIGTERM to a local run: the current step completes, a checkpoint is written, result.json says
-    preempted, and resume=auto continues from there to the full step count."""
+    preempted, the process exits with the preempted code (with 2 workers too: the launching process forwards the
+    signal and waits; it used to exit 1 with torch elastic's SignalException), and resume=auto continues from
+    there to the full step count."""
     t0 = time.time()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     env.pop("RANK", None)
-    args = ["backend=torchtitan", "training.train_iters=12", "training.lr_warmup_iters=0", f"hydra.run.dir={tmp_path}"]
+    args = ["backend=torchtitan", "training.train_iters=12", "training.lr_warmup_iters=0", f"hydra.run.dir={tmp_path}",
+            f"launcher.nproc_per_node={nproc}"]
     proc = subprocess.Popen([PY, "train.py", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     out = []
@@ -101,13 +106,15 @@ def test_sigterm_finishes_step_checkpoints_and_exits(tmp_path):
         if proc.poll() is None:
             proc.kill()
     text = "".join(out) + rest
-    assert proc.returncode == 0, text[-3000:]
+    assert proc.returncode == PREEMPTED, text[-3000:]
     assert "caught SIGTERM" in text
     r = load(tmp_path / "result.json")
     assert r["status"] == "preempted" and r["preempted"]["signal"] == "SIGTERM", r.get("error")
     stopped = r["last_step"]
     assert 2 <= stopped < 12 and len(r["losses"]) == stopped
     assert os.path.isdir(tmp_path / "checkpoints" / f"step_{stopped:06d}")
+    if nproc > 1:
+        return  # resuming is the same as with one process (the 6 vs 3+3 tests)
 
     p = run_train([*args, "checkpoint.resume=auto"])
     assert p.returncode == 0, tail(p)

@@ -5,7 +5,9 @@ starts `launcher.nproc_per_node` workers that share its run dir; rank 0 alone wr
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import uuid
 from typing import Any, Dict, Optional
@@ -40,7 +42,39 @@ def launch_local(cfg_yaml: str, run_dir: str, nproc: int, meta: Dict[str, Any], 
         max_restarts=0,
         monitor_interval=0.5,
         start_method="spawn",
+        # SIGTERM is forwarded to the workers (forward_preemption_signals), not turned into a SignalException
+        signals_to_handle="SIGINT,SIGHUP,SIGQUIT",
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    results = elastic_launch(lc, worker)(cfg_yaml, run_dir, meta)
+    with forward_preemption_signals():
+        results = elastic_launch(lc, worker)(cfg_yaml, run_dir, meta)
     return results.get(0)
+
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+@contextlib.contextmanager
+def forward_preemption_signals():
+    """A preemption signal sent to this launching process goes to the workers, which finish their step,
+    checkpoint and end as `preempted` (primus/preemption.py); this process then waits for them and exits with the
+    preempted code like a single-process run. torch elastic would otherwise turn SIGTERM into a SignalException
+    here (exit 1 with a traceback) and kill the workers mid-step: the launch config tells it to leave SIGTERM
+    alone."""
+
+    def forward(signum, frame):
+        import psutil
+
+        for child in psutil.Process().children():
+            try:
+                if "spawn_main" in " ".join(child.cmdline()):  # the workers, not multiprocessing's helpers
+                    child.send_signal(signum)
+            except psutil.Error:
+                pass
+
+    saved = {s: signal.signal(s, forward) for s in PREEMPTION_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
