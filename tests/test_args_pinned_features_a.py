@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 from conftest import compose_cfg  # noqa: E402
 from primus.config.errors import ConfigError  # noqa: E402
 from primus.context import RunContext  # noqa: E402
@@ -66,9 +66,9 @@ def _composed(overrides):
 
 
 def observe(overrides, ctx):
-    """What a dry run sees for these overrides: validate's issues, the backend's arguments (and TorchTitan's mapping
-    issues)."""
-    from primus.backends import backend_args
+    """What a dry run sees for these overrides: validate's issues, the backend's arguments, and the backend's
+    capability issues on their own (validate reports them only once every other rule passes)."""
+    from primus.backends import backend_args, capability_issues
     from primus.config.validate import validate
 
     cfg = copy.deepcopy(_composed(tuple(overrides)))
@@ -77,17 +77,9 @@ def observe(overrides, ctx):
         verdict = []
     except ConfigError as e:
         verdict = _issues(e.issues)
-    out = {"validate": verdict}
     cfg = copy.deepcopy(_composed(tuple(overrides)))
-    if cfg.backend.name.value == "torchtitan":
-        from primus.backends.torchtitan.args import _map
-
-        args, issues = _map(cfg, ctx)
-        out["mapping_issues"] = _issues(issues)
-    else:
-        args = backend_args(cfg, ctx)
-    out["args"] = _plain(args)
-    return out
+    return {"validate": verdict, "args": _plain(backend_args(cfg, ctx)),
+            "capability": _issues(capability_issues(cfg, ctx))}
 
 
 def snapshot():
@@ -118,4 +110,6 @@ if __name__ == "__main__":
     with open(SNAPSHOT, "w") as f:
         json.dump(snapshot(), f, indent=1, sort_keys=True)
         f.write("\n")
-    print("wrote", SNAPSHOT)
+    import primus
+
+    print("wrote", SNAPSHOT, "from", primus.__file__)

@@ -440,10 +440,6 @@ def count_modules(model) -> Dict[str, int]:
 
 def check_swapped(flags: Dict[str, Any], swaps: Dict[str, int]) -> List[str]:
     """The enabled flags that swapped nothing anywhere (a ConfigError for the trainer)."""
-    missing = []
-    for key in ("use_turbo_attention", "use_turbo_rms_norm", "use_turbo_parallel_linear",
-                "use_turbo_fused_act_with_probs", "use_turbo_grouped_gemm", "moe_use_fused_router_with_aux_score",
-                "moe_permute_fusion"):
-        if flags.get(key) and not swaps.get(key):
-            missing.append(key)
-    return missing
+    from primus.features.turbo import megatron_swaps
+
+    return [key for key in megatron_swaps() if flags.get(key) and not swaps.get(key)]
