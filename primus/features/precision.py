@@ -134,6 +134,11 @@ PORTABLE_FP8_RECIPES = recipes(provider="portable")  # what primus/turbo/fp8_lin
 PORTABLE_AMAX_ALGOS = ("max", "most_recent")  # the delayed recipe's precision.fp8_amax_compute_algo values
 
 
+def preset(recipe: str) -> str:
+    """The conf/precision preset of an fp8 recipe."""
+    return recipe if recipe.startswith("mx") else f"fp8_{recipe}"
+
+
 def gpu_has(gpus: str, kind: str, capability: Tuple[int, int] = (0, 0), gcn_arch: str = "") -> bool:
     """Whether a GPU (kind "cuda" or "rocm", its compute capability / gcnArchName) belongs to the class GPUS[gpus]."""
     if kind == "cuda":
@@ -258,35 +263,33 @@ def first_last_layers_bf16(cfg, ctx):
     return out
 
 
-@rule
-def fp8_weight_cache_setting(cfg, ctx):
-    v = cfg.precision.fp8_weight_cache
-    if v is None:
+def _megatron_fp8_option(cfg, key: str, off: tuple, needs: str, torchtitan_why: str) -> List[ConfigIssue]:
+    """A switch of megatron's portable fp8 path: it needs precision.fp8, and TorchTitan has no such path."""
+    v = getattr(cfg.precision, key)
+    if v in off:
         return []
     if cfg.precision.fp8 is None:
-        return [ConfigIssue(["precision.fp8_weight_cache", "precision.fp8"], v,
-                            "caches the fp8 casts of weights: needs precision.fp8", "set precision=fp8, or drop it")]
+        return [ConfigIssue([f"precision.{key}", "precision.fp8"], v, needs, "set precision=fp8, or drop it")]
     if v and cfg.backend.name.value != "megatron":
-        # FSDP's unsharded weights reuse buffers, so a cast keyed by storage could serve another layer's weight
-        return [ConfigIssue(["precision.fp8_weight_cache", "backend.name"], True,
-                            "the fp8 weight cache is the megatron backend's (TorchTitan's FSDP all-gathers weights "
-                            "into reused buffers)", "drop precision.fp8_weight_cache, or use backend=megatron")]
+        return [ConfigIssue([f"precision.{key}", "backend.name"], True, torchtitan_why,
+                            f"drop precision.{key}, or use backend=megatron")]
     return []
+
+
+@rule
+def fp8_weight_cache_setting(cfg, ctx):
+    # FSDP's unsharded weights reuse buffers, so a cast keyed by storage could serve another layer's weight
+    return _megatron_fp8_option(cfg, "fp8_weight_cache", (None,), "caches the fp8 casts of weights: needs precision.fp8",
+                                "the fp8 weight cache is the megatron backend's (TorchTitan's FSDP all-gathers "
+                                "weights into reused buffers)")
 
 
 @rule
 def fp8_fused_mlp_setting(cfg, ctx):
-    v = cfg.precision.fp8_fused_mlp
-    if not v:  # null: wherever it applies (fp8_fused_mlp below); false: off
-        return []
-    if cfg.precision.fp8 is None:
-        return [ConfigIssue(["precision.fp8_fused_mlp", "precision.fp8"], v,
-                            "fuses the fp8 MLP's casts: needs precision.fp8", "set precision=fp8, or drop it")]
-    if cfg.backend.name.value != "megatron":
-        return [ConfigIssue(["precision.fp8_fused_mlp", "backend.name"], True,
-                            "the fused fp8 MLP replaces megatron's MLP module (TorchTitan's fp8 is torchao's or "
-                            "turbo.use_turbo_float8_linear)", "drop precision.fp8_fused_mlp, or use backend=megatron")]
-    return []
+    # null: wherever it applies (fp8_fused_mlp below); false: off
+    return _megatron_fp8_option(cfg, "fp8_fused_mlp", (None, False), "fuses the fp8 MLP's casts: needs precision.fp8",
+                                "the fused fp8 MLP replaces megatron's MLP module (TorchTitan's fp8 is torchao's or "
+                                "turbo.use_turbo_float8_linear)")
 
 
 @rule
@@ -559,8 +562,9 @@ def _torchao_float8_issues(cfg) -> List[ConfigIssue]:
         issues.append(ConfigIssue(["precision.fp8_recipe"], recipe.value,
                                   f"torchtitan 0.2.2 (torchao float8) has {', '.join(torchao[:-1])} and "
                                   f"{torchao[-1]} recipes only",
-                                  "use precision=fp8_tensorwise or fp8_rowwise; or turbo=torchtitan_fp8 (the turbo "
-                                  "fp8 linear runs blockwise and delayed too); or backend=megatron"))
+                                  f"use precision={' or '.join(preset(r) for r in torchao)}; or turbo=torchtitan_fp8 "
+                                  f"(the turbo fp8 linear runs {' and '.join(sorted(set(PORTABLE_FP8_RECIPES) - set(torchao)))}"
+                                  " too); or backend=megatron"))
     # torchao's formats are fixed per recipe: tensorwise casts grads to e5m2 (hybrid), rowwise/mxfp8 use e4m3
     want = FP8Format.hybrid if recipe == FP8Recipe.tensorwise else FP8Format.e4m3
     if recipe in (FP8Recipe.tensorwise, FP8Recipe.rowwise) and p.fp8 != want:

@@ -335,7 +335,7 @@ def _turbo_float8_tp_issues(cfg) -> List[ConfigIssue]:
 
 def torchtitan_issues(cfg, ctx) -> List[ConfigIssue]:
     """Turbo flags with backend=torchtitan: what they need, and (unless planned) a provider for each here."""
-    from primus.features.precision import PORTABLE_FP8_RECIPES, FP8Recipe, delayed_recipe_issues
+    from primus.features.precision import PORTABLE_FP8_RECIPES, FP8Recipe, delayed_recipe_issues, preset
 
     t, p, par = cfg.turbo, cfg.precision, cfg.parallel
     issues: List[ConfigIssue] = []
@@ -345,8 +345,8 @@ def torchtitan_issues(cfg, ctx) -> List[ConfigIssue]:
         if p.fp8_recipe.value not in PORTABLE_FP8_RECIPES:
             issues.append(ConfigIssue(["turbo.use_turbo_float8_linear", "precision.fp8_recipe"], p.fp8_recipe.value,
                                       f"the turbo fp8 linear runs recipes {list(PORTABLE_FP8_RECIPES)}",
-                                      "pick one of those (precision=fp8_tensorwise, fp8_delayed, fp8_rowwise, "
-                                      "fp8_blockwise), or turbo.use_turbo_float8_linear=false"))
+                                      f"pick one of those (precision={', '.join(preset(r) for r in PORTABLE_FP8_RECIPES)}),"
+                                      " or turbo.use_turbo_float8_linear=false"))
         if p.fp8_recipe == FP8Recipe.delayed:
             issues.extend(delayed_recipe_issues(p))
         for k in ("float8_enable_fsdp_float8_all_gather", "float8_precompute_float8_dynamic_scale_for_fsdp"):

@@ -9,8 +9,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
-
 
 def apply() -> None:
     from megatron.core.transformer.moe import moe_utils
@@ -20,5 +18,7 @@ def apply() -> None:
 
     from megatron.core.transformer import multi_latent_attention as mla
 
-    if importlib.util.find_spec("transformer_engine") is None:
+    from primus.features.precision import te_available
+
+    if not te_available():
         mla.HAVE_TE = False
