@@ -96,7 +96,8 @@ RECIPES = (
     ("fp8", "blockwise", "megatron", "te", "fp8"),
     ("fp8", "blockwise", "megatron", "portable", "fp8"),
     ("fp8", "blockwise", "torchtitan", "portable", "fp8"),
-    # torchtitan 0.2.2's MXLinearConverter asserts CUDA sm100+ or ROCm gfx950+ (no emulation)
+    # MX GEMMs: TE's MXFP8 recipe and torchtitan 0.2.2's MXLinearConverter (torchao) need CUDA sm100+ or ROCm
+    # gfx950+; neither emulates them, and the portable fp8 linear has no MX path
     ("fp8", "mxfp8", "megatron", "te", "mx"),
     ("fp8", "mxfp8", "torchtitan", "torchao", "mx"),
     ("fp4", "nvfp4", "megatron", "te", "nvfp4"),

@@ -8,7 +8,6 @@ are megatron-core 0.16.1's own keyword names.
 from __future__ import annotations
 
 import importlib.util
-import os
 from functools import lru_cache
 from importlib import metadata
 from typing import Any, Dict, List, Optional
@@ -17,14 +16,9 @@ from primus.config.errors import ConfigIssue
 from primus.config.schema import PrimusConfig
 from primus.context import RunContext, data_parallel_size
 from primus.features import backend_mapping, merged, modules
-# The features' megatron mappings, importable from here as before
-from primus.features.model import (  # noqa: F401
-    activation_fusion, moe_layer_freq, padded_vocab_size, rope_fusion, turbo_loss,
-)
-from primus.features.precision import (  # noqa: F401
-    fp8_backend, fp8_fused_mlp, fp8_weight_cache, portable_fp8_available, te_available,
-)
-from primus.features.turbo import turbo_args  # noqa: F401
+from primus.features.model import activation_fusion, turbo_loss  # noqa: F401 - read from here by the planner
+from primus.features.precision import fp8_weight_cache, portable_fp8_available, te_available  # noqa: F401
+from primus.features.turbo import turbo_args  # noqa: F401 - read from here by the planner
 
 PINNED_MCORE = "0.16.1"
 
