@@ -312,7 +312,8 @@ def low_precision_recipe_for_backend(cfg, ctx):
                                f"backend {b} runs fp8 recipes {sorted(allowed)}", fix))
     if p.fp4 is not None and not recipes("fp4", backend=b):
         out.append(ConfigIssue(["precision.fp4", "backend.name"], p.fp4.value,
-                               f"backend {b} has no fp4 training path", "use backend=megatron with Transformer Engine, or drop fp4"))
+                               f"backend {b} has no fp4 training path",
+                               "use backend=megatron with Transformer Engine, or drop fp4"))
     return out
 
 
@@ -559,13 +560,13 @@ def _torchao_float8_issues(cfg) -> List[ConfigIssue]:
     if recipe == FP8Recipe.mxfp8:
         return issues
     torchao = recipes(backend="torchtitan", provider="torchao")
+    only_turbo = " and ".join(sorted(set(PORTABLE_FP8_RECIPES) - set(torchao)))
     if recipe.value not in torchao:
         issues.append(ConfigIssue(["precision.fp8_recipe"], recipe.value,
                                   f"torchtitan 0.2.2 (torchao float8) has {', '.join(torchao[:-1])} and "
                                   f"{torchao[-1]} recipes only",
                                   f"use precision={' or '.join(preset(r) for r in torchao)}; or turbo=torchtitan_fp8 "
-                                  f"(the turbo fp8 linear runs {' and '.join(sorted(set(PORTABLE_FP8_RECIPES) - set(torchao)))}"
-                                  " too); or backend=megatron"))
+                                  f"(the turbo fp8 linear runs {only_turbo} too); or backend=megatron"))
     # torchao's formats are fixed per recipe: tensorwise casts grads to e5m2 (hybrid), rowwise/mxfp8 use e4m3
     want = FP8Format.hybrid if recipe == FP8Recipe.tensorwise else FP8Format.e4m3
     if recipe in (FP8Recipe.tensorwise, FP8Recipe.rowwise) and p.fp8 != want:

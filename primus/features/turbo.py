@@ -1,20 +1,20 @@
 """The turbo feature: its config, rules and backend mapping (see primus/features/__init__.py).
 
-Where each flag is applied in the model (the kernels live in primus/turbo/, their providers are chosen by
-primus/turbo/providers.py):
+Where each flag is applied in the model (the kernels live in primus/turbo/, primus/turbo/providers.py picks who
+serves each flag on this machine); megatron: primus/backends/megatron/turbo.py, torchtitan:
+primus/backends/torchtitan/turbo.py:
 
-  flag                                 megatron (primus/backends/megatron/turbo.py)    torchtitan (primus/backends/torchtitan/turbo.py)
-  use_turbo_attention                  swap_spec: TurboSDPAttention                    AttentionConverter: swap_attention
-  use_turbo_rms_norm                   swap_spec: TurboRMSNorm                         -
-  use_turbo_parallel_linear            apply: Column/RowParallelLinear forwards         -
-  use_turbo_grouped_gemm               install: GroupedMLP's gmm                       GroupedGemmConverter: swap_grouped_experts
-  grouped_gemm_fp8                     install: fp8_grouped_gemm                       -
-  moe_use_fused_router_with_aux_score  install: _fused_topk / _fused_aux_scores        -
-  use_turbo_fused_act_with_probs       apply: activation_func_with_probs               -
-  use_turbo_deepep                     megatron's flex dispatcher (DeepEP)             -
-  turbo_sync_free_moe_stage            install: _turbo_permute (sync_free)             -
-  use_turbo_float8_linear              -                                               Float8LinearConverter: swap_float8_linears
-  use_turbo_async_tp                   -                                               TorchTitan's async TP (parallelism)
+  use_turbo_attention                  megatron swap_spec (TurboSDPAttention); torchtitan AttentionConverter
+  use_turbo_rms_norm                   megatron swap_spec (TurboRMSNorm)
+  use_turbo_parallel_linear            megatron apply (Column/RowParallelLinear forwards)
+  use_turbo_grouped_gemm               megatron install (GroupedMLP's gmm); torchtitan GroupedGemmConverter
+  grouped_gemm_fp8                     megatron install (fp8_grouped_gemm)
+  moe_use_fused_router_with_aux_score  megatron install (_fused_topk, _fused_aux_scores)
+  use_turbo_fused_act_with_probs       megatron apply (activation_func_with_probs)
+  use_turbo_deepep                     megatron's flex token dispatcher (DeepEP)
+  turbo_sync_free_moe_stage            megatron install (_turbo_permute: sync_free)
+  use_turbo_float8_linear              torchtitan Float8LinearConverter (swap_float8_linears)
+  use_turbo_async_tp                   torchtitan's own async TP (parallelism.enable_async_tensor_parallel)
 """
 from __future__ import annotations
 
@@ -345,8 +345,8 @@ def torchtitan_issues(cfg, ctx) -> List[ConfigIssue]:
         if p.fp8_recipe.value not in PORTABLE_FP8_RECIPES:
             issues.append(ConfigIssue(["turbo.use_turbo_float8_linear", "precision.fp8_recipe"], p.fp8_recipe.value,
                                       f"the turbo fp8 linear runs recipes {list(PORTABLE_FP8_RECIPES)}",
-                                      f"pick one of those (precision={', '.join(preset(r) for r in PORTABLE_FP8_RECIPES)}),"
-                                      " or turbo.use_turbo_float8_linear=false"))
+                                      f"pick one of those (precision={', '.join(map(preset, PORTABLE_FP8_RECIPES))}), "
+                                      "or turbo.use_turbo_float8_linear=false"))
         if p.fp8_recipe == FP8Recipe.delayed:
             issues.extend(delayed_recipe_issues(p))
         for k in ("float8_enable_fsdp_float8_all_gather", "float8_precompute_float8_dynamic_scale_for_fsdp"):
