@@ -1,9 +1,11 @@
 """`validate(cfg)`: every cross-field rule of the guide, each in one place, run before anything launches.
 
 Each rule is a small function returning ConfigIssues (key, value, rule, fix); `validate` runs them all and raises
-one ConfigError listing every problem. Rules that depend on the installed backend or the device live with the
-backend (`primus/backends/<name>/args.py: capability_issues`) and are run from here too. Normalisations the guide
-asks for (recompute_layer_ids deduplicated and sorted) happen here, in place, so every consumer sees one form.
+one ConfigError listing every problem. The features' rules live in their modules (primus/features/*.py, `@rule`).
+Rules that depend on the installed backend or the device are the backend's `capability_issues`
+(`primus/backends/<name>/args.py`), which adds each feature's `megatron_issues` / `torchtitan_issues`; they are
+run from here too, once the other rules pass. Normalisations the guide asks for (recompute_layer_ids deduplicated
+and sorted) happen here, in place, so every consumer sees one form.
 """
 from __future__ import annotations
 
