@@ -4,6 +4,7 @@ import pytest
 from primus.backends.megatron import args as margs
 from primus.backends.megatron.testing import compose
 from primus.context import RunContext
+from primus.features import precision
 
 CPU = RunContext(device="cpu", world_size=2)
 GPU = RunContext(device="cuda", world_size=2, gpu_name="NVIDIA H200")
@@ -51,7 +52,7 @@ def test_cpu_rejects_what_megatron_cannot_run_without_cuda(overrides, key, words
     (["backend.layer_spec=te"], "backend.layer_spec", "not importable"),
 ])
 def test_gpu_without_te_rejects_te_only_features(overrides, key, words, monkeypatch):
-    monkeypatch.setattr(margs, "portable_fp8_available", lambda recipe=None, planned=False: False)  # as on a GPU without fp8
+    monkeypatch.setattr(precision, "portable_fp8_available", lambda recipe=None, planned=False: False)  # as on a GPU without fp8
     found = issues(*overrides, ctx=GPU)
     assert key in keys_of(found), found
     assert any(words in str(i) for i in found), found
@@ -59,18 +60,18 @@ def test_gpu_without_te_rejects_te_only_features(overrides, key, words, monkeypa
 
 def test_fp8_without_te_names_the_missing_portable_linear(monkeypatch):
     monkeypatch.setattr(margs, "te_available", lambda: False)
-    monkeypatch.setattr(margs, "_importable", lambda name: False)  # no primus.turbo.fp8_linear yet
+    monkeypatch.setattr(precision, "_importable", lambda name: False)  # no primus.turbo.fp8_linear yet
     found = issues("precision=fp8", ctx=GPU)
     assert any("portable fp8 linear is not available yet" in str(i) for i in found), found
     # once the portable linear exists and says yes, fp8 on a GPU without TE is accepted
-    monkeypatch.setattr(margs, "portable_fp8_available", lambda recipe=None, planned=False: True)
+    monkeypatch.setattr(precision, "portable_fp8_available", lambda recipe=None, planned=False: True)
     assert not [i for i in issues("precision=fp8", ctx=GPU) if "precision.fp8" in i.keys]
     assert margs.build_args(compose(["precision=fp8"]), GPU)["fp8_backend"] == "portable"
 
 
 def test_gpu_without_fp8_tensor_cores_is_an_error(monkeypatch):
-    monkeypatch.setattr(margs, "_gpu_has_fp8", lambda: False)
-    monkeypatch.setattr(margs, "portable_fp8_available", lambda recipe=None, planned=False: True)
+    monkeypatch.setattr(precision, "this_gpu", lambda index=0: ("cuda", (8, 0), "", "NVIDIA A100"))
+    monkeypatch.setattr(precision, "portable_fp8_available", lambda recipe=None, planned=False: True)
     found = issues("precision=fp8", ctx=RunContext(device="cuda", world_size=1, gpu_name="NVIDIA A100"))
     assert any("no fp8 tensor cores" in str(i) and "A100" in str(i) for i in found), found
 

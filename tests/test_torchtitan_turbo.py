@@ -120,8 +120,9 @@ def test_delayed_swap_without_settings_takes_delayedscalings_defaults():
 
 def test_converter_names_match_turbo_module():
     from primus.backends.torchtitan import turbo
+    from primus.features import turbo as feature
 
-    assert (tt_args.TURBO_ATTENTION, tt_args.TURBO_FLOAT8, tt_args.TURBO_GROUPED_GEMM) == turbo.CONVERTERS
+    assert (feature.TURBO_ATTENTION, feature.TURBO_FLOAT8, feature.TURBO_GROUPED_GEMM) == turbo.CONVERTERS
 
 
 def test_grouped_gemm_converter_for_moe_models():

@@ -83,9 +83,14 @@ def megatron_issues(cfg, ctx) -> list:
 
 # ------------------------------------------------------------------------------------------- TorchTitan
 
-# Our fields that only megatron-core reads: setting them under backend=torchtitan would have no effect.
+# Our fields that only megatron-core reads: under backend=torchtitan a non-default one is an issue
+# (backends/torchtitan/args.py checks every feature's megatron_only).
 MEGATRON_ONLY = ("use_distributed_optimizer", "optimizer_cpu_offload", "optimizer_offload_fraction",
                  "use_precision_aware_optimizer", "empty_unused_memory_level")
+
+
+def megatron_only(cfg) -> tuple:
+    return MEGATRON_ONLY
 
 
 def torchtitan(cfg, ctx) -> dict:
@@ -93,9 +98,7 @@ def torchtitan(cfg, ctx) -> dict:
 
 
 def torchtitan_issues(cfg, ctx) -> list:
-    from primus.backends.torchtitan.args import megatron_only_issues
-
-    out = megatron_only_issues(cfg, "memory", MemoryConfig, MEGATRON_ONLY)
+    out = []
     if cfg.memory.enable_cpu_offload and cfg.device.value == "cpu":
         out.append(ConfigIssue(["memory.enable_cpu_offload", "device"], True, "FSDP CPU offload needs a GPU",
                                "set it false on CPU"))

@@ -1,1 +1,330 @@
-"""The model feature: its config, rules and backend mapping (see primus/features/__init__.py)."""
+"""The model feature: its config, rules and backend mapping (see primus/features/__init__.py).
+
+In-model application (megatron): the fused SwiGLU and q/k/v split + RoPE kernels (primus.turbo.swiglu / rope) are
+hooked into megatron by primus/backends/megatron/fusions.py (activation_fusion / rope_fusion say which); the Triton
+cross entropy (cross_entropy_fusion_impl=turbo) by perf.turbo_loss. TorchTitan builds the model from
+primus/backends/torchtitan/flavors.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+import importlib.util
+import os
+from typing import Any, Dict, List, Optional
+
+from primus.config.errors import ConfigIssue
+from primus.features import rule
+
+
+class CrossEntropyImpl(str, Enum):
+    native = "native"  # megatron's fused vocab-parallel cross entropy
+    te = "te"  # Transformer Engine's
+    turbo = "turbo"  # primus.turbo.cross_entropy (Triton; megatron backend, tp = 1)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "debug"  # preset name; used in output paths (tune_hipblaslt/<name>/...)
+    num_layers: int = 2  # decoder layers
+    hidden_size: int = 64  # model dimension
+    ffn_hidden_size: int = 256  # dense MLP inner size (SwiGLU: per branch)
+    num_attention_heads: int = 4  # query heads
+    num_query_groups: int = 2  # key/value heads (GQA); == heads for MHA
+    kv_channels: Optional[int] = None  # head dim; None = hidden_size / heads
+    vocab_size: int = 2048  # tokenizer vocabulary
+    max_position_embeddings: int = 4096  # RoPE table length
+    rotary_base: float = 10000.0  # RoPE theta
+    norm_epsilon: float = 1e-5  # RMSNorm eps
+    tie_word_embeddings: bool = False  # share input embedding and output projection
+    qk_layernorm: bool = False  # RMSNorm on q and k per head (Qwen3)
+    # MoE architecture (num_experts None = dense)
+    num_experts: Optional[int] = None  # routed experts per MoE layer
+    moe_router_topk: int = 2  # experts per token
+    moe_ffn_hidden_size: Optional[int] = None  # expert inner size; None = ffn_hidden_size
+    moe_shared_expert_intermediate_size: Optional[int] = None  # total shared-expert inner size; None = no shared experts
+    moe_first_k_dense: int = 0  # leading dense layers before MoE layers (DeepSeek first_k_dense_replace)
+    # Multi-latent attention (DeepSeek-V2)
+    multi_latent_attention: bool = False  # MLA instead of GQA
+    q_lora_rank: Optional[int] = None  # query low-rank; None = full-rank query projection
+    kv_lora_rank: int = 512  # compressed KV width
+    qk_head_dim: int = 128  # non-rotary q/k head dim
+    qk_pos_emb_head_dim: int = 64  # rotary q/k head dim
+    v_head_dim: int = 128  # value head dim
+    mtp_num_layers: int = 0  # multi-token-prediction depths (their recompute ids follow the decoder's)
+    # Loss fusion (guide: language_model.yaml)
+    cross_entropy_loss_fusion: bool = False  # fused cross entropy
+    cross_entropy_fusion_impl: CrossEntropyImpl = CrossEntropyImpl.native  # "te" needs TE; "turbo": Triton, tp=1
+    # fused q/k/v split + RoPE: null = where available (TE's, or primus' Triton kernel on a GPU), true = required
+    apply_rope_fusion: Optional[bool] = None
+    # fused SwiGLU (megatron bias_activation_fusion): null = on a GPU (primus' Triton kernel, else megatron's
+    # torch.compile'd one), true = also on CPU, false = eager silu(gate) * up
+    bias_activation_fusion: Optional[bool] = None
+
+
+# ------------------------------------------------------------------------------------------- rules
+
+
+@rule
+def model_values(cfg, ctx):
+    m, out = cfg.model, []
+    if m.rotary_base <= 0:
+        out.append(ConfigIssue(["model.rotary_base"], m.rotary_base, "RoPE's theta must be > 0", "e.g. 10000 or 500000"))
+    if m.norm_epsilon < 0:
+        out.append(ConfigIssue(["model.norm_epsilon"], m.norm_epsilon, "must be >= 0", "e.g. 1e-5"))
+    return out
+
+
+@rule
+def attention_shape(cfg, ctx):
+    m, out = cfg.model, []
+    if m.num_attention_heads % m.num_query_groups:
+        out.append(ConfigIssue(["model.num_attention_heads", "model.num_query_groups"],
+                               {"heads": m.num_attention_heads, "kv_heads": m.num_query_groups},
+                               "each key/value head serves a whole group of query heads (GQA): heads must be a "
+                               "multiple of num_query_groups",
+                               f"choose num_query_groups dividing {m.num_attention_heads} (MHA: equal to it)"))
+    if m.kv_channels is None and not m.multi_latent_attention and m.hidden_size % m.num_attention_heads:
+        out.append(ConfigIssue(["model.hidden_size", "model.num_attention_heads", "model.kv_channels"],
+                               {"hidden_size": m.hidden_size, "heads": m.num_attention_heads},
+                               "with kv_channels unset the head dim is hidden_size / heads, which must be whole",
+                               "choose heads dividing hidden_size, or set model.kv_channels (the head dim)"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- megatron
+
+VOCAB_DIVISOR = 128  # Megatron-LM's make_vocab_size_divisible_by default (times tp)
+
+
+def padded_vocab_size(cfg) -> int:
+    # As Megatron-LM: the embedding is padded so each tp shard is a multiple of 128 rows (GEMM-friendly, and
+    # independent of the tokenizer's odd sizes). Extra rows are never targets.
+    mult = VOCAB_DIVISOR * cfg.parallel.tensor_model_parallel_size
+    v = cfg.model.vocab_size
+    return ((v + mult - 1) // mult) * mult
+
+
+def moe_layer_freq(cfg) -> List[int]:
+    m = cfg.model
+    return [0] * m.moe_first_k_dense + [1] * (m.num_layers - m.moe_first_k_dense)
+
+
+def _triton_importable() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def triton_kernel_blockers(ctx) -> List[str]:
+    """Why one of primus' Triton kernels cannot run in this run's process ([] = it can)."""
+    out = []
+    if not _triton_importable():
+        out.append("Triton is not installed (pip install triton on CUDA, pytorch-triton-rocm on ROCm)")
+    if ctx.device == "cpu" and not ctx.planned and os.environ.get("TRITON_INTERPRET") != "1":
+        out.append("the kernel is a GPU kernel (on CPU only under TRITON_INTERPRET=1, for tests)")
+    return out
+
+
+def rope_fusion_blockers(cfg, ctx) -> List[str]:
+    """Why primus' fused q/k/v split + RoPE (fusions.py) cannot serve this run ([] = it can)."""
+    m = cfg.model
+    out = []
+    if m.multi_latent_attention:
+        out.append("multi-latent attention applies RoPE inside its own projections")
+    if m.qk_layernorm:
+        out.append("q/k layernorm sits between the split and RoPE (megatron fuses only without it)")
+    return out + triton_kernel_blockers(ctx)
+
+
+def turbo_loss(cfg) -> bool:
+    """model.cross_entropy_loss_fusion=true + model.cross_entropy_fusion_impl=turbo: primus.turbo.cross_entropy (Triton)
+    serves each post-process chunk's LM loss (perf.turbo_loss); megatron itself is told cross_entropy_loss_fusion=false
+    (it knows native / te only). turbo_loss_issues says where it cannot run."""
+    m = cfg.model
+    return bool(m.cross_entropy_loss_fusion and m.cross_entropy_fusion_impl.value == "turbo")
+
+
+def turbo_loss_issues(cfg, ctx) -> List[ConfigIssue]:
+    """Why primus' Triton cross entropy cannot serve this run ([] = it can, or it is not asked for)."""
+    if not turbo_loss(cfg):
+        return []
+    out = []
+    keys = ["model.cross_entropy_fusion_impl"]
+    tp = cfg.parallel.tensor_model_parallel_size
+    if tp > 1:
+        out.append(ConfigIssue(keys + ["parallel.tensor_model_parallel_size"], {"impl": "turbo", "tp": tp},
+                               f"the Triton cross entropy reads whole vocabulary rows; with tensor_model_parallel_size={tp} "
+                               "each rank holds a slice of the vocabulary and the row max / sum-exp / label logit need "
+                               "all-reduces over the TP ranks, which the kernel does not do (it runs with tp = 1 only)",
+                               "set model.cross_entropy_fusion_impl=native (megatron's fused vocab-parallel cross entropy), "
+                               "or parallel.tensor_model_parallel_size=1"))
+    why = triton_kernel_blockers(ctx)
+    if why:
+        out.append(ConfigIssue(keys + (["device"] if ctx.device == "cpu" else []), "turbo",
+                               "the Triton cross entropy cannot run here: " + "; ".join(why),
+                               "set model.cross_entropy_fusion_impl=native, or model.cross_entropy_loss_fusion=false "
+                               "on CPU"))
+    return out
+
+
+def activation_fusion(cfg, ctx) -> Optional[str]:
+    """model.bias_activation_fusion -> "triton" (primus.turbo.swiglu through megatron's bias_swiglu_impl, see
+    fusions.py), "jit" (megatron's torch.compile'd SwiGLU) or None (eager). Unset = fused on a GPU only (on CPU
+    megatron's jit would compile per shape for no gain); true on CPU = megatron's jit, or the Triton kernel
+    under TRITON_INTERPRET=1 (kernel tests)."""
+    from primus.backends.megatron.args import resolved_layer_spec
+
+    want = cfg.model.bias_activation_fusion
+    gpu = ctx.device == "cuda" or ctx.planned
+    if want is False or (want is None and not gpu):
+        return None
+    if resolved_layer_spec(cfg) == "te" or not _triton_importable():
+        return "jit"
+    return "triton" if gpu or os.environ.get("TRITON_INTERPRET") == "1" else "jit"
+
+
+def rope_fusion(cfg, ctx) -> Optional[str]:
+    """model.apply_rope_fusion -> "te" (TE's fused RoPE), "triton" (primus.turbo.rope through megatron's
+    fused_single_qkv_rope hook) or None (megatron's unfused RoPE). Unset = the fused one where it applies, and on
+    CPU never (Triton's interpreter would be slow); an explicit true that cannot be honoured is a capability issue."""
+    from primus.backends.megatron.args import resolved_layer_spec
+
+    want = cfg.model.apply_rope_fusion
+    if want is False:
+        return None
+    if resolved_layer_spec(cfg) == "te":
+        return "te"
+    if want is None and ctx.device == "cpu" and not ctx.planned:
+        return None
+    return None if rope_fusion_blockers(cfg, ctx) else "triton"
+
+
+def megatron(cfg, ctx) -> Dict[str, Any]:
+    m = cfg.model
+    rope = rope_fusion(cfg, ctx)
+    act = activation_fusion(cfg, ctx)
+    tc: Dict[str, Any] = {
+        # architecture: Llama-style decoder (pre-norm RMSNorm, SwiGLU, RoPE, no biases, no dropout)
+        "num_layers": m.num_layers,
+        "hidden_size": m.hidden_size,
+        "ffn_hidden_size": m.ffn_hidden_size,
+        "num_attention_heads": m.num_attention_heads,
+        "num_query_groups": m.num_query_groups,
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": m.norm_epsilon,
+        "qk_layernorm": m.qk_layernorm,
+        "gated_linear_unit": True,
+        "activation_func": "silu",
+        "add_bias_linear": False,
+        "add_qkv_bias": False,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        # fusions: activation_fusion() / rope_fusion() say whose kernels; the rest need TE/apex extensions
+        "bias_activation_fusion": act is not None,
+        "bias_dropout_fusion": False,
+        "masked_softmax_fusion": False,
+        # rope_fusion(): TE's fused RoPE with the TE spec, else megatron's fused_single_qkv_rope hook (fusions.py)
+        "apply_rope_fusion": rope == "te",
+        "fused_single_qkv_rope": rope == "triton",
+        "persist_layer_norm": False,
+        "gradient_accumulation_fusion": False,
+        # impl=turbo: megatron computes the loss unfused and perf.turbo_loss replaces it (args["turbo_loss"])
+        "cross_entropy_loss_fusion": m.cross_entropy_loss_fusion and not turbo_loss(cfg),
+        "cross_entropy_fusion_impl": "native" if turbo_loss(cfg) else m.cross_entropy_fusion_impl.value,
+    }
+    if m.num_experts:
+        tc.update({
+            "num_moe_experts": m.num_experts,
+            "moe_router_topk": m.moe_router_topk,
+            "moe_ffn_hidden_size": m.moe_ffn_hidden_size or m.ffn_hidden_size,
+            "moe_shared_expert_intermediate_size": m.moe_shared_expert_intermediate_size,
+            "moe_layer_freq": moe_layer_freq(cfg),
+        })
+    if m.multi_latent_attention:  # (no kv_channels: MLA's head dims are its own)
+        tc.update({
+            "multi_latent_attention": True,
+            "q_lora_rank": m.q_lora_rank,
+            "kv_lora_rank": m.kv_lora_rank,
+            "qk_head_dim": m.qk_head_dim,
+            "qk_pos_emb_head_dim": m.qk_pos_emb_head_dim,
+            "v_head_dim": m.v_head_dim,
+            "rope_type": "rope",  # plain RoPE at pretraining lengths (YaRN is a context-extension step)
+            "rotary_base": m.rotary_base,
+        })
+    else:
+        tc["kv_channels"] = m.kv_channels
+    if m.mtp_num_layers:
+        tc["mtp_num_layers"] = m.mtp_num_layers
+    gpt_model = {
+        "vocab_size": padded_vocab_size(cfg),
+        "max_sequence_length": cfg.training.seq_length,
+        "position_embedding_type": "none" if m.multi_latent_attention else "rope",  # MLA applies RoPE itself
+        "rotary_base": int(m.rotary_base),
+        "rotary_percent": 1.0,
+        "share_embeddings_and_output_weights": m.tie_word_embeddings,
+        "parallel_output": True,
+    }
+    return {
+        "transformer_config": tc,
+        "gpt_model": gpt_model,
+        "rope_fusion": rope,
+        "activation_fusion": act,
+        # perf.turbo_loss: the LM loss through primus.turbo.cross_entropy (model.cross_entropy_fusion_impl=turbo)
+        "turbo_loss": turbo_loss(cfg),
+    }
+
+
+def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
+    """What megatron-core 0.16.1 and this machine cannot honour of the model settings."""
+    from primus.backends.megatron.args import resolved_layer_spec
+
+    m, out = cfg.model, []
+    spec, cpu = resolved_layer_spec(cfg), ctx.device == "cpu"
+    if m.apply_rope_fusion and spec != "te":
+        why = rope_fusion_blockers(cfg, ctx)
+        if why:
+            out.append(ConfigIssue(["model.apply_rope_fusion"], True, "the fused q/k/v split + RoPE cannot run here: "
+                                   + "; ".join(why), "set model.apply_rope_fusion=null (use it where it applies) or false"))
+    if spec == "local" and m.cross_entropy_loss_fusion and m.cross_entropy_fusion_impl.value == "te":
+        out.append(ConfigIssue(["model.cross_entropy_fusion_impl"], "te", "the TE fused cross entropy needs TE",
+                               "set model.cross_entropy_fusion_impl=native"))
+    if m.cross_entropy_loss_fusion and cpu and not turbo_loss(cfg):  # turbo: turbo_loss_issues (the interpreter)
+        out.append(ConfigIssue(["model.cross_entropy_loss_fusion", "device"], True,
+                               "the fused cross entropy is a GPU kernel (torch.compile'd / TE)",
+                               "set model.cross_entropy_loss_fusion=false on CPU"))
+    out += turbo_loss_issues(cfg, ctx)
+    if m.mtp_num_layers and cfg.parallel.pipeline_model_parallel_size > 1:
+        out.append(ConfigIssue(["model.mtp_num_layers", "parallel.pipeline_model_parallel_size"], m.mtp_num_layers,
+                               "multi-token prediction with pipeline parallelism is not wired in this backend",
+                               "set pp=1 or model.mtp_num_layers=0"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- torchtitan
+# The model (and its MoE layers: moe.* routing settings) becomes a TorchTitan flavor (backends/torchtitan/flavors.py).
+
+
+def torchtitan(cfg, ctx) -> Dict[str, Any]:
+    from primus.backends.torchtitan import flavors
+    from primus.backends.torchtitan.jobconfig_keys import FLAVOR_KEY
+
+    flavor = flavors.build_flavor(cfg)
+    return {"model": {"name": flavor.spec, "flavor": flavor.name}, FLAVOR_KEY: flavor.args}
+
+
+def torchtitan_issues(cfg, ctx) -> List[ConfigIssue]:
+    """The shapes torchtitan 0.2.2 cannot build (flavors.py), and model settings it cannot honour."""
+    from primus.backends.torchtitan import flavors
+
+    m, par, issues = cfg.model, cfg.parallel, list(flavors.build_flavor(cfg).issues)
+    if m.cross_entropy_loss_fusion:
+        issues.append(ConfigIssue(["model.cross_entropy_loss_fusion"], True,
+                                  "torchtitan 0.2.2 has no fused cross entropy", "set false"))
+    if m.tie_word_embeddings and (par.tensor_model_parallel_size > 1 or par.pipeline_model_parallel_size > 1) \
+            and not m.num_experts and not m.qk_layernorm:
+        issues.append(ConfigIssue(["model.tie_word_embeddings"], True,
+                                  "Primus ties llama3 embeddings for FSDP/DDP/single-device only",
+                                  "untie, or set tp=1 and pp=1"))
+    return issues

@@ -1,1 +1,145 @@
-"""The moe feature: its config, rules and backend mapping (see primus/features/__init__.py)."""
+"""The moe feature: its config, rules and backend mapping (see primus/features/__init__.py).
+
+The MoE architecture (model.num_experts, moe_router_topk, expert sizes) is the model feature's; the turbo MoE
+kernels (turbo.use_turbo_grouped_gemm, ...) are the turbo feature's. TorchTitan reads the routing settings through
+the model's flavor (primus/backends/torchtitan/flavors.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+import importlib.util
+from typing import Any, Dict, List, Optional
+
+from primus.config.errors import ConfigIssue
+from primus.features import rule
+
+
+class TokenDispatcher(str, Enum):
+    allgather = "allgather"
+    alltoall = "alltoall"
+    flex = "flex"  # DeepEP-style dispatcher
+
+
+class LoadBalancing(str, Enum):
+    aux_loss = "aux_loss"
+    seq_aux_loss = "seq_aux_loss"
+    sinkhorn = "sinkhorn"
+    none = "none"
+
+
+class ScoreFunction(str, Enum):
+    softmax = "softmax"
+    sigmoid = "sigmoid"
+
+
+@dataclass
+class MoEConfig:
+    moe_permute_fusion: bool = False  # fused permute / unpermute of tokens
+    moe_grouped_gemm: bool = False  # one grouped GEMM over local experts
+    moe_token_dispatcher_type: TokenDispatcher = TokenDispatcher.alltoall  # token dispatcher
+    moe_router_load_balancing_type: LoadBalancing = LoadBalancing.aux_loss  # balancing loss
+    moe_aux_loss_coeff: float = 0.01  # aux loss weight
+    moe_router_score_function: ScoreFunction = ScoreFunction.softmax  # router scores
+    moe_router_pre_softmax: bool = False  # softmax before top-k
+    moe_z_loss_coeff: Optional[float] = None  # router z-loss weight
+    overlap_moe_expert_parallel_comm: bool = False  # overlap EP all-to-all with compute
+
+
+# ------------------------------------------------------------------------------------------- rules
+MOE_FLAGS = ("moe_permute_fusion", "moe_grouped_gemm", "overlap_moe_expert_parallel_comm")
+
+
+@rule
+def moe_values(cfg, ctx):
+    moe, out = cfg.moe, []
+    for k in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
+        v = getattr(moe, k)
+        if v is not None and v < 0:
+            out.append(ConfigIssue([f"moe.{k}"], v, "a loss weight must be >= 0", f"set moe.{k} to 0 (off) or more"))
+    return out
+
+
+@rule
+def moe_settings_on_dense_model(cfg, ctx):
+    from primus.features.turbo import flags
+
+    if cfg.model.num_experts:
+        out = []
+        if cfg.moe.overlap_moe_expert_parallel_comm and cfg.parallel.expert_model_parallel_size == 1:
+            out.append(ConfigIssue(["moe.overlap_moe_expert_parallel_comm", "parallel.expert_model_parallel_size"], True,
+                                   "there is no expert-parallel communication to overlap with ep=1",
+                                   "set parallel.expert_model_parallel_size > 1 or use moe=optimized"))
+        if cfg.model.moe_router_topk > cfg.model.num_experts or cfg.model.moe_router_topk < 1:
+            out.append(ConfigIssue(["model.moe_router_topk"], cfg.model.moe_router_topk,
+                                   f"must be in 1..num_experts ({cfg.model.num_experts})", "lower top-k"))
+        return out
+    on = [f"moe.{f}" for f in MOE_FLAGS if getattr(cfg.moe, f)]
+    # the MoE-only turbo flags; DeepEP's own rule (turbo.turbo_deepep) names it together with its dispatcher
+    on += [f"turbo.{f}" for f in flags(moe_only=True) if f != "use_turbo_deepep" and getattr(cfg.turbo, f)]
+    if on:
+        return [ConfigIssue(on, True, f"MoE settings on a dense model ({cfg.model.name} has no experts)",
+                            "use moe=off and turbo without MoE flags, or choose a MoE model (e.g. model=debug_moe)")]
+    return []
+
+
+# ------------------------------------------------------------------------------------------- megatron
+
+
+def megatron(cfg, ctx) -> Dict[str, Any]:
+    from primus.features.turbo import turbo_permute_fusion
+
+    moe, t = cfg.moe, cfg.turbo
+    if not cfg.model.num_experts:
+        return {}
+    return {"transformer_config": {
+        "moe_router_load_balancing_type": moe.moe_router_load_balancing_type.value,
+        "moe_aux_loss_coeff": moe.moe_aux_loss_coeff,
+        "moe_z_loss_coeff": moe.moe_z_loss_coeff,
+        "moe_router_score_function": moe.moe_router_score_function.value,
+        "moe_router_pre_softmax": moe.moe_router_pre_softmax,
+        # the turbo grouped GEMM / fused act with probs serve megatron's GroupedMLP (megatron/turbo.py)
+        "moe_grouped_gemm": moe.moe_grouped_gemm or bool(
+            t.enable_primus_turbo and (t.use_turbo_grouped_gemm or t.use_turbo_fused_act_with_probs)),
+        "moe_token_dispatcher_type": moe.moe_token_dispatcher_type.value,
+        # without TE megatron's fused permute is missing: megatron/turbo.py's Triton permute runs instead
+        "moe_permute_fusion": moe.moe_permute_fusion and not turbo_permute_fusion(cfg),
+        "overlap_moe_expert_parallel_comm": moe.overlap_moe_expert_parallel_comm,
+    }}
+
+
+def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
+    """What megatron-core 0.16.1 and this machine cannot honour of the MoE settings."""
+    from primus.backends.megatron.args import mcore_version, resolved_layer_spec
+
+    moe, m, p, out = cfg.moe, cfg.model, cfg.precision, []
+    ver, spec = mcore_version(), resolved_layer_spec(cfg)
+    if ctx.device == "cpu" and moe.overlap_moe_expert_parallel_comm:
+        out.append(ConfigIssue(["moe.overlap_moe_expert_parallel_comm", "device"], True,
+                               "the expert-parallel overlap schedules work on CUDA streams", "turn it off on CPU"))
+    # moe.moe_permute_fusion without TE: primus.turbo.moe_ops permute/unpermute (the turbo feature checks Triton)
+    if spec == "local" and moe.moe_grouped_gemm and m.num_experts and not p.bf16:
+        # without TE the local spec uses GroupedMLP (grouped_gemm.py supplies its GEMM), which is bf16-only
+        out.append(ConfigIssue(["moe.moe_grouped_gemm", "precision.bf16"], False,
+                               f"megatron-core {ver}'s GroupedMLP (the grouped-GEMM experts without TE) runs bf16 only",
+                               "set precision=bf16, or moe.moe_grouped_gemm=false"))
+    deepep_flag = cfg.turbo.enable_primus_turbo and cfg.turbo.use_turbo_deepep  # the provider rule names that fix
+    if moe.moe_token_dispatcher_type.value == "flex" and m.num_experts and not deepep_flag and not ctx.planned \
+            and importlib.util.find_spec("deep_ep") is None:
+        out.append(ConfigIssue(["moe.moe_token_dispatcher_type"], "flex",
+                               f"megatron-core {ver}'s flex dispatcher needs DeepEP (deep_ep), which does not import",
+                               "use moe.moe_token_dispatcher_type=alltoall"))
+    if moe.overlap_moe_expert_parallel_comm and m.num_experts:
+        if moe.moe_token_dispatcher_type.value not in ("alltoall", "flex"):
+            out.append(ConfigIssue(["moe.overlap_moe_expert_parallel_comm", "moe.moe_token_dispatcher_type"],
+                                   moe.moe_token_dispatcher_type.value,
+                                   "the EP overlap needs the alltoall or flex dispatcher",
+                                   "set moe.moe_token_dispatcher_type=alltoall"))
+        if cfg.recompute.recompute_granularity is not None and cfg.recompute.recompute_granularity.value == "full":
+            out.append(ConfigIssue(["moe.overlap_moe_expert_parallel_comm", "recompute.recompute_granularity"], "full",
+                                   f"megatron-core {ver} refuses full recompute with the EP overlap",
+                                   "use recompute=selective or none"))
+        if not (p.bf16 or p.fp16):
+            out.append(ConfigIssue(["moe.overlap_moe_expert_parallel_comm", "precision.bf16"], False,
+                                   "the EP overlap runs bf16/fp16 models only", "set precision.bf16=true"))
+    return out

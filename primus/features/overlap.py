@@ -77,23 +77,27 @@ def megatron_issues(cfg, ctx) -> list:
 
 # ------------------------------------------------------------------------------------------- TorchTitan
 
-# Our fields that only megatron-core reads: setting them under backend=torchtitan would have no effect.
+# Our fields that only megatron-core reads: under backend=torchtitan a non-default one is an issue
+# (backends/torchtitan/args.py checks every feature's megatron_only).
 MEGATRON_ONLY = ("overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm",
                  "async_tensor_model_parallel_allreduce", "align_grad_reduce", "align_param_gather", "bucket_size")
+
+
+def megatron_only(cfg) -> tuple:
+    return MEGATRON_ONLY
 
 
 def torchtitan(cfg, ctx) -> dict:
     # TorchTitan's async TP: torch symmetric-memory fused all-gather/reduce-scatter matmuls, which compile inserts
     # into the TP regions; turbo.use_turbo_async_tp asks for the same
-    t = cfg.turbo
-    turbo_async_tp = bool(t.enable_primus_turbo and t.use_turbo_async_tp)
-    return {"parallelism": {"enable_async_tensor_parallel": cfg.overlap.enable_async_tensor_parallel or turbo_async_tp}}
+    from primus.features.turbo import torchtitan_async_tp
+
+    return {"parallelism": {"enable_async_tensor_parallel": cfg.overlap.enable_async_tensor_parallel
+                            or torchtitan_async_tp(cfg)}}
 
 
 def torchtitan_issues(cfg, ctx) -> list:
-    from primus.backends.torchtitan.args import megatron_only_issues
-
-    out = megatron_only_issues(cfg, "overlap", OverlapConfig, MEGATRON_ONLY)
+    out = []
     tp, compiled = cfg.parallel.tensor_model_parallel_size, cfg.training.compile
     if cfg.overlap.enable_async_tensor_parallel and (tp == 1 or not compiled):
         out.append(ConfigIssue(["overlap.enable_async_tensor_parallel", "parallel.tensor_model_parallel_size",

@@ -163,8 +163,13 @@ def megatron(cfg, ctx) -> dict:
 
 # ------------------------------------------------------------------------------------------- TorchTitan
 
-# Our fields that only megatron-core reads: setting them under backend=torchtitan would have no effect.
+# Our fields that only megatron-core reads: under backend=torchtitan a non-default one is an issue
+# (backends/torchtitan/args.py checks every feature's megatron_only).
 MEGATRON_ONLY = ("recompute_method", "recompute_num_layers", "recompute_layer_ids", "recompute_modules")
+
+
+def megatron_only(cfg) -> tuple:
+    return MEGATRON_ONLY
 
 
 def ac_mode(r: RecomputeConfig) -> str:
@@ -184,9 +189,7 @@ def torchtitan(cfg, ctx) -> dict:
 
 
 def torchtitan_issues(cfg, ctx) -> list:
-    from primus.backends.torchtitan.args import megatron_only_issues
-
-    out = megatron_only_issues(cfg, "recompute", RecomputeConfig, MEGATRON_ONLY)
+    out = []
     if ac_mode(cfg.recompute) == "selective":
         opt = cfg.recompute.selective_ac_option
         if opt != "op" and not opt.isdigit():

@@ -1,1 +1,377 @@
-"""The turbo feature: its config, rules and backend mapping (see primus/features/__init__.py)."""
+"""The turbo feature: its config, rules and backend mapping (see primus/features/__init__.py).
+
+Where each flag is applied in the model (the kernels live in primus/turbo/, primus/turbo/providers.py picks who
+serves each flag on this machine); megatron: primus/backends/megatron/turbo.py, torchtitan:
+primus/backends/torchtitan/turbo.py:
+
+  use_turbo_attention                  megatron swap_spec (TurboSDPAttention); torchtitan AttentionConverter
+  use_turbo_rms_norm                   megatron swap_spec (TurboRMSNorm)
+  use_turbo_parallel_linear            megatron apply (Column/RowParallelLinear forwards)
+  use_turbo_grouped_gemm               megatron install (GroupedMLP's gmm); torchtitan GroupedGemmConverter
+  grouped_gemm_fp8                     megatron install (fp8_grouped_gemm)
+  moe_use_fused_router_with_aux_score  megatron install (_fused_topk, _fused_aux_scores)
+  use_turbo_fused_act_with_probs       megatron apply (activation_func_with_probs)
+  use_turbo_deepep                     megatron's flex token dispatcher (DeepEP)
+  turbo_sync_free_moe_stage            megatron install (_turbo_permute: sync_free)
+  use_turbo_float8_linear              torchtitan Float8LinearConverter (swap_float8_linears)
+  use_turbo_async_tp                   torchtitan's own async TP (parallelism.enable_async_tensor_parallel)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from primus.config.errors import ConfigIssue
+from primus.features import rule
+
+
+@dataclass
+class TurboConfig:
+    enable_primus_turbo: bool = False  # master switch for every flag below
+    provider: str = "auto"  # auto: primus_turbo when it imports, else this project's Triton/torch kernels
+    use_turbo_attention: bool = False  # fused attention kernels
+    use_turbo_parallel_linear: bool = False  # turbo GEMM in column/row-parallel linears
+    use_turbo_grouped_gemm: bool = False  # grouped GEMM over MoE experts
+    # ... and under precision.fp8 (portable path) in fp8 too: torch._scaled_grouped_mm (sm90, precision.fp8=e4m3;
+    # H200: 1.11x bf16 at Mixtral's experts, 0.53-0.74x at many small ones, docs/benchmarks.md) else
+    # primus' Triton fp8 grouped GEMM (primus/turbo/grouped_gemm_fp8.py decides).
+    # Off by default: the Triton one measured 0.2x torch's bf16 grouped GEMM on the H200 (docs/benchmarks.md)
+    grouped_gemm_fp8: bool = False
+    use_turbo_grouped_mlp: Optional[bool] = None  # REMOVED: use use_turbo_grouped_gemm (setting it is an error)
+    use_turbo_rms_norm: bool = False  # fused RMSNorm
+    moe_use_fused_router_with_aux_score: bool = False  # fused router + aux-loss score
+    use_turbo_deepep: bool = False  # DeepEP token dispatcher
+    turbo_deepep_num_cu: int = 32  # compute units for DeepEP (64/80 for EP8, 32 for EP16-64)
+    turbo_sync_free_moe_stage: int = 0  # 0 off; 1 router+permute fusion; 2 +DeepEP +grouped GEMM; 3 +fused act
+    use_turbo_fused_act_with_probs: bool = False  # SwiGLU fused with router probabilities
+    # TorchTitan
+    use_turbo_async_tp: bool = False  # async TP through turbo kernels
+    use_turbo_float8_linear: bool = False  # float8 linear through turbo kernels
+
+
+# ------------------------------------------------------------------------------------------- facts, as data
+# Every turbo.* feature flag: the backends that apply it, whether it acts on MoE layers only (off on a dense model),
+# and whether megatron applies it by swapping a module of the local layer spec (Transformer Engine's layers fuse
+# those already). The order is the order issues and logs list them in.
+TURBO_FLAGS = {
+    # flag: (backends, moe_only, local_spec_swap)
+    "use_turbo_attention": (("megatron", "torchtitan"), False, True),
+    "use_turbo_parallel_linear": (("megatron",), False, True),
+    "use_turbo_grouped_gemm": (("megatron", "torchtitan"), True, True),
+    "use_turbo_rms_norm": (("megatron",), False, True),
+    "moe_use_fused_router_with_aux_score": (("megatron",), True, True),
+    "use_turbo_deepep": (("megatron",), True, False),
+    "use_turbo_fused_act_with_probs": (("megatron",), True, True),
+    "use_turbo_async_tp": (("torchtitan",), False, False),
+    "use_turbo_float8_linear": (("torchtitan",), False, False),
+}
+
+
+def flags(backend: Optional[str] = None, moe_only: Optional[bool] = None, local_spec_swap: Optional[bool] = None
+          ) -> Tuple[str, ...]:
+    """The TURBO_FLAGS applied by this backend, MoE-only or not, swapping a local-spec module or not (None: any)."""
+    return tuple(f for f, (b, moe, swap) in TURBO_FLAGS.items()
+                 if (backend is None or backend in b) and moe_only in (None, moe) and local_spec_swap in (None, swap))
+
+
+# The sync-free MoE stages are cumulative: stage s needs the component keys of every stage up to s, each with the
+# words the provider log uses. conf/turbo/sync_free_stage<s>.yaml sets them.
+SYNC_FREE_STAGES = {
+    1: (("turbo.moe_use_fused_router_with_aux_score", "fused router"), ("moe.moe_permute_fusion", "permute fusion")),
+    2: (("turbo.use_turbo_grouped_gemm", "grouped GEMM"), ("turbo.use_turbo_deepep", "DeepEP dispatcher")),
+    3: (("turbo.use_turbo_fused_act_with_probs", "fused act with probs"),),
+}
+
+
+def sync_free_components(stage: int) -> Tuple[Tuple[str, str], ...]:
+    """(config key, words) of every component sync-free stage `stage` needs (SYNC_FREE_STAGES, cumulative)."""
+    return tuple(c for s in sorted(SYNC_FREE_STAGES) if s <= stage for c in SYNC_FREE_STAGES[s])
+
+
+def _get(cfg, key: str):
+    group, name = key.split(".", 1)
+    return getattr(getattr(cfg, group), name)
+
+
+def turbo_on(cfg, flag: str) -> bool:
+    return bool(cfg.turbo.enable_primus_turbo and getattr(cfg.turbo, flag))
+
+
+def turbo_fp8(cfg) -> bool:
+    """precision.fp8 served by the turbo fp8 linear (TorchTitan's turbo.use_turbo_float8_linear)."""
+    return turbo_on(cfg, "use_turbo_float8_linear") and cfg.precision.fp8 is not None
+
+
+# ------------------------------------------------------------------------------------------- rules
+
+
+@rule
+def turbo_grouped_mlp_removed(cfg, ctx):
+    if cfg.turbo.use_turbo_grouped_mlp is not None:
+        return [ConfigIssue(["turbo.use_turbo_grouped_mlp"], cfg.turbo.use_turbo_grouped_mlp,
+                            "use_turbo_grouped_mlp was removed",
+                            "delete it and set turbo.use_turbo_grouped_gemm=true instead")]
+    return []
+
+
+@rule
+def turbo_flags_need_master_switch(cfg, ctx):
+    t = cfg.turbo
+    if t.enable_primus_turbo:
+        return []
+    on = [f"turbo.{f}" for f in TURBO_FLAGS if getattr(t, f)]
+    if t.turbo_sync_free_moe_stage > 0:
+        on.append("turbo.turbo_sync_free_moe_stage")
+    if not on:
+        return []
+    return [ConfigIssue(on + ["turbo.enable_primus_turbo"], False,
+                        "Turbo feature flags take effect only with the master switch on (they are never ignored)",
+                        "set turbo.enable_primus_turbo=true, or turn the listed flags off")]
+
+
+@rule
+def turbo_sync_free_stage(cfg, ctx):
+    t, out = cfg.turbo, []
+    s = t.turbo_sync_free_moe_stage
+    if s != 0 and s not in SYNC_FREE_STAGES:
+        return [ConfigIssue(["turbo.turbo_sync_free_moe_stage"], s, "must be 0, 1, 2 or 3 (0 disables)",
+                            "use turbo=sync_free_stage2 (recommended) or set the stage to 0..3")]
+    # The stages are cumulative (guide): each one needs the flags of the ones below it, set explicitly.
+    missing = [k for k, _ in sync_free_components(s) if not _get(cfg, k)]
+    if missing:
+        out.append(ConfigIssue(["turbo.turbo_sync_free_moe_stage"] + missing, s,
+                               f"sync-free MoE stage {s} needs " + ", ".join(missing) + " on",
+                               f"use the preset turbo=sync_free_stage{s}, or set those keys to true"))
+    if s > 0 and not cfg.model.num_experts:
+        out.append(ConfigIssue(["turbo.turbo_sync_free_moe_stage", "model.num_experts"], s,
+                               "sync-free MoE stages apply to MoE models only", "choose a MoE model or set the stage to 0"))
+    return out
+
+
+@rule
+def turbo_deepep(cfg, ctx):
+    t, out = cfg.turbo, []
+    if t.use_turbo_deepep:
+        if t.turbo_deepep_num_cu <= 0:
+            out.append(ConfigIssue(["turbo.turbo_deepep_num_cu"], t.turbo_deepep_num_cu, "must be > 0",
+                                   "use 64 or 80 for EP8, 32 for EP16-64"))
+        if cfg.moe.moe_token_dispatcher_type.value != "flex":
+            out.append(ConfigIssue(["turbo.use_turbo_deepep", "moe.moe_token_dispatcher_type"],
+                                   cfg.moe.moe_token_dispatcher_type.value,
+                                   "DeepEP is the flex token dispatcher", "set moe.moe_token_dispatcher_type=flex"))
+        if not cfg.model.num_experts:
+            out.append(ConfigIssue(["turbo.use_turbo_deepep", "model.num_experts"], None,
+                                   "DeepEP dispatches MoE tokens: the model has no experts", "turn it off or pick a MoE model"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- megatron
+
+
+def turbo_permute_fusion(cfg) -> bool:
+    """moe.moe_permute_fusion without TE: served by primus.turbo.moe_ops.permute / unpermute (megatron/turbo.py)."""
+    from primus.backends.megatron.args import resolved_layer_spec
+
+    return bool(cfg.moe.moe_permute_fusion and cfg.model.num_experts and resolved_layer_spec(cfg) == "local")
+
+
+def turbo_args(cfg) -> Dict[str, Any]:
+    """args["turbo"]: what primus/backends/megatron/turbo.py swaps in ({} when nothing)."""
+    t = cfg.turbo
+    out: Dict[str, Any] = {}
+    if t.enable_primus_turbo:
+        for f in flags("megatron"):
+            if getattr(t, f) and (not TURBO_FLAGS[f][1] or cfg.model.num_experts):
+                out[f] = True
+        if t.turbo_sync_free_moe_stage and cfg.model.num_experts:
+            out["turbo_sync_free_moe_stage"] = int(t.turbo_sync_free_moe_stage)
+            out["sync_free"] = True  # permute with num_out_tokens = tokens x topk (dropless): no host sync
+        if t.use_turbo_parallel_linear:
+            out["chunks"] = 2  # pieces of the overlapped TP collectives
+    if out.get("use_turbo_grouped_gemm") and t.grouped_gemm_fp8:  # checked: portable fp8 (megatron_issues)
+        out["grouped_gemm_fp8"] = cfg.precision.fp8.value  # experts' GEMMs in fp8 too (tensorwise, fp8 format)
+    if turbo_permute_fusion(cfg):
+        out["moe_permute_fusion"] = True
+    if out and cfg.model.num_experts:
+        out["topk"] = cfg.model.moe_router_topk
+    return out
+
+
+def megatron(cfg, ctx) -> Dict[str, Any]:
+    return {"turbo": turbo_args(cfg)}
+
+
+def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
+    """Turbo flags with backend=megatron: what they need, and (unless planned) a provider for each on this device
+    (primus.turbo.providers names what to install)."""
+    from primus.backends.megatron.args import resolved_layer_spec
+    from primus.features.precision import PORTABLE_FP8_RECIPES, fp8_backend
+
+    t, p, m = cfg.turbo, cfg.precision, cfg.model
+    out: List[ConfigIssue] = []
+    if t.grouped_gemm_fp8:
+        need = []
+        if not (t.enable_primus_turbo and t.use_turbo_grouped_gemm and m.num_experts):
+            need.append("turbo.enable_primus_turbo=true and turbo.use_turbo_grouped_gemm=true on an MoE model")
+        if p.fp8 is None or fp8_backend(cfg) != "portable":
+            need.append("precision=fp8 on the portable fp8 path (no Transformer Engine)")
+        if need:
+            out.append(ConfigIssue(["turbo.grouped_gemm_fp8"], True, "fp8 experts need " + " and ".join(need),
+                                   "set those, or turbo.grouped_gemm_fp8=false"))
+        elif p.fp8_recipe.value != "tensorwise":
+            out.append(ConfigIssue(["turbo.grouped_gemm_fp8", "precision.fp8_recipe"], p.fp8_recipe.value,
+                                   "the fp8 grouped GEMM over experts (primus.turbo.grouped_gemm) scales tensorwise",
+                                   "use precision.fp8_recipe=tensorwise, or turbo.grouped_gemm_fp8=false (experts "
+                                   "then run a bf16 grouped GEMM)"))
+        elif p.first_last_layers_bf16:
+            out.append(ConfigIssue(["turbo.grouped_gemm_fp8", "precision.first_last_layers_bf16"], True,
+                                   "the fp8 grouped GEMM applies to every MoE layer's experts; keeping the first/last "
+                                   "layers in bf16 is not wired for experts yet",
+                                   "set precision.first_last_layers_bf16=false, or turbo.grouped_gemm_fp8=false"))
+    if not t.enable_primus_turbo and not turbo_permute_fusion(cfg):
+        return out
+    spec = resolved_layer_spec(cfg)
+    if t.enable_primus_turbo and spec == "te":
+        on = [f"turbo.{f}" for f in flags("megatron", local_spec_swap=True) if getattr(t, f)]
+        if on:
+            out.append(ConfigIssue(on + ["backend.layer_spec"], "te",
+                                   "the megatron turbo swaps replace modules of the local spec; Transformer Engine's "
+                                   "layers already fuse these", "set backend.layer_spec=local, or turbo=off"))
+    if t.enable_primus_turbo and t.use_turbo_parallel_linear and p.fp8 is not None and spec == "local":
+        if p.fp8_recipe.value not in PORTABLE_FP8_RECIPES:  # the fp8 linear the turbo parallel linear runs
+            out.append(ConfigIssue(["turbo.use_turbo_parallel_linear", "precision.fp8_recipe"], p.fp8_recipe.value,
+                                   f"the turbo parallel linear runs fp8 recipes {list(PORTABLE_FP8_RECIPES)}",
+                                   "use precision=fp8 (tensorwise) or precision=fp8_delayed"))
+    if ctx.planned:
+        return out
+    from primus.turbo import providers
+
+    for i in providers.capability_issues(cfg, ctx.device, info=providers.device_info_for(ctx.device)):
+        if i.keys and i.keys[0].startswith("precision.fp8"):
+            continue  # the precision rules judge fp8 (TE or the portable linear)
+        out.append(i)
+    return out
+
+
+def megatron_swaps() -> Tuple[str, ...]:
+    """args["turbo"] keys whose module swaps megatron/turbo.py counts (a flag that swapped nothing is an error)."""
+    return flags("megatron", local_spec_swap=True) + ("moe_permute_fusion",)
+
+
+# ------------------------------------------------------------------------------------------- torchtitan
+# turbo.* flags -> the TorchTitan model converters of backends/torchtitan/turbo.py, settings in args[TURBO_KEY].
+
+TURBO_ATTENTION = "primus_turbo.attention"  # names registered by backends/torchtitan/turbo.py (a test checks)
+TURBO_FLOAT8 = "primus_turbo.float8_linear"
+TURBO_GROUPED_GEMM = "primus_turbo.grouped_gemm"
+
+
+def megatron_only(cfg) -> tuple:
+    """turbo.* fields only megatron reads: TorchTitan's MoE experts have no fp8 grouped GEMM here."""
+    return ("grouped_gemm_fp8",)
+
+
+def torchtitan_async_tp(cfg) -> bool:
+    """TorchTitan's async TP asked for through turbo.use_turbo_async_tp (parallelism.enable_async_tensor_parallel)."""
+    return turbo_on(cfg, "use_turbo_async_tp")
+
+
+def torchtitan(cfg, ctx) -> Dict[str, Any]:
+    from primus.backends.torchtitan.jobconfig_keys import TURBO_KEY
+    from primus.features.precision import FP8Recipe, float8
+
+    t, p = cfg.turbo, cfg.precision
+    converters: List[str] = []
+    out: Dict[str, Any] = {}
+    if t.enable_primus_turbo:
+        settings: Dict[str, Any] = {"compile": cfg.training.compile}
+        if t.use_turbo_attention:
+            converters.append(TURBO_ATTENTION)
+            settings["attention"] = True
+        if t.use_turbo_grouped_gemm and cfg.model.num_experts:  # dense models: moe's MoE-on-dense rule
+            converters.append(TURBO_GROUPED_GEMM)
+            settings["grouped_gemm"] = True
+        if t.use_turbo_float8_linear and p.fp8 is not None:
+            settings["float8_linear"] = {"recipe": p.fp8_recipe.value, "fmt": p.fp8.value,
+                                         "filter_fqns": list(p.float8_filter_fqns)}
+            if p.fp8_recipe == FP8Recipe.delayed:  # fp8_linear.DelayedScaling's settings
+                settings["float8_linear"]["delayed"] = {"history_len": p.fp8_amax_history_len,
+                                                        "margin": p.fp8_margin, "algo": p.fp8_amax_compute_algo}
+        if t.use_turbo_async_tp:
+            # TorchTitan's async TP: torch symmetric-memory fused all-gather/reduce-scatter matmuls, which compile
+            # inserts into the TP regions. primus.turbo.parallel_linear is not wired into TorchTitan's DTensor plan.
+            settings["async_tp"] = True
+        out[TURBO_KEY] = settings
+    # the float8 converter last: after the turbo swaps (the turbo fp8 linear, or torchao's)
+    converters += [TURBO_FLOAT8] if turbo_fp8(cfg) else float8(cfg)["converters"]
+    out["model"] = {"converters": converters}
+    return out
+
+
+def _turbo_float8_tp_issues(cfg) -> List[ConfigIssue]:
+    """The turbo fp8 linear under TorchTitan's TP plan runs on each rank's shards (turbo._tp_forward): their dims
+    must still be fp8 GEMM operands (multiples of 16), and TorchTitan's async TP cannot fuse its collectives into
+    the fp8 GEMMs (custom ops, not aten matmuls: the fusion would silently skip them)."""
+    from primus.metrics.flops import head_dim as head_dim_of
+
+    m, par, out = cfg.model, cfg.parallel, []
+    tp = par.tensor_model_parallel_size
+    head_dim = head_dim_of(m)
+    local = {"q (heads x head dim)": m.num_attention_heads * head_dim, "k / v (kv heads x head dim)":
+             m.num_query_groups * head_dim, "ffn_hidden_size": m.ffn_hidden_size}
+    bad = {k: v for k, v in local.items() if v % tp or (v // tp) % 16}
+    if bad:
+        out.append(ConfigIssue(["turbo.use_turbo_float8_linear", "parallel.tensor_model_parallel_size"],
+                               {"tp": tp, **bad}, "each rank's shard of these linear dims must be a multiple of 16 "
+                               "(an fp8 GEMM operand)", "pick a tensor_model_parallel_size that keeps them so"))
+    if cfg.turbo.use_turbo_async_tp or cfg.overlap.enable_async_tensor_parallel:
+        out.append(ConfigIssue(["turbo.use_turbo_float8_linear", "turbo.use_turbo_async_tp",
+                                "overlap.enable_async_tensor_parallel"], True,
+                               "TorchTitan's async TP fuses the TP collectives into aten matmuls; the turbo fp8 "
+                               "linear's GEMMs are custom ops it cannot fuse",
+                               "turn async TP off, or turbo.use_turbo_float8_linear=false"))
+    return out
+
+
+def torchtitan_issues(cfg, ctx) -> List[ConfigIssue]:
+    """Turbo flags with backend=torchtitan: what they need, and (unless planned) a provider for each here."""
+    from primus.features.precision import PORTABLE_FP8_RECIPES, FP8Recipe, delayed_recipe_issues, preset
+
+    t, p, par = cfg.turbo, cfg.precision, cfg.parallel
+    issues: List[ConfigIssue] = []
+    if not t.enable_primus_turbo:
+        return issues
+    if turbo_fp8(cfg):  # precision.fp8 served by primus.turbo.fp8_linear instead of torchao's converter
+        if p.fp8_recipe.value not in PORTABLE_FP8_RECIPES:
+            issues.append(ConfigIssue(["turbo.use_turbo_float8_linear", "precision.fp8_recipe"], p.fp8_recipe.value,
+                                      f"the turbo fp8 linear runs recipes {list(PORTABLE_FP8_RECIPES)}",
+                                      f"pick one of those (precision={', '.join(map(preset, PORTABLE_FP8_RECIPES))}), "
+                                      "or turbo.use_turbo_float8_linear=false"))
+        if p.fp8_recipe == FP8Recipe.delayed:
+            issues.extend(delayed_recipe_issues(p))
+        for k in ("float8_enable_fsdp_float8_all_gather", "float8_precompute_float8_dynamic_scale_for_fsdp"):
+            if getattr(p, k):
+                issues.append(ConfigIssue([f"precision.{k}", "turbo.use_turbo_float8_linear"], True,
+                                          "the turbo fp8 linear casts after the FSDP all-gather (bf16 all-gather); "
+                                          "float8 all-gather is torchao's",
+                                          f"set precision.{k}=false, or turbo.use_turbo_float8_linear=false"))
+        if par.tensor_model_parallel_size > 1:
+            issues.extend(_turbo_float8_tp_issues(cfg))
+    elif t.use_turbo_float8_linear:
+        issues.append(ConfigIssue(["turbo.use_turbo_float8_linear", "precision.fp8"], None,
+                                  "the turbo float8 linear serves precision.fp8; with fp8 off there is nothing "
+                                  "to serve",
+                                  "set precision=fp8 (tensorwise), or turbo.use_turbo_float8_linear=false"))
+    if t.use_turbo_async_tp:
+        tp = par.tensor_model_parallel_size
+        if tp == 1 or not cfg.training.compile:
+            issues.append(ConfigIssue(["turbo.use_turbo_async_tp", "parallel.tensor_model_parallel_size",
+                                       "training.compile"], {"tp": tp, "compile": cfg.training.compile},
+                                      "async TP overlaps the TP collectives with the GEMMs: it needs tp > 1 and "
+                                      "torch.compile (TorchTitan's micro-pipelined TP)",
+                                      "set tp > 1 and training.compile=true, or turbo.use_turbo_async_tp=false"))
+    if ctx.planned:  # a dry run for a GPU this machine lacks skips the hardware probe
+        return issues
+    from primus.turbo import providers
+
+    return issues + providers.capability_issues(cfg, ctx.device, info=providers.device_info_for(ctx.device))

@@ -32,12 +32,12 @@ torchtitan 0.2.2:
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 from primus.config.schema import Backend, PrimusConfig
+from primus.features.precision import recipes, te_available
 from primus.metrics.flops import (attention_params, dense_mlp_params, expert_params, flops_per_token, head_dim,
                                   num_moe_layers, shared_expert_params)
 from primus.plan.gpus import GiB, Gpu
@@ -86,16 +86,16 @@ def backend_hints(cfg: PrimusConfig) -> BackendHints:
     if cfg.backend.name != Backend.megatron:
         return replace(h, v_keeps_qkv=False)
     spec = cfg.backend.layer_spec.value
-    h.te_linears = spec == "te" or (spec == "auto" and importlib.util.find_spec("transformer_engine") is not None)
-    h.portable_fp8_saves_fp8 = (cfg.precision.fp8 is not None and not h.te_linears
-                                and cfg.precision.fp8_recipe.value in ("tensorwise", "delayed", "blockwise"))
+    h.te_linears = spec == "te" or (spec == "auto" and te_available())
+    h.portable_fp8_saves_fp8 = (cfg.precision.fp8 is not None and not h.te_linears  # all but rowwise: megatron has none
+                                and cfg.precision.fp8_recipe.value in recipes(backend="megatron", provider="portable"))
     try:  # the real settings of a GPU run (pure Python, no torch)
         from primus.backends.megatron import args as margs
         from primus.context import RunContext
 
         gpu_ctx = RunContext(device="cuda", world_size=1)
-        h.grad_reduce_in_fp32 = bool(margs.ddp_config_kwargs(cfg).get("grad_reduce_in_fp32", h.grad_reduce_in_fp32))
-        h.swiglu_fused = bool(margs.transformer_config_kwargs(cfg, gpu_ctx).get("bias_activation_fusion", h.swiglu_fused))
+        h.grad_reduce_in_fp32 = margs.GRAD_REDUCE_IN_FP32
+        h.swiglu_fused = margs.activation_fusion(cfg, gpu_ctx) is not None
     except Exception:  # planning never depends on the backend importing
         pass
     return h

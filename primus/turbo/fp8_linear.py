@@ -58,8 +58,8 @@ from primus.turbo import _common, fp8_cast_gluon
 
 log = logging.getLogger("primus.turbo")
 
-from primus.turbo.providers import PORTABLE_AMAX_ALGOS  # noqa: E402
-from primus.turbo.providers import PORTABLE_FP8_RECIPES as RECIPES  # noqa: E402
+from primus.features.precision import PORTABLE_AMAX_ALGOS, gpu_has_fp8  # noqa: E402
+from primus.features.precision import PORTABLE_FP8_RECIPES as RECIPES  # noqa: E402
 _DEVICE_WORDS = ("cpu", "cuda", "rocm")
 GROUP = 128  # blockwise group / tile edge
 _PARTS = 1024  # max programs of the amax pass (its partial maxima fit one load of the cast kernel)
@@ -89,9 +89,8 @@ def _gpu_has_fp8(dev: torch.device) -> bool:
     if dev.type != "cuda" or not torch.cuda.is_available():
         return False
     if torch.version.hip is not None:
-        arch = getattr(torch.cuda.get_device_properties(dev), "gcnArchName", "")
-        return arch.startswith(("gfx94", "gfx95", "gfx12"))
-    return torch.cuda.get_device_capability(dev) >= (8, 9)
+        return gpu_has_fp8("rocm", gcn_arch=getattr(torch.cuda.get_device_properties(dev), "gcnArchName", ""))
+    return gpu_has_fp8("cuda", torch.cuda.get_device_capability(dev))
 
 
 def fp8_linear_available(recipe_or_device=None, device=None, recipe: Optional[str] = None) -> bool:

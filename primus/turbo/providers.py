@@ -18,42 +18,14 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from primus.config.errors import ConfigError, ConfigIssue
-
-# fp8 recipes the portable fp8 linear (primus/turbo/fp8_linear.py) implements; kept here, in an import-light
-# module, so validation and dry runs can ask without importing torch.
-PORTABLE_FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise")
-PORTABLE_AMAX_ALGOS = ("max", "most_recent")  # the delayed recipe's precision.fp8_amax_compute_algo values
+from primus.features.precision import (  # noqa: F401 - the recipe table's answers, importable from here as before
+    GPUS, PORTABLE_AMAX_ALGOS, PORTABLE_FP8_RECIPES, delayed_recipe_issues, gpu_has_fp8, te_available,
+)
+from primus.features.turbo import flags, sync_free_components
 
 log = logging.getLogger("primus.turbo")
 
-
-def delayed_recipe_issues(p) -> List[ConfigIssue]:
-    """The portable delayed recipe's settings (precision.*; fp8_linear.DelayedScaling), for either backend."""
-    out: List[ConfigIssue] = []
-    if p.fp8_interval != 1:
-        out.append(ConfigIssue(["precision.fp8_interval"], p.fp8_interval,
-                               "the portable delayed recipe updates the amax history and the scale at every cast "
-                               "(Transformer Engine has deprecated fp8_interval)", "set precision.fp8_interval=1"))
-    if p.fp8_amax_compute_algo not in PORTABLE_AMAX_ALGOS:
-        out.append(ConfigIssue(["precision.fp8_amax_compute_algo"], p.fp8_amax_compute_algo,
-                               f"the amax of the history is one of {list(PORTABLE_AMAX_ALGOS)}", "use one of those"))
-    if p.fp8_amax_history_len < 1:
-        out.append(ConfigIssue(["precision.fp8_amax_history_len"], p.fp8_amax_history_len,
-                               "the amax history holds at least one entry", "set it to 1 or more (TE: 1024)"))
-    return out
-
 PRIMUS_TURBO = "primus_turbo"
-
-# Flags each backend reads (keys are the config keys, "group.field").
-MEGATRON_FLAGS = (
-    "turbo.use_turbo_rms_norm", "turbo.use_turbo_attention", "turbo.use_turbo_parallel_linear",
-    "turbo.use_turbo_grouped_gemm", "turbo.use_turbo_fused_act_with_probs",
-    "turbo.moe_use_fused_router_with_aux_score", "turbo.use_turbo_deepep",
-)
-TORCHTITAN_FLAGS = (
-    "turbo.use_turbo_attention", "turbo.use_turbo_async_tp", "turbo.use_turbo_float8_linear",
-    "turbo.use_turbo_grouped_gemm",
-)
 
 
 def _importable(name: str) -> bool:
@@ -82,12 +54,8 @@ class DeviceInfo:
 
     @property
     def fp8(self) -> bool:
-        """fp8 tensor cores: NVIDIA sm89+ (Ada/Hopper/Blackwell) or AMD gfx942+ (MI300/MI325/MI355)."""
-        if self.kind == "cuda":
-            return self.capability >= (8, 9)
-        if self.kind == "rocm":
-            return self.gcn_arch.startswith(("gfx94", "gfx95", "gfx12"))
-        return False
+        """fp8 tensor cores (features/precision.py: gpu_has_fp8)."""
+        return gpu_has_fp8(self.kind, self.capability, self.gcn_arch)
 
     @property
     def gpu(self) -> bool:
@@ -105,7 +73,7 @@ def device_info_for(device: str) -> DeviceInfo:
     return DeviceInfo(kind="cpu", has_triton=_importable("triton"),
                       triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
                       has_primus_turbo=_importable(PRIMUS_TURBO), has_deep_ep=_importable("deep_ep"),
-                      has_te=_importable("transformer_engine"))
+                      has_te=te_available())
 
 
 def probe(device: str) -> DeviceInfo:
@@ -115,7 +83,7 @@ def probe(device: str) -> DeviceInfo:
     interp = os.environ.get("TRITON_INTERPRET", "0") == "1"
     info = DeviceInfo(kind="cpu", has_triton=_importable("triton"), triton_interpret=interp,
                       has_primus_turbo=_importable(PRIMUS_TURBO), has_deep_ep=_importable("deep_ep"),
-                      has_te=_importable("transformer_engine"))
+                      has_te=te_available())
     info.has_symm_mem = _importable("torch.distributed._symmetric_memory")
     if str(device).startswith("cuda") and torch.cuda.is_available():
         idx = torch.cuda.current_device()
@@ -165,8 +133,8 @@ def _enabled(turbo_cfg, precision_cfg, backend: str, moe_cfg=None) -> List[str]:
     """The config keys (group.field) that ask for a turbo / portable kernel path on this backend."""
     keys: List[str] = []
     if turbo_cfg is not None and getattr(turbo_cfg, "enable_primus_turbo", False):
-        flags = TORCHTITAN_FLAGS if backend == "torchtitan" else MEGATRON_FLAGS
-        keys += [k for k in flags if getattr(turbo_cfg, k.split(".", 1)[1], False)]
+        keys += [f"turbo.{f}" for f in flags("torchtitan" if backend == "torchtitan" else "megatron")
+                 if getattr(turbo_cfg, f, False)]
         stage = int(getattr(turbo_cfg, "turbo_sync_free_moe_stage", 0) or 0)
         if stage > 0 and backend != "torchtitan":
             keys.append("turbo.turbo_sync_free_moe_stage")
@@ -191,8 +159,7 @@ def _fp8_missing(key: str, info: DeviceInfo) -> Optional[ConfigIssue]:
     if not info.fp8:
         what = info.name or info.kind
         return ConfigIssue([key, "device"], what,
-                           "fp8 GEMMs need fp8 tensor cores: NVIDIA compute capability >= 8.9 (L40/H100/H200/B200) "
-                           "or AMD gfx942+ (MI300/MI325/MI355)",
+                           "fp8 GEMMs need " + GPUS["fp8"]["words"],
                            "run on such a GPU, or use precision=bf16")
     return None
 
@@ -225,9 +192,7 @@ def _resolve(turbo_cfg, precision_cfg, info: DeviceInfo, backend: str, moe_cfg=N
             continue
         if flag == "turbo_sync_free_moe_stage":
             stage = int(turbo_cfg.turbo_sync_free_moe_stage)
-            out[key] = f"stage {stage}: " + ", ".join(
-                ["fused router", "permute fusion"] + (["DeepEP dispatcher", "grouped GEMM"] if stage >= 2 else [])
-                + (["fused act with probs"] if stage >= 3 else []))
+            out[key] = f"stage {stage}: " + ", ".join(words for _, words in sync_free_components(stage))
             continue
         if flag == "fp8":
             if info.has_te and backend == "megatron":

@@ -1,7 +1,7 @@
 """Turbo kernels in megatron-core's local spec (`turbo.*` flags, backend=megatron, no Transformer Engine).
 
-args.py decides what is on (`args["turbo"]`, JSON-able, shown by a dry run); the trainer resolves and logs the
-providers (`primus.turbo.providers`), then uses this module at three points:
+primus/features/turbo.py decides what is on (`args["turbo"]`, JSON-able, shown by a dry run); the trainer resolves
+and logs the providers (`primus.turbo.providers`), then uses this module at three points:
 
   spec (before the model is built)   spec.py calls `swap_spec`:
       use_turbo_attention   core attention -> TurboSDPAttention: `primus.turbo.attention.turbo_attention` on the
@@ -11,7 +11,7 @@ providers (`primus.turbo.providers`), then uses this module at three points:
                             RMSNorm fwd+bwd, weight marked `sequence_parallel` as spec.RMSNorm does.
   megatron internals (`install`, before the model is built, idempotent, switches read per call):
       use_turbo_grouped_gemm               GroupedMLP's `gg.ops.gmm` -> primus.turbo.grouped_gemm (the config's
-                                           moe_grouped_gemm is forced on by args.py so GroupedMLP is built);
+                                           moe_grouped_gemm is forced on by features/moe.py: GroupedMLP is built);
                                            with turbo.grouped_gemm_fp8 (precision.fp8 without TE):
                                            fp8_grouped_gemm: torch._scaled_grouped_mm (rowwise, e4m3, sm90)
                                            or the Triton kernels (tensorwise), per grouped_gemm_fp8's rule;
@@ -440,10 +440,6 @@ def count_modules(model) -> Dict[str, int]:
 
 def check_swapped(flags: Dict[str, Any], swaps: Dict[str, int]) -> List[str]:
     """The enabled flags that swapped nothing anywhere (a ConfigError for the trainer)."""
-    missing = []
-    for key in ("use_turbo_attention", "use_turbo_rms_norm", "use_turbo_parallel_linear",
-                "use_turbo_fused_act_with_probs", "use_turbo_grouped_gemm", "moe_use_fused_router_with_aux_score",
-                "moe_permute_fusion"):
-        if flags.get(key) and not swaps.get(key):
-            missing.append(key)
-    return missing
+    from primus.features.turbo import megatron_swaps
+
+    return [key for key in megatron_swaps() if flags.get(key) and not swaps.get(key)]

@@ -2,7 +2,7 @@
 
 TorchTitan builds the model on the meta device, runs the converters named in `model.converters`, then applies
 TP / activation checkpointing / torch.compile (per block, fullgraph) / FSDP. Ours are registered under these names
-(args.py puts them in the job config; `configure` hands them the settings in `args[TURBO_KEY]`):
+(primus/features/turbo.py puts them in the job config; `configure` hands them the settings in `args[TURBO_KEY]`):
 
   primus_turbo.attention      every attention module's SDPA wrapper (`inner_attention`, TorchTitan's
                               ScaledDotProductAttentionWrapper) -> TurboSDPA: `primus.turbo.attention.turbo_attention`

@@ -11,8 +11,6 @@ Both apply on a version mismatch: each only sets a name to what megatron's own c
 """
 from __future__ import annotations
 
-import importlib.util
-
 from primus.backends.megatron.args import PINNED_MCORE
 from primus.patches.registry import Conditions, Workaround, pin
 
@@ -33,7 +31,9 @@ def _mla_have_te(_cond: Conditions) -> None:
 
 
 def _te_missing(_cond: Conditions) -> bool:
-    return importlib.util.find_spec("transformer_engine") is None
+    from primus.features.precision import te_available
+
+    return not te_available()
 
 
 _MCORE = (pin("megatron-core", PINNED_MCORE),)
