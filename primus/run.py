@@ -62,14 +62,15 @@ def _run(dcfg: DictConfig):
     from primus.launch.slurm import slurm_task_env
 
     os.environ.update(slurm_task_env() or {})  # a task of a multi-task Slurm job: rank + rendezvous from Slurm
-    from primus.config.keys import unknown_keys
+    from primus.config.keys import non_bool_overrides, unknown_keys
 
+    meta = hydra_meta()
     unknown = unknown_keys(OmegaConf.to_container(dcfg, resolve=False))  # `+key` typos: nothing would read them
+    unknown += non_bool_overrides(meta["overrides"])  # omegaconf reads precision.bf16=2 as true
     if unknown:
         raise ConfigError(unknown)
     # merge onto the schema so a saved run config (`--config-dir <run>/.hydra`) is typed and checked as well
     cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
-    meta = hydra_meta()
     ctx = resolve(cfg, meta["run_dir"])
     describe_only = cfg.dry_run or cfg.mode == Mode.plan
     if describe_only and cfg.device != Device.cpu and not gpu_present():

@@ -31,3 +31,13 @@ def test_plus_key_typo_exits_2_before_anything_runs(tmp_path):
     p = run_train(["+precison=fp8", "dry_run=true", f"hydra.run.dir={tmp_path}"])
     assert p.returncode == 2, tail(p)
     assert "precison" in p.stdout and "did you mean precision?" in p.stdout
+
+
+def test_a_switch_given_a_number_is_refused():
+    from primus.config.keys import non_bool_overrides
+
+    issues = non_bool_overrides(["precision.bf16=2", "precision.fp16=false", "+training.compile=True",
+                                 "model.apply_rope_fusion=null", "model.apply_rope_fusion=1", "training.lr=1",
+                                 "model=debug"])
+    assert [(i.keys, i.value) for i in issues] == [(["precision.bf16"], "2"), (["model.apply_rope_fusion"], "1")]
+    assert "precision.bf16=true or precision.bf16=false" in issues[0].fix and "(or null)" in issues[1].rule

@@ -25,3 +25,22 @@ def test_unknown_and_misplaced_recompute_modules(cfg_of):
                                                ("recompute.recompute_modules", "model.multi_latent_attention")}
     bad = next(i for i in issues if i.keys == ["recompute.recompute_modules"])
     assert bad.value == ["bogus"] and "core_attn" in bad.fix
+
+
+@pytest.mark.parametrize("key", ["model.rotary_base", "model.norm_epsilon", "training.lr", "training.min_lr",
+                                 "training.clip_grad", "training.adam_eps", "training.weight_decay",
+                                 "training.init_method_std", "moe.moe_aux_loss_coeff", "moe.moe_z_loss_coeff",
+                                 "plan.gpu_memory_gb"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_nan_and_inf_are_refused_by_name(cfg_of, key, value):
+    # the range rules compare with < and <=, which NaN passes: training.clip_grad=nan turned clipping off
+    issues = _issues(cfg_of, [f"{key}={value}"])
+    assert [i.keys for i in issues] == [[key]] and "finite" in issues[0].rule
+
+
+def test_a_fractional_rope_theta_is_not_truncated(cfg_of):
+    from primus.backends.megatron.args import build_args
+
+    cfg = cfg_of(["model.rotary_base=10000.5"])
+    validate(cfg, RunContext(device="cuda", world_size=1, planned=True))
+    assert build_args(cfg, RunContext(device="cuda", world_size=1, planned=True))["gpt_model"]["rotary_base"] == 10000.5

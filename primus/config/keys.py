@@ -4,6 +4,9 @@ Hydra refuses an unknown key given plainly (`precison=fp8`), but its own message
 `+key` is added to the config however the schema reads. Such a key used to be saved to `.hydra/config.yaml` and
 read by nothing, with exit 0. This check walks the composed config against the schema's dataclasses before
 anything else and names each unknown key with the closest schema keys.
+
+A switch is true or false: omegaconf turns any non-zero number given to a bool field into true
+(`precision.bf16=2`), so the command-line overrides of bool fields are checked for the words themselves.
 """
 from __future__ import annotations
 
@@ -74,3 +77,39 @@ def unknown_keys(cfg: Dict[str, Any], cls=None) -> List[ConfigIssue]:
 
     walk(cfg, tree, "")
     return issues
+
+
+BOOL_WORDS = ("true", "false")
+
+
+def _leaf_type(cls, key: str):
+    for part in key.split(".")[:-1]:
+        hints = typing.get_type_hints(cls)
+        if part not in hints or not dataclasses.is_dataclass(hints[part]):
+            return None
+        cls = hints[part]
+    return typing.get_type_hints(cls).get(key.rsplit(".", 1)[-1])
+
+
+def non_bool_overrides(overrides: List[str], cls=None) -> List[ConfigIssue]:
+    """One issue per command-line override that gives a bool field anything but true or false (null where the
+    field is optional)."""
+    if cls is None:
+        from primus.config.schema import PrimusConfig as cls
+    out: List[ConfigIssue] = []
+    for o in overrides:
+        key, sep, value = o.lstrip("+~").partition("=")
+        if not sep:
+            continue
+        t = _leaf_type(cls, key)
+        optional = typing.get_origin(t) is typing.Union and type(None) in typing.get_args(t)
+        if optional:
+            t = next(a for a in typing.get_args(t) if a is not type(None))
+        if t is not bool:
+            continue
+        v = value.strip().lower()
+        if v in BOOL_WORDS or (optional and v == "null"):
+            continue
+        out.append(ConfigIssue([key], value, "a switch is true or false" + (" (or null)" if optional else ""),
+                               f"write {key}=true or {key}=false"))
+    return out

@@ -9,6 +9,8 @@ in place, so every consumer sees one form.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Callable, List, Optional
 
 from primus.config.errors import ConfigError, ConfigIssue
@@ -64,10 +66,31 @@ _NULL_MEANS = {"model.kv_channels": "hidden_size / heads", "model.num_experts": 
                "no shared experts", "model.q_lora_rank": "full-rank queries"}
 
 
+# Float fields that may be infinite (none yet): every other number must be finite. The range rules compare with
+# < and <=, which NaN passes, so NaN and inf are caught here, before them.
+INFINITE_OK: tuple = ()
+
+
+def numbers_are_finite(cfg, ctx=None) -> List[ConfigIssue]:
+    out = []
+
+    def walk(obj, prefix):
+        for f in dataclasses.fields(obj):
+            v, key = getattr(obj, f.name), prefix + f.name
+            if dataclasses.is_dataclass(v):
+                walk(v, key + ".")
+            elif isinstance(v, float) and not math.isfinite(v) and key not in INFINITE_OK:
+                out.append(ConfigIssue([key], v, "must be a finite number (NaN and inf are not values here)",
+                                       f"set {key} to a finite number, or leave it at its default"))
+
+    walk(cfg, "")
+    return out
+
+
 def validate(cfg: PrimusConfig, ctx: RunContext, rules: Optional[List[Rule]] = None) -> PrimusConfig:
     """Run every rule (generic, then the backend's capability rules) and raise one ConfigError listing all issues."""
-    issues: List[ConfigIssue] = counts_are_positive(cfg, ctx)
-    if issues:  # the other rules divide by these counts: their verdicts would be noise
+    issues: List[ConfigIssue] = numbers_are_finite(cfg) + counts_are_positive(cfg, ctx)
+    if issues:  # the other rules compare and divide by these: their verdicts would be noise
         raise ConfigError(issues)
     for r in rules or RULES:
         issues += r(cfg, ctx)

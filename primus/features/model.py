@@ -261,7 +261,8 @@ def megatron(cfg, ctx) -> Dict[str, Any]:
         "vocab_size": padded_vocab_size(cfg),
         "max_sequence_length": cfg.training.seq_length,
         "position_embedding_type": "none" if m.multi_latent_attention else "rope",  # MLA applies RoPE itself
-        "rotary_base": int(m.rotary_base),
+        # megatron types it int; a fractional theta is passed as it is rather than truncated
+        "rotary_base": int(m.rotary_base) if float(m.rotary_base).is_integer() else m.rotary_base,
         "rotary_percent": 1.0,
         "share_embeddings_and_output_weights": m.tie_word_embeddings,
         "parallel_output": True,
