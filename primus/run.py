@@ -127,14 +127,15 @@ def _run(dcfg: DictConfig):
         nproc = cfg.launcher.nproc_per_node
         if "WORLD_SIZE" in os.environ or nproc == 1:
             if "WORLD_SIZE" not in os.environ:
-                os.environ.update(single_process_env(cfg.launcher.master_port or None))
+                os.environ.update(single_process_env(cfg.launcher.master_port or None, cfg.launcher.master_addr))
             from primus.train_loop import train
 
             ctx = resolve(cfg, meta["run_dir"])
             ctx.env = env
             res = train(cfg, ctx, meta)
             return res.get("status")
-        res = launch_local(cfg_yaml, meta["run_dir"], nproc, meta, cfg.launcher.master_port)
+        res = launch_local(cfg_yaml, meta["run_dir"], nproc, meta, cfg.launcher.master_port,
+                           cfg.launcher.master_addr)
         return (res or {}).get("status")
     finally:
         for lock in locks:

@@ -44,3 +44,21 @@ def test_a_fractional_rope_theta_is_not_truncated(cfg_of):
     cfg = cfg_of(["model.rotary_base=10000.5"])
     validate(cfg, RunContext(device="cuda", world_size=1, planned=True))
     assert build_args(cfg, RunContext(device="cuda", world_size=1, planned=True))["gpt_model"]["rotary_base"] == 10000.5
+
+
+@pytest.mark.parametrize("backend, override, owner", [
+    ("megatron", "memory.enable_cpu_offload=true", "TorchTitan"),
+    ("megatron", "precision.mixed_precision_param=float32", "TorchTitan"),
+    ("megatron", "overlap.enable_async_tensor_parallel=true", "TorchTitan"),
+    ("megatron", "recompute.activation_checkpoint_mode=full", "TorchTitan"),
+    ("megatron", "parallel.data_parallel_shard_degree=2", "TorchTitan"),
+    ("megatron", "turbo=torchtitan_fp8", "TorchTitan"),
+    ("torchtitan", "turbo=megatron", "megatron-core"),
+    ("torchtitan", "memory.use_distributed_optimizer=true", "megatron-core"),
+])
+def test_a_setting_only_the_other_backend_reads_is_refused(cfg_of, backend, override, owner):
+    # one rule for both backends (primus.features.other_backend_issues); megatron used to accept these unread
+    with pytest.raises(ConfigError) as e:
+        validate(cfg_of([f"backend={backend}", override]), RunContext(device="cuda", world_size=1, planned=True))
+    assert any(i.rule.startswith(f"{owner} only:") and "has no such setting" in i.rule for i in e.value.issues), \
+        e.value.issues

@@ -8,6 +8,8 @@ Each module (`precision`, `recompute`, `turbo`, `moe`, `parallel`, `overlap`, `m
 - its mapping to each backend: `megatron(cfg, ctx)` (megatron-core arguments, by section) and
   `torchtitan(cfg, ctx)` (TorchTitan JobConfig keys), read by `primus/backends/<name>/args.py`; and what each
   backend, as installed, cannot honour: `megatron_issues(cfg, ctx)` / `torchtitan_issues(cfg, ctx)`;
+- its fields that only one backend reads: `megatron_only(cfg)` / `torchtitan_only(cfg)` (set away from its
+  default under the other backend, such a field is an issue: that backend has no such setting);
 - its in-model application where one exists.
 
 Facts that several rules or mappings need (which fp8 recipe runs on which backend and device, which Turbo flag
@@ -65,3 +67,32 @@ def backend_issues(backend: str, cfg, ctx) -> List[Any]:
     """Every feature's `<backend>_issues(cfg, ctx)`: what this backend, as installed, and this device cannot honour
     (run by the backend's capability_issues, after the generic rules passed)."""
     return [i for m in modules() if hasattr(m, f"{backend}_issues") for i in getattr(m, f"{backend}_issues")(cfg, ctx)]
+
+
+# backend -> (the other backend, how issues name the other backend's library, this backend's library)
+BACKEND_NAMES = {"megatron": ("torchtitan", "TorchTitan", "megatron-core 0.16.1"),
+                 "torchtitan": ("megatron", "megatron-core", "torchtitan 0.2.2")}
+
+
+def other_backend_issues(backend: str, cfg) -> List[Any]:
+    """Every feature's fields that only the other backend reads (`<other>_only(cfg)`), set away from their defaults
+    on this backend: it has no such setting, so the value would have no effect. One rule for both backends."""
+    from primus.config.errors import ConfigIssue
+
+    other, other_lib, this_lib = BACKEND_NAMES[backend]
+    out = []
+    for feature in modules():
+        if not hasattr(feature, f"{other}_only"):
+            continue
+        group = feature.__name__.rsplit(".", 1)[1]
+        section = getattr(cfg, group)
+        fields = type(section).__dataclass_fields__
+        for k in getattr(feature, f"{other}_only")(cfg):
+            value, default = getattr(section, k), fields[k]
+            default = default.default_factory() if callable(default.default_factory) else default.default
+            if value != default:
+                shown = getattr(default, "value", default)
+                out.append(ConfigIssue([f"{group}.{k}"], getattr(value, "value", value),
+                                       f"{other_lib} only: {this_lib} has no such setting",
+                                       f"leave {group}.{k} at its default ({shown!r}) or use backend={other}"))
+    return out

@@ -14,7 +14,7 @@ from primus.features import rule
 class LauncherConfig:
     nproc_per_node: int = 1  # worker processes per node (one per GPU)
     nnodes: int = 1  # nodes
-    master_addr: str = "127.0.0.1"
+    master_addr: str = "127.0.0.1"  # the local launcher's rendezvous host (Slurm jobs take the first node's)
     master_port: int = 0  # 0 = pick a free port
     env: Dict[str, str] = field(default_factory=dict)  # extra env vars set for every worker
 

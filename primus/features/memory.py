@@ -93,6 +93,10 @@ def megatron_only(cfg) -> tuple:
     return MEGATRON_ONLY
 
 
+def torchtitan_only(cfg) -> tuple:
+    return ("enable_cpu_offload",)  # FSDP2's CPU offload
+
+
 def torchtitan(cfg, ctx) -> dict:
     return {"training": {"enable_cpu_offload": cfg.memory.enable_cpu_offload}}
 

@@ -87,6 +87,10 @@ def megatron_only(cfg) -> tuple:
     return MEGATRON_ONLY
 
 
+def torchtitan_only(cfg) -> tuple:
+    return ("enable_async_tensor_parallel",)
+
+
 def torchtitan(cfg, ctx) -> dict:
     # TorchTitan's async TP: torch symmetric-memory fused all-gather/reduce-scatter matmuls, which compile inserts
     # into the TP regions; turbo.use_turbo_async_tp asks for the same

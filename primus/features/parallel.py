@@ -135,6 +135,11 @@ def megatron_issues(cfg, ctx) -> list:
 # ------------------------------------------------------------------------------------------- TorchTitan
 
 
+def torchtitan_only(cfg) -> tuple:
+    """FSDP2's shard and replicate degrees: megatron's data parallel size is parallel.data_parallel_size."""
+    return ("data_parallel_shard_degree", "data_parallel_replicate_degree")
+
+
 def torchtitan_batches(cfg, ctx) -> Tuple[int, int]:
     """(training.local_batch_size, parallelism.pipeline_parallel_microbatch_size)."""
     t = cfg.training

@@ -514,6 +514,11 @@ def megatron_only(cfg) -> tuple:
                              "num_layers_at_end_in_bf16") if not (delayed_read and k in DELAYED_KEYS))
 
 
+def torchtitan_only(cfg) -> tuple:
+    """precision.* fields only TorchTitan reads (FSDP2's mixed precision, torchao's float8 options)."""
+    return ("mixed_precision_param", "mixed_precision_reduce", *_FSDP_FLOAT8, "float8_filter_fqns")
+
+
 def float8(cfg) -> Dict[str, Any]:
     """TorchTitan's model.converters and quantize.linear.* for precision.fp8 through torchao (provider "torchao");
     the turbo fp8 linear (turbo.torchtitan) serves it instead under turbo.use_turbo_float8_linear."""

@@ -172,6 +172,10 @@ def megatron_only(cfg) -> tuple:
     return MEGATRON_ONLY
 
 
+def torchtitan_only(cfg) -> tuple:
+    return ("activation_checkpoint_mode", "selective_ac_option")
+
+
 def ac_mode(r: RecomputeConfig) -> str:
     """TorchTitan's activation_checkpoint.mode: its own key, else the one recompute_granularity means."""
     if r.activation_checkpoint_mode is not None:

@@ -267,8 +267,14 @@ TURBO_GROUPED_GEMM = "primus_turbo.grouped_gemm"
 
 
 def megatron_only(cfg) -> tuple:
-    """turbo.* fields only megatron reads: TorchTitan's MoE experts have no fp8 grouped GEMM here."""
-    return ("grouped_gemm_fp8",)
+    """turbo.* fields only megatron reads: the flags TURBO_FLAGS gives megatron alone, and the fp8 grouped GEMM
+    (TorchTitan's MoE experts have none here)."""
+    return tuple(f for f in flags("megatron") if f not in flags("torchtitan")) + ("grouped_gemm_fp8",)
+
+
+def torchtitan_only(cfg) -> tuple:
+    """turbo.* fields only TorchTitan reads: the flags TURBO_FLAGS gives TorchTitan alone."""
+    return tuple(f for f in flags("torchtitan") if f not in flags("megatron"))
 
 
 def torchtitan_async_tp(cfg) -> bool:

@@ -19,14 +19,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def single_process_env(port: Optional[int] = None) -> Dict[str, str]:
+def single_process_env(port: Optional[int] = None, addr: str = "127.0.0.1") -> Dict[str, str]:
     """Rendezvous env for a world of one, so trainers can always initialise torch.distributed the same way."""
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port or free_port())}
+            "MASTER_ADDR": addr, "MASTER_PORT": str(port or free_port())}
 
 
-def launch_local(cfg_yaml: str, run_dir: str, nproc: int, meta: Dict[str, Any], master_port: int = 0) -> Optional[Dict]:
-    """Start nproc workers (primus.train_loop.worker) on this node and return rank 0's summary."""
+def launch_local(cfg_yaml: str, run_dir: str, nproc: int, meta: Dict[str, Any], master_port: int = 0,
+                 master_addr: str = "127.0.0.1") -> Optional[Dict]:
+    """Start nproc workers (primus.train_loop.worker) on this node and return rank 0's summary. The rendezvous
+    is launcher.master_addr:launcher.master_port (this host's loopback and a free port by default)."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from primus.train_loop import worker
@@ -38,7 +40,7 @@ def launch_local(cfg_yaml: str, run_dir: str, nproc: int, meta: Dict[str, Any], 
         nproc_per_node=nproc,
         run_id=f"primus-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{port}",
+        rdzv_endpoint=f"{master_addr}:{port}",
         max_restarts=0,
         monitor_interval=0.5,
         start_method="spawn",

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 from primus.config.errors import ConfigIssue
 from primus.config.schema import PrimusConfig
 from primus.context import RunContext
-from primus.features import backend_issues, backend_mapping, merged
+from primus.features import backend_issues, backend_mapping, merged, other_backend_issues
 from primus.features.backend import PINNED_MCORE
 from primus.features.model import activation_fusion, turbo_loss  # noqa: F401 - read from here by the planner
 from primus.features.parallel import num_microbatches  # noqa: F401 - read from here by the trainer and planner
@@ -76,8 +76,9 @@ def _issue(keys, value, rule, fix) -> ConfigIssue:
 
 
 def capability_issues(cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]:
-    """What megatron-core as installed, on this device, cannot do: each feature's `megatron_issues`."""
+    """What megatron-core as installed, on this device, cannot do: each feature's `megatron_issues`, and the
+    TorchTitan-only fields set (each feature's `torchtitan_only`)."""
     if mcore_version() is None:
         return [_issue(["backend.name"], "megatron", "megatron-core is not installed",
                        f"pip install megatron-core=={PINNED_MCORE}")]
-    return backend_issues("megatron", cfg, ctx)
+    return other_backend_issues("megatron", cfg) + backend_issues("megatron", cfg, ctx)

@@ -11,7 +11,7 @@ registers under `model.name` / `model.flavor`. It is not a JobConfig section and
 
 Each feature maps its own keys (primus/features/<name>.py: `torchtitan()`), says what TorchTitan cannot honour
 (`torchtitan_issues()`) and lists its fields that only megatron-core reads (`megatron_only()`: a non-default one
-is an issue here). Every TorchTitan key we set is checked against the installed TorchTitan (jobconfig_keys).
+is an issue here, primus.features.other_backend_issues). Every TorchTitan key we set is checked against the installed TorchTitan (jobconfig_keys).
 """
 from __future__ import annotations
 
@@ -22,33 +22,13 @@ from primus.backends.torchtitan.jobconfig_keys import installed_version, static_
 from primus.config.errors import ConfigIssue
 from primus.config.schema import PrimusConfig
 from primus.context import RunContext
-from primus.features import backend_issues, backend_mapping, merged, modules
-
-
-def megatron_only_issues(cfg: PrimusConfig) -> List[ConfigIssue]:
-    """Every feature's megatron-only fields (its `megatron_only(cfg)`) set away from their defaults under
-    backend=torchtitan: TorchTitan has no such setting, so the value would have no effect."""
-    out = []
-    for feature in modules():
-        if not hasattr(feature, "megatron_only"):
-            continue
-        group = feature.__name__.rsplit(".", 1)[1]
-        section = getattr(cfg, group)
-        fields = type(section).__dataclass_fields__
-        for k in feature.megatron_only(cfg):
-            value, default = getattr(section, k), fields[k]
-            default = default.default_factory() if callable(default.default_factory) else default.default
-            if value != default:
-                out.append(ConfigIssue([f"{group}.{k}"], getattr(value, "value", value),
-                                       "megatron-core only: torchtitan 0.2.2 has no such setting",
-                                       f"leave {group}.{k} at its default ({default!r}) or use backend=megatron"))
-    return out
+from primus.features import backend_issues, backend_mapping, merged, other_backend_issues
 
 
 def _map(cfg: PrimusConfig, ctx: RunContext):
     """(the job config, the issues found building it): every feature's `torchtitan()` merged, and every feature's
     `torchtitan_issues()` and megatron-only fields."""
-    issues = megatron_only_issues(cfg) + backend_issues("torchtitan", cfg, ctx)
+    issues = other_backend_issues("torchtitan", cfg) + backend_issues("torchtitan", cfg, ctx)
     run_dir = os.path.abspath(ctx.run_dir)
     args: Dict[str, Any] = {
         "job": {"dump_folder": os.path.join(run_dir, "torchtitan"), "description": f"primus {cfg.model.name}"},
