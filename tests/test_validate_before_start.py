@@ -62,3 +62,13 @@ def test_a_setting_only_the_other_backend_reads_is_refused(cfg_of, backend, over
         validate(cfg_of([f"backend={backend}", override]), RunContext(device="cuda", world_size=1, planned=True))
     assert any(i.rule.startswith(f"{owner} only:") and "has no such setting" in i.rule for i in e.value.issues), \
         e.value.issues
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["turbo.provider=bogus"], "turbo.provider"),  # was checked only by the device probe, skipped in a dry run
+    (["model=debug_moe", "model.moe_first_k_dense=4", "turbo=sync_free_stage2"], "model.moe_first_k_dense"),
+    (["precision=fp8", "precision.first_last_layers_bf16=true", "precision.num_layers_at_start_in_bf16=2",
+      "precision.num_layers_at_end_in_bf16=2"], "precision.num_layers_at_start_in_bf16"),
+])
+def test_dry_run_catches_without_a_gpu(cfg_of, overrides, key):
+    assert any(key in i.keys for i in _issues(cfg_of, overrides))

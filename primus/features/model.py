@@ -72,6 +72,12 @@ def model_values(cfg, ctx):
         out.append(ConfigIssue(["model.rotary_base"], m.rotary_base, "RoPE's theta must be > 0", "e.g. 10000 or 500000"))
     if m.norm_epsilon < 0:
         out.append(ConfigIssue(["model.norm_epsilon"], m.norm_epsilon, "must be >= 0", "e.g. 1e-5"))
+    if m.num_experts and m.moe_first_k_dense >= m.num_layers:
+        out.append(ConfigIssue(["model.moe_first_k_dense", "model.num_layers"],
+                               {"moe_first_k_dense": m.moe_first_k_dense, "num_layers": m.num_layers},
+                               "every layer would be dense: a MoE model needs at least one MoE layer",
+                               f"set model.moe_first_k_dense below {m.num_layers}, or model.num_experts=null for a "
+                               "dense model"))
     return out
 
 

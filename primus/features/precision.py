@@ -256,11 +256,12 @@ def first_last_layers_bf16(cfg, ctx):
         out.append(ConfigIssue(["precision.first_last_layers_bf16"], True,
                                "keeps layers in BF16 out of fp8/fp4: needs precision.fp8 or precision.fp4",
                                "set precision=fp8 (or fp4), or first_last_layers_bf16=false"))
-    n = p.num_layers_at_start_in_bf16 + p.num_layers_at_end_in_bf16
-    if p.num_layers_at_start_in_bf16 < 0 or p.num_layers_at_end_in_bf16 < 0 or n > cfg.model.num_layers:
+    n, layers = p.num_layers_at_start_in_bf16 + p.num_layers_at_end_in_bf16, cfg.model.num_layers
+    if p.num_layers_at_start_in_bf16 < 0 or p.num_layers_at_end_in_bf16 < 0 or n >= layers:
         out.append(ConfigIssue(["precision.num_layers_at_start_in_bf16", "precision.num_layers_at_end_in_bf16"],
                                [p.num_layers_at_start_in_bf16, p.num_layers_at_end_in_bf16],
-                               f"start + end must be in 0..num_layers ({cfg.model.num_layers})", "lower the counts"))
+                               f"start + end must be in 0..{layers - 1}: with all {layers} layers in BF16 nothing "
+                               "would run in fp8", "lower the counts, or drop fp8"))
     return out
 
 

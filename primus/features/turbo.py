@@ -106,6 +106,17 @@ def turbo_fp8(cfg) -> bool:
 
 
 @rule
+def turbo_provider_known(cfg, ctx):
+    from primus.turbo.providers import PROVIDERS
+
+    p = cfg.turbo.provider
+    if p in PROVIDERS:
+        return []
+    return [ConfigIssue(["turbo.provider"], p, "must be " + ", ".join(PROVIDERS[:-1]),
+                        "set turbo.provider=auto (primus_turbo when it imports, else this project's kernels)")]
+
+
+@rule
 def turbo_grouped_mlp_removed(cfg, ctx):
     if cfg.turbo.use_turbo_grouped_mlp is not None:
         return [ConfigIssue(["turbo.use_turbo_grouped_mlp"], cfg.turbo.use_turbo_grouped_mlp,
