@@ -55,6 +55,11 @@ class PrimusConfig:
     mode: Mode = Mode.train
     dry_run: bool = False  # validate and print the backend arguments as JSON, then exit
     experiment: Optional[str] = None  # name of the experiment preset, when one was chosen
+    # the job's stable identity (primus/features/checkpoint.py: run_dir): a name, or "auto" (the experiment or
+    # model plus a hash of the command's overrides); the run dir is then outputs/jobs/<id> for every rerun, so
+    # checkpoint.resume=auto continues the job. null = a new outputs/runs/<time> dir per run, unless
+    # checkpoint.resume=auto asks to continue (then "auto")
+    job_id: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict)  # free-form notes carried into result.json
 
 
@@ -82,6 +87,9 @@ def register() -> None:
     """Store the top-level schema and one schema per group in Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
+    from primus.features.checkpoint import register_resolvers
+
+    register_resolvers()  # conf/config.yaml's hydra.run.dir reads the job identity through it
     cs = ConfigStore.instance()
     cs.store(name="primus_schema", node=PrimusConfig)
     for group, (package, node) in GROUPS.items():
