@@ -17,11 +17,8 @@ from primus.config.schema import register
 register()
 
 
-# One exit-code table for every way a run ends (docs/launching.md), whatever the launcher or process count.
-EXIT_OK = 0
-EXIT_FAILED = 1  # an error during the run: result.json says which
-EXIT_BAD_CONFIG = 2  # refused before anything started: the message names each key, value and fix
-EXIT_PREEMPTED = 75  # stopped by a signal with a checkpoint: resume me (EX_TEMPFAIL, "try again later")
+from primus import exit_codes
+
 _entered = False  # Hydra's own compose errors exit 1 before main() runs; they are config errors too
 
 
@@ -41,9 +38,9 @@ def main(cfg: DictConfig):
         if sweep:
             raise  # a sweep records the failed point (primus/sweep.py) and goes on
         print(f"[primus] {e}", file=sys.stderr)
-        sys.exit(EXIT_BAD_CONFIG)
+        sys.exit(exit_codes.BAD_CONFIG)
     if status == "preempted" and not sweep:
-        sys.exit(EXIT_PREEMPTED)
+        sys.exit(exit_codes.PREEMPTED)
     return status
 
 
@@ -53,6 +50,6 @@ if __name__ == "__main__":
     try:
         hydra.main(config_path=conf, config_name="config", version_base="1.3")(main)()
     except SystemExit as e:
-        if e.code == EXIT_FAILED and not _entered:
-            sys.exit(EXIT_BAD_CONFIG)  # an override Hydra could not compose (unknown key, bad value, no option)
+        if e.code == exit_codes.FAILED and not _entered:
+            sys.exit(exit_codes.BAD_CONFIG)  # an override Hydra could not compose (unknown key, bad value, no option)
         raise

@@ -105,9 +105,25 @@ class Preemption:
 
     # ------------------------------------------------------------------ after result.json is written
     def exit_for_requeue(self, rank: int) -> None:
-        """Inside a submitit Slurm job: requeue through submitit (rank 0) / wait to be stopped (other ranks).
-        Elsewhere: return (the caller returns status 'preempted')."""
+        """Inside a Slurm job, after the checkpoint and result.json:
+
+        * SIGTERM: Slurm itself is stopping the job (preemption, `scontrol requeue`, scancel). Whether it runs again
+          is Slurm's decision, so the job ends without returning a result (exit 75): a submitit launcher then keeps
+          waiting for the requeued job and reports its final state, where a returned "preempted" used to read as
+          "job finished" while the requeued job went on with nobody watching.
+        * submitit's signal (the time-limit warning) or SIGUSR1 (a requeue asked for by hand) in a submitit job:
+          rank 0 hands over to submitit's handler, which requeues the job; other ranks wait to be stopped.
+
+        Elsewhere: return (the caller ends with status 'preempted', exit 75)."""
         self.restore()
+        if "SLURM_JOB_ID" not in os.environ:
+            return
+        if self.signum == signal.SIGTERM:
+            print(f"[primus] Slurm is stopping job {os.environ['SLURM_JOB_ID']} (SIGTERM): checkpoint saved; ending "
+                  "without a result so that a requeued job is waited for", file=sys.stderr, flush=True)
+            from primus import exit_codes
+
+            sys.exit(exit_codes.PREEMPTED)
         sig = self.sub_sig
         if sig is None:
             return
@@ -123,6 +139,14 @@ class Preemption:
             return
         print(f"[primus] requeueing Slurm job {os.environ.get('SLURM_JOB_ID')} through submitit", file=sys.stderr,
               flush=True)
-        # submitit's SignalHandler.checkpoint_and_try_requeue: launcher.checkpoint() -> new submission pickle,
-        # `scontrol requeue`, sys.exit(-1) (or UncompletedJobError when the job may not be requeued)
+        # submitit 1.5.4's SignalHandler.checkpoint_and_try_requeue decides "timed out" (which uses up
+        # max_num_timeout) from the walltime alone: after min(80% of the limit, limit - 10 min), so under a
+        # 10-minute limit every requeue counted as a time-out. The signal says which it is: submitit's own is the
+        # time-limit warning, SIGUSR1 a requeue asked for.
+        owner = getattr(handler, "__self__", None)
+        if owner is not None and hasattr(owner, "has_timed_out"):
+            timed_out = self.signum == sig
+            owner.has_timed_out = lambda: timed_out
+        # -> launcher.checkpoint() -> new submission pickle, `scontrol requeue`, sys.exit(-1) (or
+        # UncompletedJobError when the job may not be requeued)
         handler(sig, None)

@@ -14,7 +14,7 @@ import pytest
 
 from test_launch_common import PY, ROOT, load, run_train, tail
 
-PREEMPTED = 75  # train.py's EXIT_PREEMPTED: "resume me"
+from primus.exit_codes import PREEMPTED  # "resume me"
 SIX = ["training.train_iters=6", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0"]
 
 
