@@ -14,6 +14,8 @@ import pytest
 
 from test_launch_common import PY, ROOT, load, run_train, tail
 
+pytestmark = pytest.mark.e2e
+
 SIX = ["training.train_iters=6", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0"]
 
 
