@@ -147,8 +147,7 @@ print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "compile": com
 
 
 def real(tmp_path, argv, nproc=1):
-    # the interpreted kernels (blockwise most) and inductor's C++ builds take minutes on a loaded 2-core machine
-    return run_ranks(tmp_path, "fp8_real.py", REAL, argv, nproc, timeout=600)
+    return run_ranks(tmp_path, "fp8_real.py", REAL, argv, nproc)
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "delayed"])
