@@ -120,10 +120,26 @@ def _guarded(item):
 
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist, hand out the end-to-end tests first (slow, then e2e, then unit tests): a minutes-long run
-    started last would finish the session alone on one worker."""
-    if hasattr(config, "workerinput"):
-        items.sort(key=lambda it: 0 if it.get_closest_marker("slow") or it.get_closest_marker("slurm")
-                   else 1 if it.get_closest_marker("e2e") else 2)
+    started last would finish the session alone on one worker. With --dist loadgroup, name each test of an
+    xdist_group `<id>@<group>`, the id the scheduler keeps together: pytest-xdist 3.8 sets the old `_nodeid`
+    attribute, which pytest 9.2 no longer reads (its node ids are structured), so without this the groups split."""
+    if not hasattr(config, "workerinput"):
+        return
+    items.sort(key=lambda it: 0 if it.get_closest_marker("slow") or it.get_closest_marker("slurm")
+               else 1 if it.get_closest_marker("e2e") else 2)
+    if not config.getvalue("loadgroup"):
+        return
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if groups and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):  # not named yet
+            named = f"{item.nodeid}@{'_'.join(groups)}"
+            try:
+                from _pytest.nodeid import NodeId
+            except ImportError:  # an older pytest reads _nodeid (and pytest-xdist has set it)
+                item._nodeid = named
+            else:
+                item._id = NodeId.parse(named)
 
 
 # every phase: a module- or session-scoped fixture is set up inside the first test that needs it
