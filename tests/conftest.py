@@ -152,8 +152,9 @@ def pytest_runtest_call(item):
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item):
-    with _guarded(item):
+def pytest_runtest_teardown(item, nextitem):
+    # the last test of a session also tears the session's fixtures down (the Slurm cluster's `stop`), whatever it is
+    with _guarded(item) if nextitem is not None else contextlib.nullcontext():
         return (yield)
 
 
