@@ -20,11 +20,16 @@ setup: $(STAMP)
 train: $(STAMP)
 	$(VPY) train.py $(ARGS)
 
-test: $(STAMP)
-	$(VPY) -m pytest -q --durations=20 $(PYTEST_ARGS)
+# pytest-xdist workers (one per core); --dist loadgroup keeps each xdist_group (tests sharing a module fixture or
+# the local Slurm cluster) on one worker. TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= auto
 
+test: $(STAMP)
+	$(VPY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# unit tests only: no subprocess, no trainer, no process group (tests/conftest.py holds them to it)
 test-fast: $(STAMP)
-	$(VPY) -m pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -m "not e2e and not slow and not slurm" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -1,6 +1,20 @@
-"""Shared test helpers: compose configs offline with Hydra's compose API, exactly as train.py would."""
+"""Shared test helpers: compose configs offline with Hydra's compose API, exactly as train.py would; the guard that
+keeps unit tests unit tests; the local Slurm cluster.
+
+Markers (pyproject.toml lists them): a test with none is a unit test: in-process, no subprocess, no trainer, no
+process group. The guard below fails such a test the moment it starts a process, builds a trainer or initialises
+torch.distributed, so `make test-fast` (`-m "not e2e and not slow and not slurm"`) runs no trainer. A test that
+needs one is marked `e2e` (seconds) or `slow` (a minute or more); `slurm` ones need the local cluster.
+"""
+import contextlib
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
+import time
+import traceback
 
 # Without a GPU, Triton kernels run in Triton's interpreter. It must be chosen before triton is first imported
 # (torch and torchtitan import it early), so it is set here, for the whole session and its subprocesses.
@@ -30,6 +44,121 @@ def compose_cfg(overrides=()):
     """The typed PrimusConfig for these overrides."""
     return OmegaConf.to_object(compose_dict(overrides))
 
+
+# ------------------------------------------------------------------------------------------------ unit-test guard
+
+END_TO_END = ("e2e", "slow", "slurm")
+# Compilers that torch.compile / Triton run as processes (inductor's C++ build, its compile-worker pool) are part of
+# an in-process op test, not an end-to-end run: a process started from these packages passes.
+TOOLCHAIN = (os.sep + os.path.join("torch", "_inductor") + os.sep, os.sep + os.path.join("torch", "utils") + os.sep,
+             os.sep + "triton" + os.sep)
+
+
+class NotAUnitTest(Exception):
+    pass
+
+
+def _from_toolchain() -> bool:
+    return any(any(t in f.filename for t in TOOLCHAIN) for f in traceback.extract_stack()[:-2])
+
+
+@contextlib.contextmanager
+def _unit_guard():
+    """Within: starting a process, building a backend trainer or a process group raises NotAUnitTest, and is
+    recorded, so that code which catches the error (a fallback) still fails the test."""
+    import multiprocessing.process
+
+    import torch.distributed as dist
+
+    from primus.backends import base
+
+    seen = []
+
+    def guarded(orig, what):
+        def refuse(*a, **k):
+            if what == "a process" and _from_toolchain():
+                return orig(*a, **k)
+            msg = (f"{what} in a test without a marker: a unit test starts no process, builds no trainer and "
+                   f"initialises no process group. Mark it @pytest.mark.e2e (seconds) or @pytest.mark.slow (a minute "
+                   f"or more), or make it a unit test (pyproject.toml lists the markers).")
+            seen.append(msg)
+            raise NotAUnitTest(msg)
+        return refuse
+
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(subprocess.Popen, "__init__", guarded(subprocess.Popen.__init__, "a process"))
+        for name in ("system", "fork", "forkpty", "posix_spawn", "posix_spawnp"):
+            if hasattr(os, name):
+                mp.setattr(os, name, guarded(getattr(os, name), "a process"))
+        mp.setattr(multiprocessing.process.BaseProcess, "start",
+                   guarded(multiprocessing.process.BaseProcess.start, "a process"))
+        mp.setattr(base.Trainer, "__init__", guarded(None, "a backend trainer"))
+        if dist.is_available():
+            mp.setattr(dist, "init_process_group", guarded(None, "torch.distributed.init_process_group"))
+            mp.setattr(dist.distributed_c10d, "init_process_group",
+                       guarded(None, "torch.distributed.init_process_group"))
+        yield seen
+    finally:
+        mp.undo()
+
+
+@contextlib.contextmanager
+def _guarded(item):
+    if any(item.get_closest_marker(m) for m in END_TO_END):
+        yield
+        return
+    with _unit_guard() as seen:
+        yield
+    if seen:
+        raise NotAUnitTest(seen[0])
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, hand out the end-to-end tests first (slow, then e2e, then unit tests): a minutes-long run
+    started last would finish the session alone on one worker. With --dist loadgroup, name each test of an
+    xdist_group `<id>@<group>`, the id the scheduler keeps together: pytest-xdist 3.8 sets the old `_nodeid`
+    attribute, which pytest 9.2 no longer reads (its node ids are structured), so without this the groups split."""
+    if not hasattr(config, "workerinput"):
+        return
+    items.sort(key=lambda it: 0 if it.get_closest_marker("slow") or it.get_closest_marker("slurm")
+               else 1 if it.get_closest_marker("e2e") else 2)
+    if not config.getvalue("loadgroup"):
+        return
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if groups and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):  # not named yet
+            named = f"{item.nodeid}@{'_'.join(groups)}"
+            try:
+                from _pytest.nodeid import NodeId
+            except ImportError:  # an older pytest reads _nodeid (and pytest-xdist has set it)
+                item._nodeid = named
+            else:
+                item._id = NodeId.parse(named)
+
+
+# every phase: a module- or session-scoped fixture is set up inside the first test that needs it
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _guarded(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _guarded(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    # the last test of a session also tears the session's fixtures down (the Slurm cluster's `stop`), whatever it is
+    with _guarded(item) if nextitem is not None else contextlib.nullcontext():
+        return (yield)
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
 
 @pytest.fixture
 def cfg_of():
@@ -63,3 +192,41 @@ def _restore_environ():
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.config.disable = bool(dynamo_disabled)
+
+
+# ------------------------------------------------------------------------------------------------ local Slurm cluster
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A one-node Slurm cluster on this machine (launchers/slurm_cluster.sh), started once per test session (once per
+    pytest-xdist worker: `make test` runs the slurm tests on one, their xdist_group), stopped at its end. Its state,
+    config and logs live in a temp dir, on free ports, so a cluster someone else runs here is left alone.
+    Yields the env clients need: SLURM_CONF and PATH with the sacct stand-in first."""
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm cluster needs root")
+    if not shutil.which("slurmctld") and not shutil.which("apt-get"):
+        pytest.skip("no slurm-wlm and no apt-get to install it")
+    script = os.path.join(ROOT, "launchers", "slurm_cluster.sh")
+    d = tempfile.mkdtemp(prefix="primus-slurm-")  # short path: slurmd puts unix sockets in its spool dir
+    ports = set()
+    while len(ports) < 2:
+        ports.add(_free_port())
+    ctld, slurmd = sorted(ports)
+    env = {**os.environ, "SLURM_CLUSTER_DIR": d, "SLURM_CTLD_PORT": str(ctld), "SLURMD_PORT": str(slurmd)}
+    try:
+        t0 = time.time()
+        p = subprocess.run([script, "start"], env=env, capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, f"cluster did not start:\n{p.stdout}\n{p.stderr}"
+        print(f"slurm cluster up in {time.time() - t0:.1f}s ({d})")
+        yield {"SLURM_CONF": os.path.join(d, "slurm.conf"),
+               "PATH": os.path.join(d, "bin") + os.pathsep + os.environ.get("PATH", "")}
+    finally:
+        subprocess.run([script, "stop"], env=env, capture_output=True, text=True, timeout=120)
+        shutil.rmtree(d, ignore_errors=True)
+

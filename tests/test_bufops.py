@@ -231,6 +231,7 @@ def _cli(*args):
                           capture_output=True, text=True)
 
 
+@pytest.mark.e2e
 def test_cli_exit_codes(tmp_path):
     bad = tmp_path / "bad.s"
     bad.write_text(kernel(STORE + "\tv_mov_b32_e32 v6, 0\n"))

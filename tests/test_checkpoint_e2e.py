@@ -15,6 +15,9 @@ import pytest
 from test_launch_common import PY, ROOT, load, run_train, tail
 
 from primus.exit_codes import PREEMPTED  # "resume me"
+
+pytestmark = pytest.mark.e2e
+
 SIX = ["training.train_iters=6", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0"]
 
 

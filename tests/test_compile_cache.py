@@ -30,6 +30,7 @@ print("OK", torch.compile(lambda x: scale(x.sin()).cos())(torch.ones(8))[0].item
 '''
 
 
+@pytest.mark.e2e
 def test_a_changed_custom_op_is_served_a_stale_graph_unless_the_cache_key_tag_differs(tmp_path):
     script = tmp_path / "stale.py"
     script.write_text(STALE)

@@ -5,6 +5,8 @@ import pytest
 
 from test_launch_common import load, run_train, tail
 
+pytestmark = pytest.mark.e2e
+
 ARGS = ["training.train_iters=4", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0", "training.seed=7"]
 
 

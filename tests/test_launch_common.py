@@ -11,7 +11,7 @@ PY = sys.executable
 SHORT = ["training.train_iters=3", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0"]
 
 
-def run_train(args, timeout=240, env=None):
+def run_train(args, timeout=600, env=None):
     """python train.py ARGS from the repo root; returns the CompletedProcess (stdout and stderr merged)."""
     e = dict(os.environ)
     # One BLAS thread per process: on a loaded 2-core CI machine, oversubscribed OpenMP threads make CPU steps

@@ -18,6 +18,7 @@ def build(*overrides, ctx=CPU):
     return margs.build_args(compose(overrides), ctx)
 
 
+@pytest.mark.e2e
 def test_args_module_is_light_and_json():
     """Dry runs must stay fast: the mapping imports neither megatron nor torch."""
     code = ("import sys, json; from primus.backends.megatron.testing import compose; "

@@ -43,6 +43,7 @@ def local_data(tmp_path_factory):
     return d, docs
 
 
+@pytest.mark.e2e
 def test_preprocess_cli_writes_an_indexed_dataset_that_round_trips(local_data):
     from megatron.core.datasets.indexed_dataset import IndexedDataset
     from tokenizers import Tokenizer

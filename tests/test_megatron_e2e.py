@@ -20,7 +20,7 @@ def train(tmp_path, name, overrides, steps):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The 1-process run the 2-process layouts are compared with."""
+    """The 1-process run the 2-process layouts are compared with (its tests share one pytest-xdist worker)."""
     return train(tmp_path_factory.mktemp("ref"), "one", [], steps=5)
 
 
@@ -40,6 +40,7 @@ def test_one_process_trains_and_loss_decreases(tmp_path):
     [],  # dp=2
     ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"],
 ], ids=["tp2", "pp2", "dp2", "tp2_sp"])
+@pytest.mark.xdist_group("megatron_e2e_reference")
 def test_two_processes_match_one_process(tmp_path, reference, layout):
     ref, _ = reference
     res, _ = train(tmp_path, "two", ["launcher.nproc_per_node=2", *layout], steps=5)

@@ -4,18 +4,22 @@ The fp8 GEMM itself is primus.turbo's (tested there, on GPUs). Here it is replac
 calls, so a CPU run checks the wiring: which linears are converted (first/last layers kept in bf16), which entry
 point serves them (the custom ops at tp=1 for a stateless recipe, the autograd.Function otherwise), and that the
 tensor-parallel communication around the converted GEMMs is right (tp=2 with sequence parallel matches 1 process).
-The last test runs the real fp8 kernels (Triton's interpreter) under training.compile: no graph break.
+The later tests run the real fp8 kernels (Triton's interpreter), also under training.compile: no graph break.
+Graph-break and loss-equality checks compile with aot_eager (dynamo and AOT autograd trace the custom ops as
+inductor would be handed them); inductor itself, which compiles C++ on a CPU for minutes, runs once per custom-op
+family: the fp8 linears (tensorwise, with and without the weight cache: inductor's donated buffers) and the fused
+fp8 MLP.
 """
 
 import pytest
 
-from rank_script import run_ranks
+from rank_script import run_rank_configs, run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     __import__("importlib").util.find_spec("triton") is None, reason="primus.turbo.fp8_linear needs triton")]
 
 SCRIPT = r'''
-import json, sys
+import json, os, sys
 import torch
 import primus.turbo.fp8_linear as f8
 from primus.backends.megatron import args as margs
@@ -41,48 +45,66 @@ margs.portable_fp8_available = lambda recipe=None: True  # a CPU has no fp8: pre
 
 from primus.backends.megatron.testing import train_steps
 
-# check=False: not validate(), fp8 on CPU is (rightly) refused there
-ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=3, check=False)
-print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "calls": calls["n"], "traced": calls["traced"],
-                              "recipes": sorted(calls["recipes"]), "states": sorted(calls["states"]),
-                              "converted": info.get("fp8_linears_on_this_rank", 0)}), flush=True)
+# several configurations, one after the other in this process (the trainer closes its groups and megatron's state)
+for i, overrides in enumerate(json.loads(sys.argv[2])):
+    calls.update(n=0, traced=0, states=set(), recipes=set())
+    # check=False: not validate(), fp8 on CPU is (rightly) refused there
+    ctx, info, losses = train_steps(overrides, os.path.join(sys.argv[1], str(i)), steps=3, check=False)
+    print("RESULT " + json.dumps({"config": i, "rank": ctx.rank, "losses": losses, "calls": calls["n"],
+                                  "traced": calls["traced"], "recipes": sorted(calls["recipes"]),
+                                  "states": sorted(calls["states"]),
+                                  "converted": info.get("fp8_linears_on_this_rank", 0)}), flush=True)
 '''
 
 BASE = ["device=cpu", "training.micro_batch_size=2", "training.global_batch_size=4", "training.seq_length=64",
         "training.lr_warmup_iters=0"]
 
 
-def run(tmp_path, overrides, nproc=1):
-    return run_ranks(tmp_path, "fp8_wiring.py", SCRIPT, [*BASE, *overrides], nproc)
+def run(tmp_path, configs, nproc=1):
+    """The fake-GEMM script over several configurations in one launch; per configuration, its ranks' results."""
+    return run_rank_configs(tmp_path, "fp8_wiring.py", SCRIPT, [[*BASE, *c] for c in configs], nproc)
 
 
-def test_portable_fp8_converts_decoder_linears_and_keeps_the_math(tmp_path):
-    plain = run(tmp_path, [])[0]
-    fp8 = run(tmp_path, ["precision=fp8"])[0]
+WIRING = {"plain": [], "fp8": ["precision=fp8"],
+          "kept": ["precision=fp8", "precision.first_last_layers_bf16=true", "precision.num_layers_at_start_in_bf16=1",
+                   "precision.num_layers_at_end_in_bf16=2"],
+          "delayed": ["precision=fp8_delayed", "precision.fp8_amax_history_len=16", "precision.fp8_margin=1",
+                      "precision.fp8_amax_compute_algo=most_recent"]}
+
+
+@pytest.fixture(scope="module")
+def wiring(tmp_path_factory):
+    """The 1-process fake-GEMM runs of WIRING, in one launch (its tests share one pytest-xdist worker)."""
+    runs = run(tmp_path_factory.mktemp("wiring"), list(WIRING.values()))
+    return {tag: r[0] for tag, r in zip(WIRING, runs)}
+
+
+@pytest.mark.xdist_group("fp8_wiring")
+def test_portable_fp8_converts_decoder_linears_and_keeps_the_math(wiring):
+    plain, fp8 = wiring["plain"], wiring["fp8"]
     assert plain["converted"] == 0 and plain["calls"] == 0
     assert fp8["converted"] == 4 * 4  # 4 layers x (qkv, proj, fc1, fc2); the output layer stays bf16
     assert fp8["calls"] == 16 * 3 * 2  # every converted linear, every micro batch (3 steps x 2)
     assert fp8["traced"] == fp8["calls"]  # tp=1, tensorwise: all through the custom ops (compile keeps them)
     assert fp8["losses"] == pytest.approx(plain["losses"], abs=1e-6)
-    kept = run(tmp_path, ["precision=fp8", "precision.first_last_layers_bf16=true",
-                          "precision.num_layers_at_start_in_bf16=1", "precision.num_layers_at_end_in_bf16=2"])[0]
-    assert kept["converted"] == 4  # only layer 1 of 0..3
+    assert wiring["kept"]["converted"] == 4  # only layer 1 of 0..3
 
 
-def test_portable_fp8_tensor_parallel_communication(tmp_path):
-    one = run(tmp_path, ["precision=fp8"])[0]
-    r0, r1 = run(tmp_path, ["precision=fp8", "launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2",
-                            "parallel.sequence_parallel=true"], nproc=2)
+@pytest.mark.xdist_group("fp8_wiring")
+def test_portable_fp8_tensor_parallel_communication(tmp_path, wiring):
+    one = wiring["fp8"]
+    r0, r1 = run(tmp_path, [["precision=fp8", "launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2",
+                             "parallel.sequence_parallel=true"]], nproc=2)[0]
     assert r0["converted"] == r1["converted"] == 16
     assert r0["traced"] == r1["traced"] == 0 and r0["calls"] > 0  # tp > 1: the autograd.Function, eagerly
     assert r0["losses"] == pytest.approx(one["losses"], abs=2e-3)
 
 
-def test_portable_fp8_delayed_gives_each_linear_its_own_amax_histories(tmp_path):
+@pytest.mark.xdist_group("fp8_wiring")
+def test_portable_fp8_delayed_gives_each_linear_its_own_amax_histories(wiring):
     """precision=fp8_delayed without TE: the portable DelayedScaling, one state per converted linear (x, weight,
     dy histories), built from precision.fp8_amax_history_len / fp8_margin / fp8_amax_compute_algo."""
-    r = run(tmp_path, ["precision=fp8_delayed", "precision.fp8_amax_history_len=16", "precision.fp8_margin=1",
-                       "precision.fp8_amax_compute_algo=most_recent"])[0]
+    r = wiring["delayed"]
     assert r["converted"] == 16 and r["recipes"] == ["delayed"]
     assert r["traced"] == r["calls"]  # tp=1: the delayed pair of custom ops (they declare the histories mutated)
     assert len({tuple(s[:2]) for s in r["states"]}) == 16  # 16 states, each always with its own weight
@@ -90,10 +112,17 @@ def test_portable_fp8_delayed_gives_each_linear_its_own_amax_histories(tmp_path)
     assert {tuple(s[2:]) for s in r["states"]} == {(16, 1, "most_recent")}
 
 
+AOT_EAGER = "--compile-backend=aot_eager"  # argv of REAL: every torch.compile of the run uses this backend
+
 REAL = r'''
 import json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
+argv = [a for a in sys.argv[2:] if not a.startswith("--compile-backend=")]
+for a in sys.argv[2:]:
+    if a.startswith("--compile-backend="):
+        _compile, _backend = torch.compile, a.split("=", 1)[1]
+        torch.compile = lambda *args, **kw: _compile(*args, **{**kw, "backend": _backend})
 from primus.backends.megatron import args as margs
 margs.portable_fp8_available = lambda recipe=None: True  # a CPU has no fp8 GEMM check to pass; the kernels run
 from primus.backends.megatron import fp8 as mfp8
@@ -106,7 +135,7 @@ def apply(model, settings, config):  # records the delayed recipe's per-linear s
 mfp8.apply = apply
 from primus.backends.megatron.testing import train_steps
 from primus.train_loop import compile_stats
-ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=2, check=False)
+ctx, info, losses = train_steps(argv, sys.argv[1], steps=2, check=False)
 hist = [[h.calls, h.amax_history.sum().item()] for s in states for h in (s.x, s.w, s.dy)]
 from primus.turbo.fp8_linear import WEIGHT_CASTS
 print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "compile": compile_stats(), "histories": hist,
@@ -117,17 +146,23 @@ print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "compile": com
 '''
 
 
+def real(tmp_path, argv, nproc=1):
+    return run_ranks(tmp_path, "fp8_real.py", REAL, argv, nproc)
+
+
 @pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "delayed"])
 def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
     """precision=fp8 with training.compile at tp=1: the real fp8 linears (casts and GEMMs in Triton's interpreter /
     torch._scaled_mm) are custom ops dynamo keeps inside each compiled layer, so the run has no graph break (each
     was one before); the losses are the eager fp8 run's. delayed: its amax histories, updated in place by the ops
-    (declared mutated), come out of the compiled run as out of the eager one."""
+    (declared mutated), come out of the compiled run as out of the eager one. tensorwise compiles with inductor,
+    the others with aot_eager (the same ops, the same trace)."""
     over = [*BASE, "model.num_layers=2", "precision=fp8", f"precision.fp8_recipe={recipe}", "precision.fp8=e4m3"]
+    backend = [] if recipe == "tensorwise" else [AOT_EAGER]
     (tmp_path / "eager").mkdir()
     (tmp_path / "compiled").mkdir()
-    eager = run_ranks(tmp_path / "eager", "fp8_real.py", REAL, over, 1)[0]
-    comp = run_ranks(tmp_path / "compiled", "fp8_real.py", REAL, [*over, "training.compile=true"], 1)[0]
+    eager = real(tmp_path / "eager", over, 1)[0]
+    comp = real(tmp_path / "compiled", [*over, "training.compile=true", *backend], 1)[0]
     assert eager["converted"] == comp["converted"] == 8
     assert comp["compile"]["graph_breaks"] == 0, comp["compile"]
     assert comp["compile"]["unique_graphs"] >= 1
@@ -136,8 +171,7 @@ def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
         # saved tensors in place (donated buffers); the cached casts it saves must come out unchanged: the same
         # compiled run without the cache gives the same losses
         (tmp_path / "uncached").mkdir()
-        off = run_ranks(tmp_path / "uncached", "fp8_real.py", REAL,
-                        [*over, "training.compile=true", "precision.fp8_weight_cache=false"], 1)[0]
+        off = real(tmp_path / "uncached", [*over, "training.compile=true", "precision.fp8_weight_cache=false"], 1)[0]
         assert comp["weight_casts"][1] > 0 and off["weight_casts"] == [0, 0]
         assert comp["losses"] == pytest.approx(off["losses"], rel=2e-6, abs=0)
     if recipe == "delayed":  # 2 steps x 2 micro batches: 4 casts of every x and dy; the weight cast once a step
@@ -151,23 +185,28 @@ def test_fused_fp8_mlp_gives_the_unfused_losses_eager_compiled_and_tensor_parall
     """precision.fp8_fused_mlp (null: on here, with primus' Triton SwiGLU): each layer's MLP becomes a FusedFP8MLP,
     whose SwiGLU hands its outputs' amax to the casts. Real kernels (interpreter): the losses are the unfused run's
     (rel 2e-6: the CPU's run-to-run noise), eagerly and under training.compile (no graph break; the compiled run
-    equals the compiled unfused one), and at tp=2 with sequence parallel (the linears' own communication around
-    the op) they match one process as the unfused tp=2 run does."""
+    equals the compiled unfused one: both with aot_eager), and at tp=2 with sequence parallel (the linears' own
+    communication around the op) they match one process as the unfused tp=2 run does. Under inductor the fused
+    run has no graph break either, and gives the eager fused losses up to inductor's own rounding."""
     over = [*BASE, "model.num_layers=2", "precision=fp8", "precision.fp8=hybrid", "model.bias_activation_fusion=true"]
     runs = {}
     for tag, extra, n in (("fused", [], 1), ("unfused", ["precision.fp8_fused_mlp=false"], 1),
-                          ("fused_c", ["training.compile=true"], 1),
-                          ("unfused_c", ["training.compile=true", "precision.fp8_fused_mlp=false"], 1),
+                          ("fused_c", ["training.compile=true", AOT_EAGER], 1),
+                          ("unfused_c", ["training.compile=true", "precision.fp8_fused_mlp=false", AOT_EAGER], 1),
+                          ("fused_inductor", ["training.compile=true"], 1),
                           ("fused_tp", ["launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2",
                                         "parallel.sequence_parallel=true"], 2)):
         (tmp_path / tag).mkdir()
-        runs[tag] = run_ranks(tmp_path / tag, "fp8_real.py", REAL, [*over, *extra], n)
+        runs[tag] = real(tmp_path / tag, [*over, *extra], n)
     fused, unfused = runs["fused"][0], runs["unfused"][0]
     assert fused["fused_mlps"] == 2 and unfused["fused_mlps"] == 0 and fused["converted"] == 8
     assert fused["losses"] == pytest.approx(unfused["losses"], rel=2e-6, abs=0) and len(fused["losses"]) == 2
     comp, comp_u = runs["fused_c"][0], runs["unfused_c"][0]
     assert comp["fused_mlps"] == 2 and comp["compile"]["graph_breaks"] == 0, comp["compile"]
     assert comp["losses"] == pytest.approx(comp_u["losses"], rel=2e-6, abs=0)
+    ind = runs["fused_inductor"][0]
+    assert ind["fused_mlps"] == 2 and ind["compile"]["graph_breaks"] == 0, ind["compile"]
+    assert ind["losses"] == pytest.approx(fused["losses"], abs=2e-2)
     r0, r1 = runs["fused_tp"]
     assert r0["fused_mlps"] == r1["fused_mlps"] == 2 and r0["losses"] == r1["losses"]
     assert r0["losses"] == pytest.approx(fused["losses"], rel=2e-2)  # tp splits the fp8 tensors' amaxes
@@ -180,7 +219,7 @@ def test_delayed_custom_ops_under_the_pipeline_schedule(tmp_path):
     casts, every weight history 2 (the weight cast once a step: the fp8 weight cache)."""
     over = [*BASE, "model.num_layers=2", "precision=fp8_delayed", "precision.fp8=e4m3", "launcher.nproc_per_node=2",
             "parallel.pipeline_model_parallel_size=2", "training.global_batch_size=8"]
-    ranks = run_ranks(tmp_path, "fp8_real.py", REAL, over, 2)
+    ranks = real(tmp_path, over, 2)
     for r in ranks:
         assert r["converted"] == 4 and len(r["losses"]) == 2  # this stage's layer: 4 linears
         assert [c for c, _ in r["histories"]] == [8, 2, 8] * 4
@@ -194,7 +233,7 @@ def test_delayed_histories_count_each_forward_once_under_full_recompute(tmp_path
     recompute (the code before counted 8 for x and the weight), and the weight one per step (the fp8 weight cache,
     which the replay reuses). Bit-identity of the replay: test_turbo_fp8."""
     over = [*BASE, "model.num_layers=2", "precision=fp8_delayed", "precision.fp8=e4m3", "recompute=full"]
-    full = run_ranks(tmp_path, "fp8_real.py", REAL, over, 1)[0]
+    full = real(tmp_path, over, 1)[0]
     assert full["converted"] == 8 and len(full["losses"]) == 2
     assert [c for c, _ in full["histories"]] == [4, 2, 4] * 8
     assert all(a > 0 for _, a in full["histories"])
@@ -209,8 +248,8 @@ def test_fp8_weight_cache_keeps_the_losses_bit_for_bit(tmp_path):
     over = [*BASE, "model.num_layers=1", "precision=fp8", "precision.fp8=e4m3"]
     (tmp_path / "on").mkdir()
     (tmp_path / "off").mkdir()
-    on = run_ranks(tmp_path / "on", "fp8_real.py", REAL, over, 1)[0]
-    off = run_ranks(tmp_path / "off", "fp8_real.py", REAL, [*over, "precision.fp8_weight_cache=false"], 1)[0]
+    on = real(tmp_path / "on", over, 1)[0]
+    off = real(tmp_path / "off", [*over, "precision.fp8_weight_cache=false"], 1)[0]
     assert on["weight_cache"] is True and on["weight_casts"] == [8, 8]
     assert off["weight_cache"] is False and off["weight_casts"] == [0, 0]
     assert on["losses"] == pytest.approx(off["losses"], rel=2e-6, abs=0) and len(on["losses"]) == 2

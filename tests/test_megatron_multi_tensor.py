@@ -39,6 +39,7 @@ def test_scale_matches_megatrons_local_fallback():
     assert all(torch.equal(a, b) for a, b in zip(grads, ref))
 
 
+@pytest.mark.e2e
 def test_a_megatron_run_uses_them_and_clips(tmp_path):
     """clip_grad far below the gradient norm: every step clips (the scale swap) and the logged norm comes from the
     l2-norm swap; the values themselves are checked against megatron's / float64 above."""

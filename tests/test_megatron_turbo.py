@@ -3,7 +3,7 @@ the swaps are counted in result.json, and training matches the non-turbo run. On
 Triton's interpreter (conftest.py sets TRITON_INTERPRET=1 without a GPU), so the e2e runs are kept tiny."""
 import pytest
 
-from rank_script import run_ranks, run_train
+from rank_script import run_rank_configs, run_train
 
 from primus.backends.megatron import args as margs
 from primus.backends.megatron.testing import compose
@@ -95,16 +95,25 @@ def test_dense_turbo_trains_like_the_plain_run(tmp_path):
     assert turbo["losses"][-1] < turbo["losses"][0] - 0.2
 
 
+ONLY_LINEAR = ["turbo=megatron", "turbo.use_turbo_attention=false", "turbo.use_turbo_rms_norm=false"]
+
+
+@pytest.fixture(scope="module")
+def one_process_turbo_linears(tmp_path_factory):
+    """The 1-process run both tensor-parallel layouts are compared with (its tests share one pytest-xdist worker)."""
+    return train(tmp_path_factory.mktemp("one"), "one", ONLY_LINEAR, steps=3)[0]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")
 @pytest.mark.parametrize("sp", [["parallel.sequence_parallel=true"], []], ids=["tp2_sp", "tp2"])
-def test_turbo_parallel_linear_tp2_matches_one_process(tmp_path, sp):
+@pytest.mark.xdist_group("megatron_turbo_one_process")
+def test_turbo_parallel_linear_tp2_matches_one_process(tmp_path, one_process_turbo_linears, sp):
     """2 gloo ranks. SP: column = chunked all-gather overlapped with GEMMs + async dgrad reduce-scatter, row =
     reduce-scatter. No SP: column = async dgrad all-reduce during the wgrad GEMM, row = chunked output all-reduce
     overlapped with the GEMM of the next chunk."""
-    only_linear = ["turbo=megatron", "turbo.use_turbo_attention=false", "turbo.use_turbo_rms_norm=false"]
-    one, _ = train(tmp_path, "one", only_linear, steps=3)
-    two, _ = train(tmp_path, "two", [*only_linear, "launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2",
+    one = one_process_turbo_linears
+    two, _ = train(tmp_path, "two", [*ONLY_LINEAR, "launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2",
                                      *sp], steps=3)
     assert two["backend_info"]["turbo_swaps"]["use_turbo_parallel_linear"] == 16
     assert two["losses"] == pytest.approx(one["losses"], abs=2e-3)
@@ -140,7 +149,7 @@ def test_sync_free_stage1_trains_like_the_plain_run(tmp_path):
 
 
 FP8_SCRIPT = r"""
-import json, sys
+import json, os, sys
 import torch
 import primus.turbo.fp8_linear as F8
 from primus.backends.megatron import args as margs
@@ -180,18 +189,23 @@ mturbo.resolve = lambda cfg, ctx: {"turbo.use_turbo_parallel_linear": "test"}
 
 from primus.backends.megatron.testing import train_steps
 
-# check=False: not validate(), fp8 on CPU is (rightly) refused there
-ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=3, check=False)
-print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "calls": calls["n"], "traced": calls["traced"],
-                              "states": len(calls["states"]), "swaps": info.get("turbo_swaps", {})}), flush=True)
+# several configurations, one after the other in this process (the trainer closes its groups and megatron's state)
+for i, overrides in enumerate(json.loads(sys.argv[2])):
+    calls.update(n=0, traced=0, states=set())
+    # check=False: not validate(), fp8 on CPU is (rightly) refused there
+    ctx, info, losses = train_steps(overrides, os.path.join(sys.argv[1], str(i)), steps=3, check=False)
+    print("RESULT " + json.dumps({"config": i, "rank": ctx.rank, "losses": losses, "calls": calls["n"],
+                                  "traced": calls["traced"], "states": len(calls["states"]),
+                                  "swaps": info.get("turbo_swaps", {})}), flush=True)
 """
 
 
-def run_fp8_script(tmp_path, overrides, nproc=1):
+def run_fp8_script(tmp_path, configs, nproc=1):
+    """FP8_SCRIPT over several configurations in one launch; per configuration, its ranks' results."""
     base = ["device=cpu", "training.micro_batch_size=2", "training.global_batch_size=4", "training.seq_length=64",
             "training.lr_warmup_iters=0", "turbo=megatron", "turbo.use_turbo_attention=false",
             "turbo.use_turbo_rms_norm=false"]
-    return run_ranks(tmp_path, "turbo_fp8_wiring.py", FP8_SCRIPT, [*base, *overrides], nproc)
+    return run_rank_configs(tmp_path, "turbo_fp8_wiring.py", FP8_SCRIPT, [[*base, *c] for c in configs], nproc)
 
 
 @pytest.mark.slow
@@ -199,23 +213,25 @@ def run_fp8_script(tmp_path, overrides, nproc=1):
 def test_turbo_parallel_linear_runs_the_fp8_gemms_under_precision_fp8(tmp_path):
     """precision=fp8 + use_turbo_parallel_linear: the turbo linears call the fp8 GEMM path (replaced here by plain
     GEMMs that count calls) for the linears fp8 converts; first/last bf16 layers and tp=2+SP communication kept."""
-    bf16 = run_fp8_script(tmp_path, [])[0]
-    fp8 = run_fp8_script(tmp_path, ["precision=fp8"])[0]
+    # the 1-process configurations in one launch, then tp=2 + SP
+    (tmp_path / "one").mkdir()
+    bf16, fp8, kept, delayed = (r[0] for r in run_fp8_script(tmp_path / "one", [
+        [], ["precision=fp8"],
+        ["precision=fp8", "precision.first_last_layers_bf16=true", "precision.num_layers_at_start_in_bf16=1",
+         "precision.num_layers_at_end_in_bf16=2"],
+        ["precision=fp8_delayed"]]))
     assert bf16["calls"] == 0 and bf16["swaps"]["use_turbo_parallel_linear"] == 16
     assert fp8["swaps"]["use_turbo_parallel_linear_fp8"] == 16
     assert fp8["calls"] == 16 * 3 * 2  # every linear, every micro batch (3 steps x 2)
     assert fp8["traced"] == fp8["calls"]  # tp=1, tensorwise: the fp8_ops custom ops (compiled layers keep them)
     assert fp8["losses"] == pytest.approx(bf16["losses"], abs=1e-5)
-    kept = run_fp8_script(tmp_path, ["precision=fp8", "precision.first_last_layers_bf16=true",
-                                     "precision.num_layers_at_start_in_bf16=1",
-                                     "precision.num_layers_at_end_in_bf16=2"])[0]
     assert kept["swaps"]["use_turbo_parallel_linear_fp8"] == 4
-    r0, r1 = run_fp8_script(tmp_path, ["precision=fp8", "launcher.nproc_per_node=2",
-                                       "parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"],
-                            nproc=2)
+    (tmp_path / "two").mkdir()
+    r0, r1 = run_fp8_script(tmp_path / "two", [["precision=fp8", "launcher.nproc_per_node=2",
+                                                 "parallel.tensor_model_parallel_size=2",
+                                                 "parallel.sequence_parallel=true"]], nproc=2)[0]
     assert r0["losses"] == pytest.approx(fp8["losses"], abs=2e-3)
     assert r0["traced"] == 0 and r0["calls"] > 0  # tp > 1: the overlapping autograd functions
-    delayed = run_fp8_script(tmp_path, ["precision=fp8_delayed"])[0]
     assert delayed["swaps"]["use_turbo_parallel_linear_fp8"] == 16 and delayed["states"] == 16  # one per linear
     assert delayed["traced"] == delayed["calls"]  # tp=1: the delayed pair of custom ops (histories declared)
     assert fp8["states"] == 0

@@ -14,6 +14,8 @@ import torch
 
 from test_launch_common import load, run_train, tail
 
+pytestmark = pytest.mark.e2e
+
 THREE = ["training.train_iters=3", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0"]
 
 

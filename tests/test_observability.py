@@ -72,6 +72,7 @@ def test_tensorboard_off(tmp_path):
     assert not os.path.exists(tmp_path / "tensorboard")
 
 
+@pytest.mark.e2e
 def test_bad_profile_window_is_error_before_launch(tmp_path):
     p = subprocess.run([PY, "train.py", "profile.enabled=true", "profile.start_step=40", f"hydra.run.dir={tmp_path}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -92,6 +92,7 @@ def test_host_memory_is_read():
     assert m is not None and 1 * GiB < m < (1 << 50)
 
 
+@pytest.mark.e2e
 def test_a_cpu_run_that_cannot_fit_the_host_is_refused_before_the_model_is_built():
     from primus.plan import host_memory_bytes
 
@@ -155,6 +156,7 @@ def _run(args, timeout=30):
     return r, time.time() - t0
 
 
+@pytest.mark.e2e
 def test_plan_module_cli_is_fast_and_exits_zero():
     r, dt = _run([PY, "-m", "primus.plan", "model=llama3_70b", "training=bench", "plan.gpu=H100"])
     assert r.returncode == 0, r.stderr
@@ -162,12 +164,14 @@ def test_plan_module_cli_is_fast_and_exits_zero():
     assert dt < 10, dt
 
 
+@pytest.mark.e2e
 def test_plan_module_cli_names_an_unknown_gpu_and_exits_2():
     r, _ = _run([PY, "-m", "primus.plan", "model=llama3_8b", "plan.gpu=H300"])
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "plan.gpu = 'H300'" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.e2e
 def test_train_py_mode_plan_is_fast_and_exits_zero():
     r, dt = _run([PY, "train.py", "model=llama2_7b", "training=bench", "mode=plan", "plan.gpu=H200"])
     assert r.returncode == 0, r.stderr

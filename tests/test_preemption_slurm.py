@@ -1,4 +1,4 @@
-"""Preemption on the real local Slurm cluster (launchers/slurm_cluster.sh, fixture from test_slurm.py).
+"""Preemption on the real local Slurm cluster (launchers/slurm_cluster.sh, conftest's session fixture `cluster`).
 
 A one-task job trains with a checkpoint every step; `scancel --signal=USR1` (Slurm's warning signal) hits it mid
 run. The trainer finishes the step, saves, hands over to submitit, which requeues the job (scontrol requeue); the
@@ -13,13 +13,12 @@ import time
 import pytest
 
 from test_launch_common import PY, ROOT, load
-from test_slurm import cluster  # noqa: F401 - the module-scoped cluster fixture
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 STEPS = 30
 
 
-def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):  # noqa: F811
+def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
     sweep = tmp_path / "sweep"
     env = {**os.environ, **cluster, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)

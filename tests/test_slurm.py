@@ -2,55 +2,20 @@
 then `python train.py -m hydra/launcher=slurm +cluster=local launcher.nproc_per_node=2`: one Slurm job of 2 tasks,
 each task runs the Hydra job, the two ranks train as one world of size 2, rank 0 writes result.json.
 
-Needs root (the cluster runs as root). The cluster's state, config and logs live in a temp dir, on free ports, so a
-cluster someone else runs on this machine is left alone; it is stopped in the fixture's finally.
+Needs root (the cluster runs as root). The cluster is conftest's session fixture `cluster`: its state, config and
+logs live in a temp dir, on free ports, so a cluster someone else runs on this machine is left alone.
 """
 import os
 import pickle
 import re
-import shutil
-import socket
 import subprocess
-import tempfile
 import time
 
 import pytest
 
-from test_launch_common import ROOT, SHORT, load, result_files, run_train, tail
+from test_launch_common import SHORT, load, result_files, run_train, tail
 
-SCRIPT = os.path.join(ROOT, "launchers", "slurm_cluster.sh")
-pytestmark = pytest.mark.slurm
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    if os.geteuid() != 0:
-        pytest.skip("the local Slurm cluster needs root")
-    if not shutil.which("slurmctld") and not shutil.which("apt-get"):
-        pytest.skip("no slurm-wlm and no apt-get to install it")
-    d = tempfile.mkdtemp(prefix="primus-slurm-")  # short path: slurmd puts unix sockets in its spool dir
-    ports = set()
-    while len(ports) < 2:
-        ports.add(_free_port())
-    ctld, slurmd = sorted(ports)
-    env = {**os.environ, "SLURM_CLUSTER_DIR": d, "SLURM_CTLD_PORT": str(ctld), "SLURMD_PORT": str(slurmd)}
-    try:
-        t0 = time.time()
-        p = subprocess.run([SCRIPT, "start"], env=env, capture_output=True, text=True, timeout=900)
-        assert p.returncode == 0, f"cluster did not start:\n{p.stdout}\n{p.stderr}"
-        print(f"slurm cluster up in {time.time() - t0:.1f}s ({d})")
-        # what `launchers/slurm_cluster.sh env` exports: the config, and the sacct stand-in first in PATH
-        yield {"SLURM_CONF": os.path.join(d, "slurm.conf"),
-               "PATH": os.path.join(d, "bin") + os.pathsep + os.environ.get("PATH", "")}
-    finally:
-        subprocess.run([SCRIPT, "stop"], env=env, capture_output=True, text=True, timeout=120)
-        shutil.rmtree(d, ignore_errors=True)
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 
 
 def test_two_task_job_trains_as_one_world(cluster, tmp_path):

@@ -15,7 +15,7 @@ from test_launch_common import PY, ROOT, SHORT, load, run_train, tail
 SWEEP = ["launcher.nproc_per_node=1,2", "training.global_batch_size=4,6", "training.micro_batch_size=2", *SHORT]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module")  # tests using it carry xdist_group("sweep"): one sweep, on one worker
 def sweep(tmp_path_factory):
     d = tmp_path_factory.mktemp("sweep") / "s"
     t0 = time.time()
@@ -30,6 +30,7 @@ def rows_of(d):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("sweep")
 def test_sweep_runs_every_point_and_exits_1(sweep):
     d, p = sweep
     assert p.returncode == 1, tail(p)  # one point failed: the table is written, the exit status says so
@@ -42,6 +43,7 @@ def test_sweep_runs_every_point_and_exits_1(sweep):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("sweep")
 def test_table_has_each_point_with_its_status(sweep):
     d, p = sweep
     rows = rows_of(d)
@@ -70,6 +72,7 @@ def test_table_has_each_point_with_its_status(sweep):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("sweep")
 def test_markdown_png_and_report_command(sweep):
     d, _ = sweep
     md = (d / "results.md").read_text()

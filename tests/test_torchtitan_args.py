@@ -378,6 +378,7 @@ def _assert_same(obj, values, where):
             assert got == v, f"{where}.{k}: {got!r} != {v!r}"
 
 
+@pytest.mark.e2e
 def test_build_args_is_fast_and_imports_no_torch():
     code = ("import sys, time; t = time.time(); sys.path.insert(0, 'tests'); from conftest import compose_cfg; "
             "from primus.backends.torchtitan.args import build_args, capability_issues; "

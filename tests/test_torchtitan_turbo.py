@@ -188,6 +188,7 @@ def test_missing_primus_turbo_package_is_named(monkeypatch):
     assert "Primus-Turbo" in msg
 
 
+@pytest.mark.e2e
 def test_dry_run_stays_import_light():
     """Validation with turbo on must not import torch on CPU (dry runs print in well under a second)."""
     code = ("import sys; from tests.conftest import compose_cfg; from primus.backends.torchtitan import args as a;"
@@ -355,6 +356,7 @@ def _cpu_scaled_mm_rowwise() -> bool:
         return False
 
 
+@pytest.mark.e2e
 def test_turbo_fp8_linear_custom_ops_match_and_compile():
     """TurboFP8Linear (custom ops) == FP8Linear (autograd.Function) bit for bit, eager and under fullgraph compile,
     every recipe (delayed: built on the meta device, its states allocated after materialisation); Triton interpreter

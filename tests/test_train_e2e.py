@@ -31,9 +31,10 @@ def test_default_run_trains_debug_model_on_cpu(tmp_path):
     assert os.path.isdir(tmp_path / ".hydra") and os.listdir(tmp_path / "tensorboard")
 
 
-def test_dry_run_user_example_prints_backend_args():
+@pytest.mark.e2e
+def test_dry_run_user_example_prints_backend_args(tmp_path):
     t0 = time.time()
-    p = train(["backend=megatron", "model=llama2_7b", "precision=fp8", "dry_run=true", "hydra.run.dir=/tmp/primus-dry"])
+    p = train(["backend=megatron", "model=llama2_7b", "precision=fp8", "dry_run=true", f"hydra.run.dir={tmp_path}"])
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
     assert out["resolved"]["backend"] == "megatron" and "fp8" in out["resolved"]["precision"]
@@ -43,6 +44,7 @@ def test_dry_run_user_example_prints_backend_args():
     assert time.time() - t0 < 30
 
 
+@pytest.mark.e2e
 def test_invalid_config_exits_nonzero_before_any_work(tmp_path):
     p = train(["turbo.use_turbo_grouped_mlp=true", f"hydra.run.dir={tmp_path}"])
     assert p.returncode == 2
@@ -50,6 +52,7 @@ def test_invalid_config_exits_nonzero_before_any_work(tmp_path):
     assert not os.path.exists(tmp_path / "result.json") and "step " not in p.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(__import__("primus.context", fromlist=["x"]).gpu_present(), reason="this machine has a GPU")
 def test_device_cuda_without_a_gpu(tmp_path):
     """device=cuda: a dry run describes the GPU run; a real run is refused before any work."""
@@ -61,6 +64,7 @@ def test_device_cuda_without_a_gpu(tmp_path):
     assert not os.path.exists(tmp_path / "run" / "result.json")
 
 
+@pytest.mark.e2e
 def test_dry_run_plans_a_multi_gpu_launch_on_a_machine_without_gpus(tmp_path):
     """A dry run describes the GPU run it is meant for: 2 processes per node are not checked against this
     machine's GPU count (0 here)."""
@@ -70,6 +74,7 @@ def test_dry_run_plans_a_multi_gpu_launch_on_a_machine_without_gpus(tmp_path):
     assert out["backend_args"]["parallel_state"]["tensor_model_parallel_size"] == 2
 
 
+@pytest.mark.e2e
 def test_unknown_key_is_hydra_error(tmp_path):
     p = train(["training.steps=5", f"hydra.run.dir={tmp_path}"])
     assert p.returncode != 0 and "steps" in p.stderr

@@ -122,6 +122,7 @@ def test_missing_results_file(tmp_path):
     assert apply.rocm_override_env(f) == {"HIPBLASLT_TUNING_OVERRIDE_FILE": str(f.resolve())}
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU machine: no cuBLASLt")
 def test_install_without_library_fails_clearly(linear_and_results):
     from tuning.lt_library import LtLibraryNotFound

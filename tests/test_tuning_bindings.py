@@ -10,6 +10,7 @@ from tuning.lt_library import CUBLASLT, HIPBLASLT, LtLibraryNotFound, candidate_
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
 
 
+@pytest.mark.e2e
 @no_gpu
 def test_missing_library_is_a_clear_error():
     with pytest.raises(LtLibraryNotFound) as err:
@@ -21,6 +22,7 @@ def test_missing_library_is_a_clear_error():
     assert "/proc/self/maps" in msg and "/opt/rocm/lib" in msg and "nvidia/cu13/lib" in msg
 
 
+@pytest.mark.e2e
 @no_gpu
 def test_explicit_library_choice_errors_name_only_that_library():
     with pytest.raises(LtLibraryNotFound) as err:
@@ -30,6 +32,7 @@ def test_explicit_library_choice_errors_name_only_that_library():
         load_library("mkl")
 
 
+@pytest.mark.e2e
 def test_already_loaded_copy_comes_first():
     maps = ("7f00-7f01 r-xp 00000000 08:01 1234 /opt/venv/site-packages/nvidia/cu13/lib/libcublasLt.so.13\n"
             "7f01-7f02 r--p 00000000 08:01 1234 /opt/venv/site-packages/nvidia/cu13/lib/libcublasLt.so.13\n"

@@ -93,6 +93,7 @@ def test_report_weights_by_call_count(tmp_path):
     assert js["step_speedup"] == pytest.approx(rep.step_speedup) and js["status_counts"]["failed"] == 1
 
 
+@pytest.mark.e2e
 def test_parallel_workers_one_per_device(tmp_path):
     shapes = write_shapes(tmp_path / "s.jsonl", _problems(8))
     results = tmp_path / "r.txt"

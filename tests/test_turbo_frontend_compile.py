@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("frontend_compile")]  # one compile of the scripts
+
 pytest.importorskip("triton")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
