@@ -9,12 +9,11 @@ The kill points come from a seeded RNG; the seed is printed, and PRIMUS_CHAOS_SE
 import os
 import random
 import signal
-import subprocess
 
 import pytest
 
 from primus import checkpoint as ck
-from test_launch_common import PY, ROOT, load, run_train, tail
+from test_launch_common import load, run_train, start_train, tail
 
 pytestmark = pytest.mark.slow
 STEPS, EVERY, KEEP = 12, 2, 2
@@ -24,11 +23,7 @@ ARGS = ["backend=torchtitan", f"training.train_iters={STEPS}", "training.lr_warm
 
 def _run_until_killed(args, kill_at):
     """Run train.py; SIGKILL it as soon as step `kill_at` is logged (its save, when due, may be under way)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("WORLD_SIZE", None)
-    env.pop("RANK", None)
-    p = subprocess.Popen([PY, "train.py", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    p = start_train(args)
     out = []
     try:
         for line in p.stdout:

@@ -7,12 +7,11 @@ a checkpoint and status "preempted".
 """
 import os
 import signal
-import subprocess
 import time
 
 import pytest
 
-from test_launch_common import PY, ROOT, load, run_train, tail
+from test_launch_common import load, run_train, start_train, tail
 
 from primus.exit_codes import PREEMPTED  # "resume me"
 
@@ -90,13 +89,9 @@ def test_sigterm_finishes_step_checkpoints_and_exits(tmp_path, nproc):
     signal and waits; it used to exit 1 with torch elastic's SignalException), and resume=auto continues from
     there to the full step count."""
     t0 = time.time()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("WORLD_SIZE", None)
-    env.pop("RANK", None)
     args = ["backend=torchtitan", "training.train_iters=12", "training.lr_warmup_iters=0", f"hydra.run.dir={tmp_path}",
             f"launcher.nproc_per_node={nproc}"]
-    proc = subprocess.Popen([PY, "train.py", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = start_train(args)
     out = []
     try:
         for line in proc.stdout:

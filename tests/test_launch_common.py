@@ -11,8 +11,7 @@ PY = sys.executable
 SHORT = ["training.train_iters=3", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0"]
 
 
-def run_train(args, timeout=600, env=None):
-    """python train.py ARGS from the repo root; returns the CompletedProcess (stdout and stderr merged)."""
+def train_env(env=None):
     e = dict(os.environ)
     # One BLAS thread per process: on a loaded 2-core CI machine, oversubscribed OpenMP threads make CPU steps
     # seconds instead of milliseconds.
@@ -20,9 +19,19 @@ def run_train(args, timeout=600, env=None):
     e.pop("WORLD_SIZE", None)
     e.pop("RANK", None)
     e.update(env or {})
-    p = subprocess.run([PY, "train.py", *args], cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=timeout)
-    return p
+    return e
+
+
+def run_train(args, timeout=600, env=None):
+    """python train.py ARGS from the repo root; returns the CompletedProcess (stdout and stderr merged)."""
+    return subprocess.run([PY, "train.py", *args], cwd=ROOT, env=train_env(env), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+def start_train(args, env=None):
+    """python train.py ARGS started in the background (a test reads its output line by line and signals it)."""
+    return subprocess.Popen([PY, "train.py", *args], cwd=ROOT, env=train_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
 
 def tail(p, n=60):

@@ -23,6 +23,7 @@ def test_second_holder_refused_with_pid_and_host_then_free_after_release(tmp_pat
     b.release()
 
 
+@pytest.mark.e2e
 def test_lock_of_a_dead_process_is_taken_over_and_reported(tmp_path):
     # a process takes the lock and is killed without releasing it
     code = ("import os, sys; from primus.locks import DirLock; DirLock(sys.argv[1]).acquire(); "

@@ -1,9 +1,16 @@
 """Preemption on the real local Slurm cluster (launchers/slurm_cluster.sh, conftest's session fixture `cluster`).
 
-A one-task job trains with a checkpoint every step; `scancel --signal=USR1` (Slurm's warning signal) hits it mid
-run. The trainer finishes the step, saves, hands over to submitit, which requeues the job (scontrol requeue); the
-requeued job runs the same pickled Hydra call in the same run dir, resumes from the newest checkpoint there and
-finishes: the final result.json has status ok, the full step count, and records where it resumed from.
+A one-task job trains with a checkpoint every 5 steps and is stopped mid run, in one of two ways:
+
+* `scancel --signal=USR1` (a requeue asked for): the trainer finishes the step, saves, hands over to submitit,
+  which requeues the job;
+* `scontrol requeue` (Slurm's own requeue, as preemption does): Slurm sends SIGTERM; the trainer finishes the step,
+  saves and ends without returning a result, and Slurm runs the job again.
+
+Either way the requeued job runs the same pickled Hydra call in the same run dir, resumes from the newest
+checkpoint there and finishes; the submitting command waits for it (it used to report "job finished" and
+`preempted` after a Slurm requeue) and exits 0: the final result.json has status ok, the full step count, and
+records where it resumed from.
 """
 import os
 import re
@@ -18,7 +25,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 STEPS = 30
 
 
-def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
+@pytest.mark.parametrize("stop", ["usr1", "scontrol_requeue"])
+def test_stopped_job_checkpoints_requeues_and_resumes(cluster, tmp_path, stop):
     sweep = tmp_path / "sweep"
     env = {**os.environ, **cluster, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
@@ -47,7 +55,8 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
             time.sleep(0.2)
         else:
             pytest.fail("job never reached step 3:\n" + (open(log0).read()[-3000:] if os.path.exists(log0) else ""))
-        subprocess.run(["scancel", "--signal=USR1", job_id], env=env, check=True, timeout=30)
+        cmd = ["scancel", "--signal=USR1", job_id] if stop == "usr1" else ["scontrol", "requeue", job_id]
+        subprocess.run(cmd, env=env, check=True, timeout=30)
         # Slurm holds a requeued job back (BeginTime about 2 min ahead) before it may start again: once the job is
         # pending after its requeue, make it eligible now, so the test does not sit out that delay
         deadline = time.time() + 120
@@ -74,7 +83,10 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
     assert 3 <= stopped < STEPS and r["first_step"] == stopped + 1, r["resumed_from"]
     assert r["resumed_from"]["path"] == str(sweep / "0" / "checkpoints" / f"step_{stopped:06d}")
     assert r["resumed_from"]["slurm_restart_count"] == 1
-    assert "caught SIGUSR1" in log and "requeueing Slurm job" in log, log[-3000:]
-    assert f"preempted (SIGUSR1) after step {stopped}" in log
+    sig, handover = ("SIGUSR1", "requeueing Slurm job") if stop == "usr1" else ("SIGTERM", "Slurm is stopping job")
+    assert f"caught {sig}" in log and handover in log, log[-3000:]
+    assert f"preempted ({sig}) after step {stopped}" in log
+    first = load(sweep / "0" / "attempts" / "1" / "result.json")  # the stopped attempt's result, kept
+    assert first["status"] == "preempted" and first["preempted"]["signal"] == sig
     assert "requeued Slurm job (SLURM_RESTART_COUNT=1)" in log
-    print(f"slurm preempt + requeue + resume: {time.time() - t0:.1f}s (stopped after step {stopped})")
+    print(f"slurm {stop} + requeue + resume: {time.time() - t0:.1f}s (stopped after step {stopped})")
