@@ -556,9 +556,9 @@ class CheckpointManager:
         """For result.json: the branch, its checkpoints on disk (newest first) and those kept off it."""
         on = [os.path.join(self.root, link["name"]) for link in self.ancestry
               if is_link(os.path.join(self.root, link["name"]), link)]
-        off = sorted(p for _, p in list_checkpoints(self.root) if p not in on) + [
-            os.path.join(self.root, n) for n in sorted(os.listdir(self.root)) if "~" in n
-        ] if os.path.isdir(self.root) else []
+        off = sorted(p for _, p in list_checkpoints(self.root) if p not in on)
+        if os.path.isdir(self.root):  # and those a save renamed aside (step_N~<id>)
+            off += [os.path.join(self.root, n) for n in sorted(os.listdir(self.root)) if "~" in n]
         return {"branch": self.branch, "dir": self.root, "on_branch": on, "off_branch": off}
 
     # ------------------------------------------------------------------ resume

@@ -217,12 +217,14 @@ def _run_path_sees_hook(monkeypatch, tmp_path, fake):
             raise AssertionError("not reached")
 
     monkeypatch.setattr(primus.backends, "trainer_class", lambda cfg: Recorder)
+    monkeypatch.setattr("primus.train_loop.git_sha", lambda: None)  # no `git` process in a unit test
     cfg = compose_cfg(["device=cpu", "training.train_iters=1", "logging.tensorboard=false"])
     with pytest.raises(_BuiltTrainer):
         train(cfg, resolve(cfg, str(tmp_path)), {})
     return seen
 
 
+@pytest.mark.e2e  # the real run path, up to the trainer's construction
 def test_run_path_installs_the_hook_on_rocm_before_the_trainer_builds(monkeypatch, patchable, tmp_path):
     fake, ac, _ = patchable
     monkeypatch.setattr(torch.version, "hip", "6.4.0")
@@ -230,6 +232,7 @@ def test_run_path_installs_the_hook_on_rocm_before_the_trainer_builds(monkeypatc
     assert ac._worker_compile_triton is hook._worker_compile_triton
 
 
+@pytest.mark.e2e  # the real run path, up to the trainer's construction
 def test_run_path_leaves_triton_alone_off_rocm(monkeypatch, patchable, tmp_path):
     fake, ac, _ = patchable
     monkeypatch.setattr(torch.version, "hip", None)

@@ -77,6 +77,7 @@ def broken_links(rel, text):
     return out
 
 
+@pytest.mark.e2e  # runs `git ls-files`
 def test_no_tracked_file_speaks_of_the_work_process():
     hits = []
     for rel in tracked_files():
@@ -86,6 +87,7 @@ def test_no_tracked_file_speaks_of_the_work_process():
     assert not hits, "say the date, commit, GPU and versions instead:\n" + "\n".join(hits)
 
 
+@pytest.mark.e2e  # runs `git ls-files`
 def test_markdown_links_stay_inside_the_repository_and_resolve():
     md = [f for f in tracked_files() if f.endswith(".md")]
     assert "README.md" in md and "docs/guide.md" in md

@@ -32,6 +32,7 @@ def test_a_failing_step_leaves_the_gemm_recording_mode_inactive(tmp_path, monkey
 
     monkeypatch.delenv("PRIMUS_DETERMINISTIC", raising=False)
     monkeypatch.setattr(primus.backends, "trainer_class", lambda cfg: _RaisingTrainer)
+    monkeypatch.setattr("primus.train_loop.git_sha", lambda: None)  # no `git` process in a unit test
     cfg = compose_cfg(["tuning_stage=1", "tuning.enabled=true", f"tuning.root={tmp_path / 'tune'}", "device=cpu",
                        "logging.tensorboard=false"])
     ctx = RunContext(device="cpu", world_size=1, run_dir=str(tmp_path))
