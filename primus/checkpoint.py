@@ -566,7 +566,7 @@ class CheckpointManager:
         """Before the trainer is built: an explicit resume path must at least look like a whole checkpoint."""
         problem = resume_path_problem(self.c.resume, self.backend)
         if problem:
-            raise _config_error(os.path.abspath(self.c.resume), problem)
+            raise resume_error(os.path.abspath(self.c.resume), problem)
 
     def resume(self) -> Optional[Dict[str, Any]]:
         """Restore the checkpoint that checkpoint.resume names (after trainer.setup). Returns what was restored:
@@ -598,7 +598,7 @@ class CheckpointManager:
             path = os.path.abspath(r)
             problems = verify(path, self.backend)
             if problems:
-                raise _config_error(path, f"checkpoint {path}: " + "; ".join(problems))
+                raise resume_error(path, f"checkpoint {path}: " + "; ".join(problems))
         meta = read_meta(path)
         rank, world = _rank_world()
         if meta.get("world_size") != world:
@@ -665,7 +665,7 @@ def requeued_slurm_job() -> bool:
         return False
 
 
-def _config_error(path: str, msg: str):
+def resume_error(path: str, msg: str):
     from primus.config.errors import ConfigError, ConfigIssue
 
     return ConfigError(ConfigIssue(["checkpoint.resume"], path, msg.replace(f"checkpoint {path}: ", "", 1)

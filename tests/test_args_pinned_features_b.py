@@ -1,7 +1,7 @@
 """The backend argument dicts of a set of configs, pinned: moving a feature's mapping into its feature module
 (primus/features/) must leave what megatron-core and TorchTitan receive unchanged, issues included.
 
-The snapshots in args_pinned_features_b.json were taken from the mappings as they stood before the move.
+The snapshots in tests/data/args_pinned_features_b.json were taken from the mappings as they stood before the move.
 `python tests/test_args_pinned_features_b.py --write` retakes them (only for an intended change of the args).
 """
 import json
@@ -17,7 +17,7 @@ from primus.config.errors import ConfigError  # noqa: E402
 from primus.config.validate import validate  # noqa: E402
 from primus.context import RunContext  # noqa: E402
 
-SNAPSHOTS = os.path.join(os.path.dirname(__file__), "args_pinned_features_b.json")
+SNAPSHOTS = os.path.join(os.path.dirname(__file__), "data", "args_pinned_features_b.json")
 CONF = os.path.join(os.path.dirname(__file__), "..", "conf")
 
 CTXS = {

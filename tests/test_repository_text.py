@@ -115,7 +115,7 @@ def test_the_work_log_pattern_spares(line):
 
 
 def test_the_link_check_catches_links_out_and_dangling(tmp_path):
-    text = "[guide](../shared/reference/guide.txt) [gone](docs/nothing_here.md) [ok](docs/guide.md) " \
+    text = "[guide](../elsewhere/guide.txt) [gone](docs/nothing_here.md) [ok](docs/guide.md) " \
            "[web](https://example.com/x) [anchor](#section) [ok with anchor](README.md#quick-start)"
     bad = broken_links("README.md", text)
     assert len(bad) == 2

@@ -40,10 +40,10 @@ def torchtitan(cfg, ctx) -> dict:
 def resume_path(cfg, ctx):
     """An explicit resume path is checked before anything starts, dry runs included (it used to be checked only
     once the trainer was being built)."""
-    from primus.checkpoint import _config_error, resume_path_problem
+    from primus.checkpoint import resume_error, resume_path_problem
 
     problem = resume_path_problem(cfg.checkpoint.resume, cfg.backend.name.value)
-    return _config_error(os.path.abspath(cfg.checkpoint.resume), problem).issues if problem else []
+    return resume_error(os.path.abspath(cfg.checkpoint.resume), problem).issues if problem else []
 
 
 JOBS_DIR = "outputs/jobs"
