@@ -47,19 +47,33 @@ def _is_oom(e: BaseException) -> bool:
 LOG_FILE = "train.log"  # Hydra's job log (${hydra.job.name}.log); the loop's own lines join it
 
 
+_LOGS: Dict[str, Any] = {}  # run dir -> its train.log, open in append mode for the run (rank 0)
+
+
 def _say(ctx: RunContext, msg: str) -> None:
     """Rank 0's run lines (steps, checkpoints, resume) go to the console and to <run_dir>/train.log, so the loss
-    history survives a SIGKILL without TensorBoard. Appended per line: in a multi-process run Hydra's file handler
-    lives in the launching process, not in this one."""
+    history survives a SIGKILL without TensorBoard. Written by this process, line-buffered: in a multi-process run
+    Hydra's file handler lives in the launching process, not in this one."""
     if not ctx.is_rank0:
         return
     print(msg, flush=True)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     try:
-        with open(os.path.join(ctx.run_dir, LOG_FILE), "a") as f:
-            f.write("".join(f"[{stamp}][primus][INFO] - {line}\n" for line in msg.splitlines()))
+        f = _LOGS.get(ctx.run_dir)
+        if f is None:
+            f = _LOGS[ctx.run_dir] = open(os.path.join(ctx.run_dir, LOG_FILE), "a", buffering=1)
+        f.write("".join(f"[{stamp}][primus][INFO] - {line}\n" for line in msg.splitlines()))
     except OSError:
         pass  # a full or read-only run dir: the console still has the line
+
+
+def _close_log(ctx: RunContext) -> None:
+    f = _LOGS.pop(ctx.run_dir, None)
+    if f is not None:
+        try:
+            f.close()
+        except OSError:
+            pass
 
 
 def _tuning_hooks(cfg: PrimusConfig, ctx: RunContext, result: Dict[str, Any]):
@@ -204,6 +218,7 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         raise
     finally:
         preempt.restore()
+        _close_log(ctx)
         from primus.metrics.sinks import close_sinks
 
         close_sinks(sinks)
