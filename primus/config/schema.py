@@ -80,7 +80,7 @@ GROUPS: Dict[str, tuple] = {
     "launcher": ("launcher", LauncherConfig),
 }
 
-SCHEMA_NAME = "_schema"  # each group's schema is stored as `<group>/_schema`; YAML files list it in defaults
+SCHEMA_GROUP = "schema"  # each group's schema is stored as `schema/<group>` (not an option of the group itself); a group's YAML files extend it with `/schema/<group>@_here_` in their defaults
 
 
 def register() -> None:
@@ -90,7 +90,10 @@ def register() -> None:
     from primus.features.checkpoint import register_resolvers
 
     register_resolvers()  # conf/config.yaml's hydra.run.dir reads the job identity through it
+    from primus.config.help import register_resolver
+
+    register_resolver()  # conf/hydra/help/primus.yaml's generated listings
     cs = ConfigStore.instance()
     cs.store(name="primus_schema", node=PrimusConfig)
     for group, (package, node) in GROUPS.items():
-        cs.store(group=group, name=SCHEMA_NAME, node=node, package=package)
+        cs.store(group=SCHEMA_GROUP, name=group, node=node, package=package)
