@@ -27,6 +27,7 @@ from primus.features.parallel import ParallelConfig  # noqa: F401
 from primus.features.plan import PlanConfig  # noqa: F401
 from primus.features.precision import Dtype, FP4Format, FP4Recipe, FP8Format, FP8Recipe, PrecisionConfig  # noqa: F401
 from primus.features.recompute import ACMode, RecomputeConfig, RecomputeGranularity, RecomputeMethod  # noqa: F401
+from primus.features.sweep import Direction, Objective, SweepConfig  # noqa: F401
 from primus.features.training import LRDecay, NonFiniteAction, Optimizer, TrainingConfig  # noqa: F401
 from primus.features.tuning import TuningConfig  # noqa: F401
 from primus.features.turbo import TurboConfig  # noqa: F401
@@ -51,6 +52,7 @@ class PrimusConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     device: Device = Device.auto
     mode: Mode = Mode.train
     dry_run: bool = False  # validate and print the backend arguments as JSON, then exit
