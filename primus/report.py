@@ -185,6 +185,7 @@ def collect(dirs: Iterable[str]) -> List[Dict[str, Any]]:
                 res = {"status": NO_RESULT, "overrides": _job_overrides(r),
                        "error": "no result.json (still running, or killed before writing it: see the job's log)"}
             row = row_of(res, r)
+            row["sweep"] = d if r != d else None
             if row["job_num"] is None:
                 row["job_num"] = _job_num_of(os.path.basename(os.path.normpath(r)))
             rows.append(row)
@@ -197,9 +198,12 @@ def _varying(values: Iterable[Any]) -> bool:
 
 def compared_keys(rows: Sequence[Dict[str, Any]]) -> List[str]:
     """The columns that tell the rows apart: the overrides that differ (swept_keys), then the group choices that
-    differ, then the config values that differ outside those groups (read from each result.json's config)."""
+    differ, then the config values that differ outside those groups (read from each result.json's config). The
+    points of one sweep differ by what was swept: its table is the swept keys (a preset sweep would otherwise show
+    every group the presets choose)."""
     keys = swept_keys(rows)
-    if len(rows) < 2:
+    sweeps = {r.get("sweep") for r in rows}
+    if len(rows) < 2 or (len(sweeps) == 1 and None not in sweeps):
         return keys
     shown = set(keys)
     groups = [g for g in dict.fromkeys(g for r in rows for g in r.get("choices") or {})
