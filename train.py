@@ -1,6 +1,7 @@
 """Primus-Hydra entry point: compose -> validate -> resolve -> build the backend trainer -> train -> result.json.
 
     python train.py backend=megatron model=llama2_7b precision=fp8
+    python train.py --help                          # modes, groups and their options, presets, examples
     python train.py --cfg job                       # print the composed config
     python train.py dry_run=true ...                # validate and print the backend arguments as JSON
     python train.py -m turbo.use_turbo_attention=true,false precision=bf16,fp8   # sweep
