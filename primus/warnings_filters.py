@@ -41,6 +41,9 @@ WARNINGS = (
            "raised while upstream libraries (megatron-core's fused kernels) are imported, not by a Primus setting"),
     Hidden(UserWarning, r"torchdata\.stateful_dataloader\..*", r"'set_vital' is deprecated",
            "torchdata's StatefulDataLoader (TorchTitan's dataloader) calls the deprecated torch.set_vital itself"),
+    Hidden(UserWarning, r"torchtitan\.distributed\.utils", r"In CPU autocast, but the target dtype is not supported",
+           "TorchTitan 0.2.2 autocasts a one-process run to precision.mixed_precision_param; CPU autocast knows only "
+           "bf16 / fp16, so with float32 torch turns it off and the run stays float32, as asked"),
 )
 
 # (logger, start of the message, why) for upstream log records at WARNING level

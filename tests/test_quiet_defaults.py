@@ -78,6 +78,8 @@ def _raised(category, module, message):
                                               "`torch.compile` or `torch.export`."),
     (UserWarning, "torchdata.stateful_dataloader.stateful_dataloader", "'set_vital' is deprecated, please do not "
                                                                         "call"),
+    (UserWarning, "torchtitan.distributed.utils", "In CPU autocast, but the target dtype is not supported. "
+                                                  "Disabling autocast."),
 ])
 def test_listed_upstream_warnings_are_hidden(fresh_install, category, module, message):
     assert not _raised(category, module, message)
