@@ -61,7 +61,10 @@ def run(dcfg: DictConfig):
 
 
 def _run(dcfg: DictConfig):
+    from primus import warnings_filters
     from primus.launch.slurm import slurm_task_env
+
+    warnings_filters.install()
 
     os.environ.update(slurm_task_env() or {})  # a task of a multi-task Slurm job: rank + rendezvous from Slurm
     from primus.config.keys import non_bool_overrides, unknown_keys

@@ -113,7 +113,10 @@ def _rocm_patches(ctx: RunContext) -> None:
 
 def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str, Any]:
     """Run the training steps on this rank; returns the result dict (rank 0 also writes it)."""
+    from primus import warnings_filters
     from primus.backends import trainer_class
+
+    warnings_filters.install()  # before the backend is imported (a spawned worker starts here)
 
     t = cfg.training
     meter = Meter(cfg, ctx)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from enum import Enum
+from typing import Optional
 
 from primus.config.errors import ConfigIssue
 from primus.features import rule
@@ -36,7 +37,7 @@ class TrainingConfig:
     optimizer: Optimizer = Optimizer.adamw
     lr: float = 3e-3  # peak learning rate
     min_lr: float = 3e-4  # final learning rate of the decay
-    lr_warmup_iters: int = 2  # linear warm-up steps (0 or < train_iters)
+    lr_warmup_iters: Optional[int] = None  # linear warm-up steps (0 or < train_iters); None: warmup_iters()
     lr_decay_style: LRDecay = LRDecay.cosine
     weight_decay: float = 0.1
     adam_beta1: float = 0.9
@@ -50,6 +51,19 @@ class TrainingConfig:
     log_interval: int = 1  # steps between log lines
     timing_warmup_steps: int = 3  # steps left out of step-time statistics
     on_nonfinite: NonFiniteAction = NonFiniteAction.stop  # loss or grad norm NaN/inf
+
+
+WARMUP_FRACTION = 0.05  # of train_iters, as Megatron-LM's --lr-warmup-fraction
+WARMUP_CAP = 2000  # the warm-up common in Megatron-LM pretraining configs (--lr-warmup-iters 2000)
+
+
+def warmup_iters(cfg) -> int:
+    """training.lr_warmup_iters, or by default 5% of train_iters (rounded down: runs under 20 steps get none, so a
+    2-step smoke run trains from its first step) and at most 2000."""
+    t = cfg.training
+    if t.lr_warmup_iters is not None:
+        return t.lr_warmup_iters
+    return min(WARMUP_CAP, int(t.train_iters * WARMUP_FRACTION))
 
 
 def deterministic_on(cfg) -> bool:
@@ -77,7 +91,8 @@ def training_values(cfg, ctx):
         # the schedulers need warm-up to end before the decay does (megatron asserts warmup < decay steps)
         out.append(ConfigIssue(["training.lr_warmup_iters", "training.train_iters"], t.lr_warmup_iters,
                                f"warm-up must be 0 or shorter than the run (train_iters={t.train_iters})",
-                               f"set training.lr_warmup_iters to 0..{max(t.train_iters - 1, 0)}"))
+                               f"set training.lr_warmup_iters to 0..{max(t.train_iters - 1, 0)}, or leave it "
+                               "unset (5% of train_iters)"))
     return out
 
 
@@ -121,7 +136,7 @@ def megatron(cfg, ctx) -> dict:
             "init_lr": 0.0,
             "max_lr": t.lr,
             "min_lr": t.min_lr,
-            "lr_warmup_steps": t.lr_warmup_iters,
+            "lr_warmup_steps": warmup_iters(cfg),
             "lr_decay_steps": t.train_iters,
             "lr_decay_style": t.lr_decay_style.value,
             "start_wd": t.weight_decay,
@@ -161,7 +176,7 @@ def torchtitan(cfg, ctx) -> dict:
             "implementation": "fused" if ctx.device == "cuda" else "foreach",
         },
         "lr_scheduler": {
-            "warmup_steps": t.lr_warmup_iters,
+            "warmup_steps": warmup_iters(cfg),
             "decay_type": "cosine" if t.lr_decay_style == LRDecay.cosine else "linear",
             "min_lr_factor": lr_min_factor,
         },
