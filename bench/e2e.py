@@ -170,6 +170,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3, help="runs of each point, interleaved; figures are medians")
     ap.add_argument("--iters", type=int, help="steps per run, the first 4 untimed (default: each point's own: "
                     "20 with 5 untimed)")
+    ap.add_argument("--micro-batch", type=int, help="every point at this micro batch and one micro batch per step "
+                    "(the reference's --batch; train.py's micro and global batch), e.g. to fit a smaller GPU")
     ap.add_argument("--deadline-s", type=float, help="start no run that the mean run time so far says would end "
                     "after this many seconds; the table then holds the repeats that ran")
     ap.add_argument("--ref", default="reference/compile_fused")
@@ -194,6 +196,10 @@ def main():
         points = [(n, a + (["--steps", str(args.iters - 4), "--warmup", "4"] if a[0] != "train.py" else
                            [f"training.train_iters={args.iters}", "training.timing_warmup_steps=4",
                             "training.lr_warmup_iters=2"])) for n, a in points]
+    if args.micro_batch:
+        mb = str(args.micro_batch)
+        points = [(n, a + (["--batch", mb] if a[0] != "train.py" else
+                           [f"training.micro_batch_size={mb}", f"training.global_batch_size={mb}"])) for n, a in points]
     out = os.environ.get("OUT")
     log_dir = args.log_dir or out or os.path.join(ROOT, "outputs", "bench")
     os.makedirs(log_dir, exist_ok=True)
@@ -221,8 +227,9 @@ def main():
     runs = {name: rs for name, rs in runs.items() if rs}
     rows = [combine(runs[name]) for name, _ in points if name in runs]
     env = environment()
+    ran = sorted({len(rs) for rs in runs.values()})
     md = [f"### {args.suite}: {datetime.datetime.now():%Y-%m-%d %H:%M} on {env['gpu']}, commit {env['commit']}, "
-          f"{args.repeats} interleaved repeats", "",
+          f"{'-'.join(map(str, ran)) or 0} of {args.repeats} interleaved repeats ran", "",
           "Versions: " + ", ".join(f"{k} {v}" for k, v in env.items()), "", table(rows, args.ref), "", "Commands:", ""]
     md += [f"- `{r['name']}`: `{r['cmd']}`" for r in rows]
     text = "\n".join(md) + "\n"
