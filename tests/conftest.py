@@ -18,14 +18,11 @@ import tempfile
 import time
 import traceback
 
-# One core per pytest-xdist worker: torch's intra-op pool defaults to every core in every worker, and each train.py or
-# rank-script subprocess (OMP_NUM_THREADS is inherited) would do the same, so two workers on two cores ran four or more
-# busy threads. Inductor's parallel compile starts a pool of compile-worker processes (each imports torch: seconds) in
-# every process that compiles; with one core to spare, compiling in-process is faster. Both only where the caller has
-# not chosen, and set before torch is imported.
+# The cores shared out among pytest-xdist workers: torch's intra-op pool (and inductor's C++ kernels, OpenMP) default
+# to every core in every worker, and each subprocess that inherits the env likewise, so two workers on two cores ran
+# four or more busy threads. Only where the caller has not chosen; set before torch is imported.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 # Without a GPU, Triton kernels run in Triton's interpreter. It must be chosen before triton is first imported
 # (torch and torchtitan import it early), so it is set here, for the whole session and its subprocesses.
