@@ -20,9 +20,11 @@ import traceback
 
 # The cores shared out among pytest-xdist workers: torch's intra-op pool (and inductor's C++ kernels, OpenMP) default
 # to every core in every worker, and each subprocess that inherits the env likewise, so two workers on two cores ran
-# four or more busy threads. Only where the caller has not chosen; set before torch is imported.
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+# four or more busy threads. Only where the caller has not chosen; set before torch is imported. In one process
+# (-n 0) nothing changes: the local launcher shares the cores out among its ranks itself.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 # Without a GPU, Triton kernels run in Triton's interpreter. It must be chosen before triton is first imported
 # (torch and torchtitan import it early), so it is set here, for the whole session and its subprocesses.
