@@ -146,6 +146,13 @@ def pytest_addoption(parser):
                           "(the order pytest-xdist hands tests out in)")
 
 
+def pytest_configure(config):
+    # pytest-xdist's loadgroup would queue the xdist_groups with the most tests first, whatever they cost: keep the
+    # order pytest_collection_modifyitems gives (by expected seconds, groups included)
+    if getattr(config.option, "loadscopereorder", None):
+        config.option.loadscopereorder = False
+
+
 def _plain_id(nodeid: str) -> str:
     """The test's id without the `@<group>` suffix given below."""
     at = nodeid.rfind("@")
