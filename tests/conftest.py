@@ -134,7 +134,7 @@ def _guarded(item):
         raise NotAUnitTest(seen[0])
 
 
-# Seconds each slow test took in a full run (all phases), for the order below; `--record-durations` rewrites it.
+# Seconds each longer test took in a full run (all phases), for the order below; `--record-durations` rewrites it.
 DURATIONS = os.path.join(ROOT, "tests", "data", "test_durations.json")
 DURATION_FLOOR = 2.0  # shorter tests are not listed: their marker's default below orders them well enough
 DEFAULT_SECONDS = {"slow": 60.0, "slurm": 60.0, "e2e": 10.0}
