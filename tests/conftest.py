@@ -7,6 +7,8 @@ torch.distributed, so `make test-fast` (`-m "not e2e and not slow and not slurm"
 needs one is marked `e2e` (seconds) or `slow` (a minute or more); `slurm` ones need the local cluster.
 """
 import contextlib
+import copy
+import json
 import os
 import shutil
 import socket
@@ -15,6 +17,14 @@ import sys
 import tempfile
 import time
 import traceback
+
+# The cores shared out among pytest-xdist workers: torch's intra-op pool (and inductor's C++ kernels, OpenMP) default
+# to every core in every worker, and each subprocess that inherits the env likewise, so two workers on two cores ran
+# four or more busy threads. Only where the caller has not chosen; set before torch is imported. In one process
+# (-n 0) nothing changes: the local launcher shares the cores out among its ranks itself.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 # Without a GPU, Triton kernels run in Triton's interpreter. It must be chosen before triton is first imported
 # (torch and torchtitan import it early), so it is set here, for the whole session and its subprocesses.
@@ -35,9 +45,19 @@ from primus.config.schema import register  # noqa: E402
 register()
 
 
+_COMPOSED = {}
+
+
 def compose_dict(overrides=()):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose("config", overrides=quote_numeric_group_choices(list(overrides)))
+    """The composed DictConfig for these overrides. Hydra composes each distinct override list once per process
+    (about a second of CPU each, and the unit tests ask for the same few hundred lists over and over); every caller
+    gets its own deep copy. Interpolations stay unresolved in the copy, as in a fresh compose. A compose error is
+    raised again on every call (nothing is stored for it)."""
+    key = tuple(quote_numeric_group_choices(list(overrides)))
+    if key not in _COMPOSED:
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            _COMPOSED[key] = compose("config", overrides=list(key))
+    return copy.deepcopy(_COMPOSED[key])
 
 
 def compose_cfg(overrides=()):
@@ -114,28 +134,103 @@ def _guarded(item):
         raise NotAUnitTest(seen[0])
 
 
+# Seconds each longer test took in a full run (all phases), for the order below; `--record-durations` rewrites it.
+DURATIONS = os.path.join(ROOT, "tests", "data", "test_durations.json")
+DURATION_FLOOR = 2.0  # shorter tests are not listed: their marker's default below orders them well enough
+DEFAULT_SECONDS = {"slow": 60.0, "slurm": 60.0, "e2e": 10.0}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", action="store_true",
+                     help=f"after the run, write each test's duration (>= {DURATION_FLOOR:g}s) to {DURATIONS} "
+                          "(the order pytest-xdist hands tests out in)")
+
+
+def pytest_configure(config):
+    # pytest-xdist's loadgroup would queue the xdist_groups with the most tests first, whatever they cost: keep the
+    # order pytest_collection_modifyitems gives (by expected seconds, groups included)
+    if getattr(config.option, "loadscopereorder", None):
+        config.option.loadscopereorder = False
+
+
+def _plain_id(nodeid: str) -> str:
+    """The test's id without the `@<group>` suffix given below."""
+    at = nodeid.rfind("@")
+    return nodeid[:at] if at > nodeid.rfind("]") else nodeid
+
+
+def _expected_seconds(item, table) -> float:
+    known = table.get(_plain_id(item.nodeid))
+    if known is not None:
+        return known
+    return max((s for m, s in DEFAULT_SECONDS.items() if item.get_closest_marker(m)), default=0.0)
+
+
+def _group_of(item) -> str:
+    return "_".join(sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                            for m in item.iter_markers("xdist_group")}))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist, hand out the end-to-end tests first (slow, then e2e, then unit tests): a minutes-long run
-    started last would finish the session alone on one worker. With --dist loadgroup, name each test of an
-    xdist_group `<id>@<group>`, the id the scheduler keeps together: pytest-xdist 3.8 sets the old `_nodeid`
-    attribute, which pytest 9.2 no longer reads (its node ids are structured), so without this the groups split."""
+    """Under pytest-xdist, hand out the longest work first: a minutes-long run started last would finish the session
+    alone on one worker. Work is a test, or a whole xdist_group (one worker runs it), ordered by its expected
+    seconds: the recorded ones (DURATIONS), else its marker's default (slow before e2e before unit tests).
+    With --dist loadgroup, name each test of an xdist_group `<id>@<group>`, the id the scheduler keeps together:
+    pytest-xdist 3.8 sets the old `_nodeid` attribute, which pytest 9.2 no longer reads (its node ids are
+    structured), so without this the groups split."""
     if not hasattr(config, "workerinput"):
         return
-    items.sort(key=lambda it: 0 if it.get_closest_marker("slow") or it.get_closest_marker("slurm")
-               else 1 if it.get_closest_marker("e2e") else 2)
+    try:
+        with open(DURATIONS) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        table = {}
+    unit = {it.nodeid: _group_of(it) or it.nodeid for it in items}
+    total, first = {}, {}
+    for i, it in enumerate(items):
+        total[unit[it.nodeid]] = total.get(unit[it.nodeid], 0.0) + _expected_seconds(it, table)
+        first.setdefault(unit[it.nodeid], i)
+    order = {it.nodeid: i for i, it in enumerate(items)}
+    items.sort(key=lambda it: (-total[unit[it.nodeid]], first[unit[it.nodeid]], order[it.nodeid]))
     if not config.getvalue("loadgroup"):
         return
     for item in items:
-        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                         for m in item.iter_markers("xdist_group")})
-        if groups and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):  # not named yet
-            named = f"{item.nodeid}@{'_'.join(groups)}"
+        group = _group_of(item)
+        if group and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):  # not named yet
+            named = f"{item.nodeid}@{group}"
             try:
                 from _pytest.nodeid import NodeId
             except ImportError:  # an older pytest reads _nodeid (and pytest-xdist has set it)
                 item._nodeid = named
             else:
                 item._id = NodeId.parse(named)
+
+
+_durations = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when in ("setup", "call", "teardown"):
+        key = _plain_id(report.nodeid)
+        _durations[key] = _durations.get(key, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """--record-durations: the tests of this run replace their entries (the ones now under the floor leave)."""
+    if not session.config.getoption("record_durations") or hasattr(session.config, "workerinput"):
+        return
+    try:
+        with open(DURATIONS) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        table = {}
+    for key, seconds in _durations.items():
+        table.pop(key, None)
+        if seconds >= DURATION_FLOOR:
+            table[key] = round(seconds, 1)
+    with open(DURATIONS, "w") as f:
+        json.dump(dict(sorted(table.items())), f, indent=0)
+        f.write("\n")
 
 
 # every phase: a module- or session-scoped fixture is set up inside the first test that needs it

@@ -6,8 +6,8 @@ import types
 
 import pytest
 
+from conftest import compose_cfg as compose
 from primus.backends.megatron import args as margs
-from primus.backends.megatron.testing import compose
 from primus.context import RunContext
 
 CPU = RunContext(device="cpu", world_size=1)

@@ -1,8 +1,8 @@
 """Settings megatron-core 0.16.1 / this device cannot honour are ConfigErrors before launch, naming the keys."""
 import pytest
 
+from conftest import compose_cfg as compose
 from primus.backends.megatron import args as margs
-from primus.backends.megatron.testing import compose
 from primus.context import RunContext
 from primus.features import precision
 

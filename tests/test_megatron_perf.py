@@ -6,9 +6,9 @@ import pytest
 from rank_script import run_train
 import torch
 
+from conftest import compose_cfg as compose
 from primus.backends.megatron import args as margs
 from primus.backends.megatron import perf
-from primus.backends.megatron.testing import compose
 from primus.context import RunContext
 
 BASE = ["model=debug", "training.seq_length=128", "training.micro_batch_size=4", "training.global_batch_size=8",

@@ -5,8 +5,8 @@ import pytest
 
 from rank_script import run_rank_configs, run_train
 
+from conftest import compose_cfg as compose
 from primus.backends.megatron import args as margs
-from primus.backends.megatron.testing import compose
 from primus.context import RunContext
 
 CPU = RunContext(device="cpu", world_size=1)
