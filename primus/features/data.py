@@ -49,9 +49,11 @@ def data_paths(cfg, ctx):
 
 
 def megatron(cfg, ctx) -> dict:
+    from primus.features.training import global_batch
+
     d, t = cfg.data, cfg.training
     return {"data": {"kind": d.kind.value, "path": d.path, "tokenizer": d.tokenizer, "seed": t.seed,
-                     "num_samples": t.train_iters * t.global_batch_size}}
+                     "num_samples": t.train_iters * global_batch(cfg, ctx.world_size)}}
 
 
 # TorchTitan dataset names primus/backends/torchtitan/data.py registers in TorchTitan's dataset table
