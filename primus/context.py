@@ -57,9 +57,12 @@ def world_size_and_source(cfg: PrimusConfig) -> Tuple[int, str]:
     tasks of the submitit Slurm job this process is a task of (SLURM_NTASKS, or SLURM_JOB_NUM_NODES x
     SLURM_NTASKS_PER_NODE); otherwise the launcher's own keys."""
     env = os.environ
+    slurm = "SLURM_JOB_ID" in env and env.get("SUBMITIT_EXECUTOR")
     if "WORLD_SIZE" in env:
+        if slurm and env.get("SLURM_NTASKS") == env["WORLD_SIZE"]:  # a task's rank env, taken from Slurm's
+            return int(env["WORLD_SIZE"]), f"Slurm: SLURM_NTASKS={env['SLURM_NTASKS']}"
         return int(env["WORLD_SIZE"]), f"WORLD_SIZE={env['WORLD_SIZE']} (set by the launcher that started this process)"
-    if "SLURM_JOB_ID" in env and env.get("SUBMITIT_EXECUTOR"):
+    if slurm:
         if "SLURM_NTASKS" in env:
             return int(env["SLURM_NTASKS"]), f"Slurm: SLURM_NTASKS={env['SLURM_NTASKS']}"
         nodes, per_node = env.get("SLURM_JOB_NUM_NODES"), env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]

@@ -98,7 +98,9 @@ def test_world_size_and_where_it_came_from(monkeypatch):
     assert world_size_and_source(cfg) == (8, "Slurm: SLURM_JOB_NUM_NODES x SLURM_NTASKS_PER_NODE = 2 x 4")
     monkeypatch.setenv("SLURM_NTASKS", "8")
     assert world_size_and_source(cfg) == (8, "Slurm: SLURM_NTASKS=8")
-    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("WORLD_SIZE", "8")  # a task's rank env, from Slurm's (primus/launch/slurm.py)
+    assert world_size_and_source(cfg) == (8, "Slurm: SLURM_NTASKS=8")
+    monkeypatch.setenv("WORLD_SIZE", "4")  # workers a one-task job started itself
     assert world_size_and_source(cfg)[0] == 4 and "WORLD_SIZE=4" in world_size_and_source(cfg)[1]
 
 

@@ -45,6 +45,8 @@ def test_two_task_job_trains_as_one_world(cluster, tmp_path):
     r = load(sweep / "0" / "result.json")
     assert r["status"] == "ok", r.get("error")
     assert r["world_size"] == 2 and r["resolved"]["dp"] == 2
+    assert r["resolved"]["world_size_from"] == "Slurm: SLURM_NTASKS=2", r["resolved"]
+    assert r["resolved"]["global_batch_size"] == 8  # micro 4 x dp 2: sized from the world
     assert r["env"].get("SLURM_JOB_ID") == job_id.split("_")[0]
     assert len(r["losses"]) == 3
 
