@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Tuple
 
 from primus.config.schema import Device, PrimusConfig
 
@@ -21,6 +21,9 @@ class RunContext:
     dist_backend: str = "gloo"  # gloo on CPU, nccl (RCCL on ROCm) on GPU
     env: dict = field(default_factory=dict)  # env vars this run sets (recorded in result.json)
     planned: bool = False  # True in a dry run judged for a GPU this machine does not have: skip hardware probes
+    # where world_size came from, in words (the dry run and result.json state it): the launcher's keys, torchrun's
+    # WORLD_SIZE, or the Slurm job's tasks
+    world_from: str = ""
 
     @property
     def is_rank0(self) -> bool:
@@ -46,11 +49,29 @@ def resolve_device(cfg: PrimusConfig) -> str:
 
 def world_size_of(cfg: PrimusConfig) -> int:
     """World size the run will have: the launcher's, or the one an outer launcher (Slurm, torchrun) set."""
-    if "WORLD_SIZE" in os.environ:
-        return int(os.environ["WORLD_SIZE"])
-    if "SLURM_NTASKS" in os.environ and "SLURM_JOB_ID" in os.environ and os.environ.get("SUBMITIT_EXECUTOR"):
-        return int(os.environ["SLURM_NTASKS"])
-    return cfg.launcher.nproc_per_node * cfg.launcher.nnodes
+    return world_size_and_source(cfg)[0]
+
+
+def world_size_and_source(cfg: PrimusConfig) -> Tuple[int, str]:
+    """(world size, where it came from in words). An outer launcher's count wins: torchrun's WORLD_SIZE, then the
+    tasks of the submitit Slurm job this process is a task of (SLURM_NTASKS, or SLURM_JOB_NUM_NODES x
+    SLURM_NTASKS_PER_NODE); otherwise the launcher's own keys."""
+    env = os.environ
+    slurm = "SLURM_JOB_ID" in env and env.get("SUBMITIT_EXECUTOR")
+    if "WORLD_SIZE" in env:
+        if slurm and env.get("SLURM_NTASKS") == env["WORLD_SIZE"]:  # a task's rank env, taken from Slurm's
+            return int(env["WORLD_SIZE"]), f"Slurm: SLURM_NTASKS={env['SLURM_NTASKS']}"
+        return int(env["WORLD_SIZE"]), f"WORLD_SIZE={env['WORLD_SIZE']} (set by the launcher that started this process)"
+    if slurm:
+        if "SLURM_NTASKS" in env:
+            return int(env["SLURM_NTASKS"]), f"Slurm: SLURM_NTASKS={env['SLURM_NTASKS']}"
+        nodes, per_node = env.get("SLURM_JOB_NUM_NODES"), env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+        if nodes and per_node.isdigit():
+            return (int(nodes) * int(per_node),
+                    f"Slurm: SLURM_JOB_NUM_NODES x SLURM_NTASKS_PER_NODE = {nodes} x {per_node}")
+    lc = cfg.launcher
+    return (lc.nnodes * lc.nproc_per_node,
+            f"launcher.nnodes x launcher.nproc_per_node = {lc.nnodes} x {lc.nproc_per_node}")
 
 
 def data_parallel_size(cfg: PrimusConfig, world_size: int) -> int:
@@ -69,9 +90,11 @@ def resolve(cfg: PrimusConfig, run_dir: str = ".") -> RunContext:
 
         gpu_name = torch.cuda.get_device_name(0)
         rocm = torch.version.hip is not None
+    world, world_from = world_size_and_source(cfg)
     return RunContext(
         device=device,
-        world_size=world_size_of(cfg),
+        world_size=world,
+        world_from=world_from,
         rank=int(os.environ.get("RANK", 0)),
         local_rank=int(os.environ.get("LOCAL_RANK", 0)),
         run_dir=run_dir,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -44,9 +44,45 @@ def resolved_summary(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
         prec += f"+fp4({p.fp4_recipe.value})"
     return {"device": ctx.device if not ctx.gpu_name else f"{ctx.device} ({ctx.gpu_name})",
             "backend": cfg.backend.name.value, "model": cfg.model.name, "precision": prec,
-            "world_size": ctx.world_size, "tp": cfg.parallel.tensor_model_parallel_size,
+            "world_size": ctx.world_size, "world_size_from": ctx.world_from or "launcher",
+            "tp": cfg.parallel.tensor_model_parallel_size,
             "pp": cfg.parallel.pipeline_model_parallel_size, "cp": cfg.parallel.context_parallel_size,
-            "ep": cfg.parallel.expert_model_parallel_size, "dp": data_parallel_size(cfg, ctx.world_size)}
+            "ep": cfg.parallel.expert_model_parallel_size, "dp": data_parallel_size(cfg, ctx.world_size),
+            "micro_batch_size": cfg.training.micro_batch_size, "global_batch_size": cfg.training.global_batch_size,
+            "gradient_accumulation_steps": cfg.training.gradient_accumulation_steps}
+
+
+def checked(dcfg: DictConfig, overrides, run_dir: str = ".", world: Optional[Tuple[int, str]] = None,
+            gpus: Optional[bool] = None) -> Tuple[PrimusConfig, RunContext]:
+    """Everything that judges a composed config before any work: unknown keys, the typed merge, the run context
+    and every rule. `world` (size, where it came from) and `gpus` (whether the run gets GPUs) describe a run
+    judged elsewhere than where it will run: a Slurm job checked in the submitting process."""
+    from primus.config.keys import non_bool_overrides, unknown_keys
+
+    unknown = unknown_keys(OmegaConf.to_container(dcfg, resolve=False))  # `+key` typos: nothing would read them
+    unknown += non_bool_overrides(overrides)  # omegaconf reads precision.bf16=2 as true
+    if unknown:
+        raise ConfigError(unknown)
+    # merge onto the schema so a saved run config (`--config-dir <run>/.hydra`) is typed and checked as well
+    cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
+    ctx = resolve(cfg, run_dir)
+    if world is not None:
+        ctx.world_size, ctx.world_from = world
+    describe_only = cfg.dry_run or cfg.mode == Mode.plan
+    if gpus is not None:  # judged for the machines the job will get
+        if gpus and cfg.device != Device.cpu and not gpu_present():
+            ctx.device, ctx.dist_backend, ctx.planned = "cuda", "nccl", True
+        elif not gpus and cfg.device != Device.cuda:
+            ctx.device, ctx.dist_backend = "cpu", "gloo"
+    elif describe_only and cfg.device != Device.cpu and not gpu_present():
+        # a dry run describes the GPU run the config is meant for (nothing touches a GPU): judge it as one;
+        # device=cpu asks for the CPU run explicitly
+        ctx.device, ctx.dist_backend, ctx.planned = "cuda", "nccl", True
+    elif cfg.device == Device.cuda and not gpu_present():
+        raise ConfigError(ConfigIssue(["device"], "cuda", "no CUDA / ROCm GPU is visible on this machine",
+                                      "use device=auto (CPU here) or device=cpu, or run where a GPU is"))
+    validate(cfg, ctx)  # raises ConfigError naming key, value, rule and fix
+    return cfg, ctx
 
 
 def run(dcfg: DictConfig):
@@ -67,25 +103,8 @@ def _run(dcfg: DictConfig):
     warnings_filters.install()
 
     os.environ.update(slurm_task_env() or {})  # a task of a multi-task Slurm job: rank + rendezvous from Slurm
-    from primus.config.keys import non_bool_overrides, unknown_keys
-
     meta = hydra_meta()
-    unknown = unknown_keys(OmegaConf.to_container(dcfg, resolve=False))  # `+key` typos: nothing would read them
-    unknown += non_bool_overrides(meta["overrides"])  # omegaconf reads precision.bf16=2 as true
-    if unknown:
-        raise ConfigError(unknown)
-    # merge onto the schema so a saved run config (`--config-dir <run>/.hydra`) is typed and checked as well
-    cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
-    ctx = resolve(cfg, meta["run_dir"])
-    describe_only = cfg.dry_run or cfg.mode == Mode.plan
-    if describe_only and cfg.device != Device.cpu and not gpu_present():
-        # a dry run describes the GPU run the config is meant for (nothing touches a GPU): judge it as one;
-        # device=cpu asks for the CPU run explicitly
-        ctx.device, ctx.dist_backend, ctx.planned = "cuda", "nccl", True
-    elif cfg.device == Device.cuda and not gpu_present():
-        raise ConfigError(ConfigIssue(["device"], "cuda", "no CUDA / ROCm GPU is visible on this machine",
-                                      "use device=auto (CPU here) or device=cpu, or run where a GPU is"))
-    validate(cfg, ctx)  # raises ConfigError naming key, value, rule and fix
+    cfg, ctx = checked(dcfg, meta["overrides"], meta["run_dir"])
     # validate() may normalise values (e.g. recompute_layer_ids sorted): workers get the normalised config
     cfg_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
 

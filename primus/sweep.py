@@ -190,8 +190,7 @@ class SweepCallback(Callback):
         atexit.register(self._at_exit)
         n = self.total if self.total is not None else "?"
         print(f"[sweep] {n} point(s) -> {config.hydra.sweep.dir}", flush=True)
-        target = str(OmegaConf.select(config, "hydra.launcher._target_") or "")
-        if "submitit" in target:
+        if OmegaConf.select(config, "hydra.launcher.submitit_folder") is not None:  # submitit's launchers
             folder = str(OmegaConf.select(config, "hydra.launcher.submitit_folder"))
             base = folder.split("%j")[0].rstrip("/") if "%j" in folder else folder
             print(f"[slurm] job logs: {base}/<job id>/<job id>_<task>_log.out|err (task 0 = rank 0)", flush=True)
@@ -256,6 +255,12 @@ class SweepCallback(Callback):
         """The sweep died before on_multirun_end (e.g. a Slurm job killed by its time limit makes the submitit
         launcher raise): still leave the table of what finished."""
         if self._ended or self._sweep_dir is None or self._env_pid != os.getpid():
+            return
+        try:
+            if not any(not n.startswith(".") and os.path.isdir(os.path.join(self._sweep_dir, n))
+                       for n in os.listdir(self._sweep_dir)):
+                return  # refused before any point ran (primus/launch/submit.py): nothing to tabulate
+        except OSError:
             return
         print("[sweep] the sweep stopped early; table of the jobs so far:", flush=True)
         try:

@@ -45,6 +45,8 @@ def test_two_task_job_trains_as_one_world(cluster, tmp_path):
     r = load(sweep / "0" / "result.json")
     assert r["status"] == "ok", r.get("error")
     assert r["world_size"] == 2 and r["resolved"]["dp"] == 2
+    assert r["resolved"]["world_size_from"] == "Slurm: SLURM_NTASKS=2", r["resolved"]
+    assert r["resolved"]["global_batch_size"] == 8  # micro 4 x dp 2: sized from the world
     assert r["env"].get("SLURM_JOB_ID") == job_id.split("_")[0]
     assert len(r["losses"]) == 3
 
@@ -75,3 +77,26 @@ def test_two_task_job_trains_as_one_world(cluster, tmp_path):
         time.sleep(1)
     assert q.stdout.strip() == "", f"job still queued/running 90 s after its results: {q.stdout}"
     print(f"slurm 2-task job: {took:.1f}s")
+
+
+def _job_ids(cluster):
+    q = subprocess.run(["scontrol", "-o", "show", "jobs"], capture_output=True, text=True, timeout=30,
+                       env={**os.environ, **cluster})
+    return set(re.findall(r"JobId=(\d+)", q.stdout))
+
+
+def test_bad_sweep_queues_nothing(cluster, tmp_path):
+    """Invalid points are found in the submitting process, all of them, and nothing goes to the queue: not even the
+    valid point."""
+    before = _job_ids(cluster)
+    sweep = tmp_path / "sweep"
+    p = run_train(["-m", "hydra/launcher=slurm", "+cluster=local", "model=debug_moe", *SHORT,
+                   "parallel.expert_model_parallel_size=1,2,3", f"hydra.sweep.dir={sweep}"], env=cluster, timeout=300)
+    assert p.returncode == 2, tail(p)
+    assert "nothing submitted: 2 of 3 sweep point(s) are invalid" in p.stdout, tail(p)
+    assert re.search(r"#1 .*parallel\.expert_model_parallel_size=2\n", p.stdout), tail(p)
+    assert re.search(r"#2 .*parallel\.expert_model_parallel_size=3\n", p.stdout) and "#0 " not in p.stdout
+    assert "expert tp x ep x pp = 1 x 2 x 1 = 2" in p.stdout and "launcher.nproc_per_node=2" in p.stdout
+    assert "experts must be divisible by ep" in p.stdout  # ep=3: every problem of the point, not only the first
+    assert not (sweep / ".submitit").exists()
+    assert _job_ids(cluster) == before  # nothing queued, nothing ran

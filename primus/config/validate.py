@@ -34,8 +34,8 @@ POSITIVE = (
     ("model.moe_first_k_dense", 0), ("model.mtp_num_layers", 0), ("model.q_lora_rank", 1),
     ("model.kv_lora_rank", 1), ("model.qk_head_dim", 1), ("model.qk_pos_emb_head_dim", 1), ("model.v_head_dim", 1),
     ("training.train_iters", 1), ("training.seq_length", 1), ("training.micro_batch_size", 1),
-    ("training.global_batch_size", 1), ("training.lr_warmup_iters", 0), ("training.timing_warmup_steps", 0),
-    ("training.log_interval", 1),
+    ("training.global_batch_size", 1), ("training.gradient_accumulation_steps", 1), ("training.lr_warmup_iters", 0),
+    ("training.timing_warmup_steps", 0), ("training.log_interval", 1),
     ("parallel.tensor_model_parallel_size", 1), ("parallel.pipeline_model_parallel_size", 1),
     ("parallel.context_parallel_size", 1), ("parallel.expert_model_parallel_size", 1),
     ("launcher.nproc_per_node", 1), ("launcher.nnodes", 1), ("checkpoint.interval", 0), ("checkpoint.keep_last", 0),
@@ -54,12 +54,17 @@ def counts_are_positive(cfg, ctx) -> List[ConfigIssue]:
     out = []
     for key, least in POSITIVE:
         v = _get(cfg, key)
-        if v is not None and v < least:
+        if v is not None and v < least and v != _SIZED_FROM_WORLD.get(key):
             what = "a count" if least == 1 else "a count that may be 0"
             null = f" (or null: {_NULL_MEANS[key]})" if key in _NULL_MEANS else ""
+            if key in _SIZED_FROM_WORLD:
+                null = f" (or {_SIZED_FROM_WORLD[key]}: micro batch x dp x gradient_accumulation_steps)"
             out.append(ConfigIssue([key], v, f"must be >= {least} ({what})", f"set {key} to {least} or more{null}"))
     return out
 
+
+# a count whose sentinel means "sized from the world" (training.py: batch_sizes resolves it)
+_SIZED_FROM_WORLD = {"training.global_batch_size": -1}
 
 _NULL_MEANS = {"model.kv_channels": "hidden_size / heads", "model.num_experts": "a dense model",
                "model.moe_ffn_hidden_size": "ffn_hidden_size", "model.moe_shared_expert_intermediate_size":

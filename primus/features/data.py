@@ -114,9 +114,11 @@ def _tokenizer_issues(cfg) -> list:
 
 
 def megatron(cfg, ctx) -> dict:
+    from primus.features.training import global_batch
+
     d, t = cfg.data, cfg.training
     return {"data": {"kind": d.kind.value, "path": d.path, "tokenizer": tokenizer_dir(d), "seed": t.seed,
-                     "num_samples": t.train_iters * t.global_batch_size}}
+                     "num_samples": t.train_iters * global_batch(cfg, ctx.world_size)}}
 
 
 # TorchTitan dataset names primus/backends/torchtitan/data.py registers in TorchTitan's dataset table

@@ -26,7 +26,9 @@ def launcher_values(cfg, ctx):
         out.append(ConfigIssue(["launcher.master_port"], lc.master_port, "a TCP port is 1..65535 (0 = pick a free one)",
                                "use 0, or a free port such as 29500"))
     launching = not (cfg.dry_run or cfg.mode.value == "plan")
-    if lc.nnodes > 1 and launching and "WORLD_SIZE" not in os.environ and "SLURM_JOB_ID" not in os.environ:
+    # a world from Slurm (inside the job, or judged before submission) spans the job's nodes
+    from_slurm = ctx.world_from.startswith("Slurm")
+    if lc.nnodes > 1 and launching and not from_slurm and "WORLD_SIZE" not in os.environ and "SLURM_JOB_ID" not in os.environ:
         out.append(ConfigIssue(["launcher.nnodes"], lc.nnodes,
                                "the local launcher starts processes on this node only; several nodes run through Slurm",
                                "submit with -m hydra/launcher=slurm (see docs/launching.md), or set launcher.nnodes=1"))

@@ -29,18 +29,34 @@ def _dp(cfg, world: int) -> int:
     return data_parallel_size(cfg, world)
 
 
+def ranks_fix(cfg, ctx, need: int) -> str:
+    """How to launch `need` ranks, in the keys the world came from."""
+    lc = cfg.launcher
+    if not ctx.world_from or ctx.world_from.startswith(("launcher", "Slurm job")):  # judged before submission too
+        if need % lc.nnodes == 0:
+            return f"launcher.nproc_per_node={need // lc.nnodes}" + (f" (x launcher.nnodes={lc.nnodes})"
+                                                                     if lc.nnodes > 1 else "")
+        return f"launcher.nnodes x launcher.nproc_per_node = {need}"
+    return f"{need} ranks (the world came from {ctx.world_from or 'the launcher'})"
+
+
 @rule
 def parallel_layout(cfg, ctx):
-    p, m, t, out = cfg.parallel, cfg.model, cfg.training, []
+    p, m, out = cfg.parallel, cfg.model, []
     tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
-    world = ctx.world_size
+    world, model_size = ctx.world_size, tp * pp * cp
     dp = _dp(cfg, world)
-    if tp * pp * cp * dp != world:
+    if model_size * dp != world:
+        # megatron-core's initialize_model_parallel: world % (tp x pp x cp) == 0, dp = world / (tp x pp x cp)
+        need = model_size * (p.data_parallel_size or max(1, -(-world // model_size)))
+        shown_dp = p.data_parallel_size if p.data_parallel_size is not None else f"{world}/{model_size}: not whole"
         out.append(ConfigIssue(["parallel.tensor_model_parallel_size", "parallel.pipeline_model_parallel_size",
                                 "parallel.context_parallel_size", "parallel.data_parallel_size", "launcher.nproc_per_node"],
-                               {"tp": tp, "pp": pp, "cp": cp, "dp": p.data_parallel_size, "world_size": world},
-                               "tp x pp x cp x dp must equal the world size",
-                               "launch tp*pp*cp*dp ranks (launcher.nproc_per_node x launcher.nnodes), or change the sizes"))
+                               {"tp": tp, "pp": pp, "cp": cp, "dp": shown_dp, "world_size": world,
+                                "world_from": ctx.world_from or "launcher"},
+                               f"tp x pp x cp x dp must equal the world size ({world})",
+                               f"launch {need} ranks: {ranks_fix(cfg, ctx, need)}; or change the sizes so that "
+                               f"tp x pp x cp divides {world}"))
         dp = max(dp, 1)
     vp = p.virtual_pipeline_model_parallel_size
     stages = pp * (vp or 1)
@@ -64,14 +80,21 @@ def parallel_layout(cfg, ctx):
     elif m.num_experts and m.num_experts % ep:
         out.append(ConfigIssue(["model.num_experts", "parallel.expert_model_parallel_size"],
                                {"experts": m.num_experts, "ep": ep}, "experts must be divisible by ep", "choose ep dividing num_experts"))
-    if t.global_batch_size % (t.micro_batch_size * dp):
-        out.append(ConfigIssue(["training.global_batch_size", "training.micro_batch_size", "parallel.data_parallel_size"],
-                               {"global": t.global_batch_size, "micro": t.micro_batch_size, "dp": dp},
-                               "micro_batch_size x dp must divide global_batch_size (gradient accumulation steps are whole)",
-                               f"use a global batch that is a multiple of {t.micro_batch_size * dp}"))
+    if ep > 1 and cfg.backend.name.value == "megatron" and world % (tp * ep * pp):
+        # megatron-core's initialize_model_parallel: the expert layout (etp x ep x pp, expert tp = tp here) must
+        # tile the world too; expert dp = world / (etp x ep x pp)
+        etp_ep_pp = tp * ep * pp
+        fit = [e for e in range(1, ep + 1) if world % (tp * e * pp) == 0 and (m.num_experts or 1) % e == 0]
+        out.append(ConfigIssue(["parallel.expert_model_parallel_size", "launcher.nproc_per_node"],
+                               {"ep": ep, "expert_tp": tp, "pp": pp, "world_size": world,
+                                "world_from": ctx.world_from or "launcher"},
+                               f"the world must be divisible by expert tp x ep x pp = {tp} x {ep} x {pp} = {etp_ep_pp}",
+                               f"launch a multiple of {etp_ep_pp} ranks ({ranks_fix(cfg, ctx, etp_ep_pp * max(1, -(-world // etp_ep_pp)))}), "
+                               f"or set parallel.expert_model_parallel_size to one of {fit}"))
     if p.sequence_parallel and tp == 1:
         out.append(ConfigIssue(["parallel.sequence_parallel", "parallel.tensor_model_parallel_size"], True,
                                "sequence parallel shards over tp ranks: needs tp > 1", "set tp > 1 or sequence_parallel=false"))
+    t = cfg.training
     if t.seq_length % cp:
         out.append(ConfigIssue(["training.seq_length", "parallel.context_parallel_size"], t.seq_length,
                                "seq_length must be divisible by cp", "choose cp dividing seq_length"))
@@ -82,13 +105,57 @@ def parallel_layout(cfg, ctx):
     return out
 
 
+@rule
+def fsdp_degrees(cfg, ctx):
+    """TorchTitan 0.2.2's ParallelDims._validate, before any rank starts: replicate >= 1, shard -1 (the rest of dp)
+    or >= 1, replicate x shard = dp; and the MoE mesh's expert fsdp = shard x cp x tp / (etp x ep) is whole."""
+    if cfg.backend.name.value != "torchtitan":
+        return []
+    p, out = cfg.parallel, []
+    rep, shard, ep = p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.expert_model_parallel_size
+    dp = _dp(cfg, ctx.world_size)
+    if rep < 1:
+        return [ConfigIssue(["parallel.data_parallel_replicate_degree"], rep,
+                            "HSDP's replica count is >= 1 (1 = plain FSDP, no replicas)",
+                            "set parallel.data_parallel_replicate_degree=1, or a divisor of dp")]
+    if shard == 0 or shard < -1:
+        return [ConfigIssue(["parallel.data_parallel_shard_degree"], shard,
+                            "the FSDP shard degree is -1 (all of dp left after the replicas) or >= 1",
+                            "set parallel.data_parallel_shard_degree=-1")]
+    if dp < 1:
+        return []  # parallel_layout reports the world
+    divisors = [d for d in range(1, dp + 1) if dp % d == 0]
+    sizes = {"replicate": rep, "shard": shard, "dp": dp, "world_size": ctx.world_size,
+             "world_from": ctx.world_from or "launcher"}
+    if shard == -1 and dp % rep:
+        out.append(ConfigIssue(["parallel.data_parallel_replicate_degree"], sizes,
+                               f"the replicas split dp = world / (tp x pp x cp) = {dp}: replicate must divide it",
+                               f"set parallel.data_parallel_replicate_degree to one of {divisors}"))
+    elif shard != -1 and rep * shard != dp:
+        fit = (f"parallel.data_parallel_shard_degree=-1 (= dp / replicate = {dp // rep} here)" if dp % rep == 0 else
+               f"parallel.data_parallel_replicate_degree to one of {divisors} and shard -1")
+        out.append(ConfigIssue(["parallel.data_parallel_shard_degree", "parallel.data_parallel_replicate_degree"],
+                               sizes, f"replicate x shard must equal dp = world / (tp x pp x cp) = {dp}",
+                               f"set {fit}, or launch {ranks_fix(cfg, ctx, rep * shard * (ctx.world_size // dp))}"))
+    elif ep > 1:
+        fsdp = (shard if shard != -1 else dp // rep) * p.context_parallel_size * p.tensor_model_parallel_size
+        if fsdp % ep:  # expert tp is TorchTitan's default 1
+            out.append(ConfigIssue(["parallel.expert_model_parallel_size"], {"ep": ep, "shard x cp x tp": fsdp},
+                                   "torchtitan takes ep out of the FSDP shard x cp x tp ranks: ep must divide them",
+                                   f"set parallel.expert_model_parallel_size to a divisor of {fsdp}, or launch more "
+                                   "ranks"))
+    return out
+
+
 # ------------------------------------------------------------------------------------------- megatron-core
 
 
 def num_microbatches(cfg, ctx) -> int:
+    from primus.features.training import global_batch
+
     dp = max(1, _dp(cfg, ctx.world_size))
     t = cfg.training
-    return max(1, t.global_batch_size // (t.micro_batch_size * dp))
+    return max(1, global_batch(cfg, ctx.world_size) // (t.micro_batch_size * dp))
 
 
 def forward_backward_schedule(cfg) -> str:
@@ -142,11 +209,13 @@ def torchtitan_only(cfg) -> tuple:
 
 def torchtitan_batches(cfg, ctx) -> Tuple[int, int]:
     """(training.local_batch_size, parallelism.pipeline_parallel_microbatch_size)."""
+    from primus.features.training import global_batch
+
     t = cfg.training
     if cfg.parallel.pipeline_model_parallel_size > 1:
         # megatron's micro batches all go through the pipeline in one step: TorchTitan's local batch is the whole
         # per-dp-rank batch, split into pipeline microbatches of micro_batch_size
-        return max(1, t.global_batch_size // (_dp(cfg, ctx.world_size) or 1)), t.micro_batch_size
+        return max(1, global_batch(cfg, ctx.world_size) // (_dp(cfg, ctx.world_size) or 1)), t.micro_batch_size
     return t.micro_batch_size, 1
 
 

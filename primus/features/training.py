@@ -31,7 +31,14 @@ class NonFiniteAction(str, Enum):
 @dataclass
 class TrainingConfig:
     micro_batch_size: int = 4  # sequences per forward per rank
-    global_batch_size: int = 8  # sequences per optimizer step (all dp ranks, all micro batches)
+    # sequences per optimizer step (all dp ranks, all micro batches). -1 (TorchTitan's convention): sized from the
+    # world, micro_batch_size x dp x gradient_accumulation_steps; validation writes the resolved value back
+    global_batch_size: int = -1
+    # micro batches each dp rank runs per optimizer step (megatron's num_microbatches, TorchTitan's gradient
+    # accumulation steps). null: global / (micro x dp) for an explicit global batch; with -1, 1 (pp under megatron's
+    # interleaved pipeline, which needs whole groups of pp). Set together with an explicit global batch, the two
+    # must agree
+    gradient_accumulation_steps: Optional[int] = None
     seq_length: int = 128  # tokens per sequence
     train_iters: int = 30  # optimizer steps
     optimizer: Optimizer = Optimizer.adamw
@@ -96,6 +103,84 @@ def training_values(cfg, ctx):
     return out
 
 
+AUTO_BATCH = -1  # training.global_batch_size: micro x dp x gradient_accumulation_steps
+
+
+def global_batch(cfg, world: int) -> int:
+    """training.global_batch_size as the run uses it: -1 sized from the world (micro x dp x accumulation steps).
+    Validation writes it back; mappings and estimates read it through here, so they agree on unvalidated configs."""
+    from primus.context import data_parallel_size
+
+    t = cfg.training
+    if t.global_batch_size != AUTO_BATCH:
+        return t.global_batch_size
+    gas = t.gradient_accumulation_steps or default_accumulation_steps(cfg)
+    return t.micro_batch_size * max(1, data_parallel_size(cfg, world)) * gas
+
+
+def default_accumulation_steps(cfg) -> int:
+    """Micro batches per step when neither they nor the global batch are set: 1, or pp under megatron's interleaved
+    schedule (pp x vpp), which runs micro batches in groups of pp."""
+    p = cfg.parallel
+    if cfg.backend.name.value == "megatron" and p.virtual_pipeline_model_parallel_size:
+        return max(1, p.pipeline_model_parallel_size)
+    return 1
+
+
+def _multiples(unit: int, near: int) -> str:
+    lo = max(unit, near // unit * unit)
+    return ", ".join(str(v) for v in dict.fromkeys((lo, lo + unit)))
+
+
+@rule
+def batch_sizes(cfg, ctx):
+    """The global batch from the world (-1), or an explicit one checked against micro x dp: whole accumulation steps.
+    Resolves training.global_batch_size and gradient_accumulation_steps in place, so both backends, the dry run and
+    result.json see the numbers the run uses."""
+    from primus.context import data_parallel_size
+
+    t = cfg.training
+    dp = data_parallel_size(cfg, ctx.world_size)
+    if dp < 1:
+        return []  # the layout rule reports the world that does not split into tp x pp x cp x dp
+    unit, gas = t.micro_batch_size * dp, t.gradient_accumulation_steps
+    sizes = {"global": t.global_batch_size, "micro": t.micro_batch_size, "dp": dp,
+             "gradient_accumulation_steps": gas}
+    if t.global_batch_size == AUTO_BATCH:
+        gas = gas or default_accumulation_steps(cfg)
+        t.global_batch_size, t.gradient_accumulation_steps = unit * gas, gas
+        return interleaved_microbatches(cfg)
+    if t.global_batch_size % unit:
+        return [ConfigIssue(["training.global_batch_size", "training.micro_batch_size", "parallel.data_parallel_size"],
+                            sizes, f"the global batch must be a whole number of micro batches on every dp rank: a "
+                            f"multiple of micro x dp = {t.micro_batch_size} x {dp} = {unit}",
+                            f"set training.global_batch_size to a multiple of {unit} (e.g. "
+                            f"{_multiples(unit, t.global_batch_size)}), or -1 for micro x dp x "
+                            "gradient_accumulation_steps")]
+    if gas is not None and t.global_batch_size != unit * gas:
+        return [ConfigIssue(["training.global_batch_size", "training.gradient_accumulation_steps"], sizes,
+                            f"global = micro x dp x gradient_accumulation_steps = {unit} x {gas} = {unit * gas}",
+                            f"set training.global_batch_size={unit * gas} (or -1), or "
+                            f"training.gradient_accumulation_steps={t.global_batch_size // unit}, or drop one of "
+                            "the two")]
+    t.gradient_accumulation_steps = t.global_batch_size // unit
+    return interleaved_microbatches(cfg)
+
+
+def interleaved_microbatches(cfg) -> list:
+    """megatron-core's interleaved 1F1B (pp x vpp) runs micro batches in groups of pp per virtual stage: it raises
+    unless their count is >= pp and a multiple of pp (schedules.py at 0.16.1)."""
+    p, gas = cfg.parallel, cfg.training.gradient_accumulation_steps
+    pp = p.pipeline_model_parallel_size
+    if cfg.backend.name.value != "megatron" or not p.virtual_pipeline_model_parallel_size or pp < 2 or gas % pp == 0:
+        return []
+    return [ConfigIssue(["training.gradient_accumulation_steps", "parallel.virtual_pipeline_model_parallel_size"],
+                        {"micro_batches": gas, "pp": pp, "vpp": p.virtual_pipeline_model_parallel_size},
+                        "the interleaved pipeline schedule needs micro batches per step in whole groups of pp",
+                        f"set training.gradient_accumulation_steps to a multiple of {pp} (and global batch -1), or "
+                        f"a global batch of micro x dp x {pp * max(1, -(-gas // pp))}")]
+
+
 @rule
 def deterministic_mode(cfg, ctx):
     from primus.features.tuning import tuning_enabled
@@ -144,7 +229,7 @@ def megatron(cfg, ctx) -> dict:
             "wd_incr_steps": t.train_iters,
             "wd_incr_style": "constant",
         },
-        "schedule": {"micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
+        "schedule": {"micro_batch_size": t.micro_batch_size, "global_batch_size": global_batch(cfg, ctx.world_size),
                      "seq_length": t.seq_length},
         # perf.py: torch.compile per TransformerLayer; torch AdamW switched to its fused kernel (no TE/apex)
         "compile": bool(t.compile),
@@ -165,7 +250,7 @@ def torchtitan(cfg, ctx) -> dict:
     local_batch, _ = torchtitan_batches(cfg, ctx)
     lr_min_factor = 1.0 if t.lr_decay_style == LRDecay.constant else (t.min_lr / t.lr if t.lr else 0.0)
     return {
-        "training": {"local_batch_size": local_batch, "global_batch_size": t.global_batch_size,
+        "training": {"local_batch_size": local_batch, "global_batch_size": global_batch(cfg, ctx.world_size),
                      "seq_len": t.seq_length, "max_norm": t.clip_grad if t.clip_grad > 0 else NO_CLIP,
                      "steps": t.train_iters},
         "optimizer": {

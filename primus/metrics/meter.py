@@ -54,7 +54,9 @@ class Meter:
     def __init__(self, cfg: PrimusConfig, ctx: RunContext):
         self.cfg, self.ctx = cfg, ctx
         t = cfg.training
-        self.tokens_per_step = t.global_batch_size * t.seq_length
+        from primus.features.training import global_batch
+
+        self.tokens_per_step = global_batch(cfg, ctx.world_size) * t.seq_length
         self.flops_per_token = flops_per_token(cfg.model, t.seq_length)
         self.flops_per_token_causal = flops_per_token(cfg.model, t.seq_length, causal=True)
         peaks = peak_tflops(ctx.gpu_name)

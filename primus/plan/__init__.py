@@ -45,6 +45,7 @@ def target_gpu(cfg: PrimusConfig, ctx: Optional[RunContext] = None):
 
 
 def plan(cfg: PrimusConfig, ctx: Optional[RunContext] = None, world: Optional[int] = None, advise: bool = True) -> Plan:
+    from primus.features.training import global_batch
     from primus.plan.advice import bigger_gpus, variants
     from primus.plan.memory import estimate_memory, estimate_throughput, layout_of
     from primus.plan.report import format_plan
@@ -57,7 +58,7 @@ def plan(cfg: PrimusConfig, ctx: Optional[RunContext] = None, world: Optional[in
     vs = variants(cfg, gpu, lay.world) if (advise and not bd.fits) else []
     big = bigger_gpus(cfg, gpu, lay.world) if (advise and not bd.fits) else []
     title = (f"{cfg.backend.name.value} / {cfg.model.name}, micro batch {cfg.training.micro_batch_size} x seq "
-             f"{cfg.training.seq_length}, global batch {cfg.training.global_batch_size}")
+             f"{cfg.training.seq_length}, global batch {global_batch(cfg, lay.world)}")
     return Plan(bd, tp, vs, big, format_plan(title, lay, bd, tp, vs, big))
 
 

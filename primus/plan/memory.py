@@ -119,12 +119,13 @@ class Layout:
 
 def layout_of(cfg: PrimusConfig, world: Optional[int] = None) -> Layout:
     from primus.context import data_parallel_size, world_size_of
+    from primus.features.training import global_batch
 
     p = cfg.parallel
     world = world or world_size_of(cfg)
     dp = max(1, data_parallel_size(cfg, world))
     t = cfg.training
-    nmb = max(1, t.global_batch_size // max(1, t.micro_batch_size * dp))
+    nmb = max(1, global_batch(cfg, world) // max(1, t.micro_batch_size * dp))
     if cfg.backend.name == Backend.torchtitan:
         shard = dp // max(1, p.data_parallel_replicate_degree) if p.data_parallel_shard_degree == -1 else p.data_parallel_shard_degree
     else:
@@ -626,11 +627,13 @@ class Throughput:
 def estimate_throughput(cfg: PrimusConfig, gpu: Gpu, world: Optional[int] = None) -> Throughput:
     from primus.metrics.peaks import peak_tflops
 
+    from primus.features.training import global_batch
+
     lay = layout_of(cfg, world)
     mfu = plan_settings(cfg).assumed_mfu
     t = cfg.training
     fpt = flops_per_token(cfg.model, t.seq_length)
-    tokens = t.global_batch_size * t.seq_length
+    tokens = global_batch(cfg, lay.world) * t.seq_length
     total = fpt * tokens
     per_gpu = total / lay.world
     peaks = peak_tflops(gpu.name)
