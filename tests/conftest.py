@@ -47,7 +47,7 @@ def compose_cfg(overrides=()):
 
 # ------------------------------------------------------------------------------------------------ unit-test guard
 
-END_TO_END = ("e2e", "slow", "slurm")
+END_TO_END = ("e2e", "slow", "slurm", "scale")
 # Compilers that torch.compile / Triton run as processes (inductor's C++ build, its compile-worker pool) are part of
 # an in-process op test, not an end-to-end run: a process started from these packages passes.
 TOOLCHAIN = (os.sep + os.path.join("torch", "_inductor") + os.sep, os.sep + os.path.join("torch", "utils") + os.sep,
@@ -121,7 +121,7 @@ def pytest_collection_modifyitems(config, items):
     attribute, which pytest 9.2 no longer reads (its node ids are structured), so without this the groups split."""
     if not hasattr(config, "workerinput"):
         return
-    items.sort(key=lambda it: 0 if it.get_closest_marker("slow") or it.get_closest_marker("slurm")
+    items.sort(key=lambda it: 0 if any(it.get_closest_marker(m) for m in ("slow", "slurm", "scale"))
                else 1 if it.get_closest_marker("e2e") else 2)
     if not config.getvalue("loadgroup"):
         return

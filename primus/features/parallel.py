@@ -188,4 +188,14 @@ def torchtitan_issues(cfg, ctx) -> list:
     if par.expert_model_parallel_size > 1 and not m.num_experts:
         out.append(ConfigIssue(["parallel.expert_model_parallel_size"], par.expert_model_parallel_size,
                                "expert parallelism has no effect on a dense model", "set 1"))
+    if cp > 1 and ctx.device == "cpu":
+        import torch
+
+        # torch's context_parallel() registers ring attention for the CUDA SDPA kernels (flash, efficient, cuDNN);
+        # CPU's flash kernel has no sharding strategy and the first step fails inside DTensor dispatch
+        out.append(ConfigIssue(["parallel.context_parallel_size", "device"], cp,
+                               f"torch {torch.__version__.split('+')[0]}'s context parallelism shards the CUDA "
+                               "attention kernels only (aten._scaled_dot_product_flash_attention_for_cpu has no "
+                               "sharding strategy)", "set parallel.context_parallel_size=1 on CPU"))
     return out
+
