@@ -199,3 +199,16 @@ def torchtitan_issues(cfg, ctx) -> list:
                                "sharding strategy)", "set parallel.context_parallel_size=1 on CPU"))
     return out
 
+
+# ------------------------------------------------------------------------------------------- checkpoints
+
+
+def layout_of(cfg, world: int) -> dict:
+    """The parallel layout a checkpoint is written at (primus_meta.json) and compared with on resume."""
+    p = cfg.parallel
+    out = {"world_size": world, "tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size,
+           "vpp": p.virtual_pipeline_model_parallel_size, "cp": p.context_parallel_size,
+           "ep": p.expert_model_parallel_size, "dp": _dp(cfg, world)}
+    if cfg.backend.name.value == "torchtitan":
+        out["dp_replicate"] = p.data_parallel_replicate_degree
+    return out
