@@ -11,7 +11,7 @@ Megatron-core's init is layout-independent already (weights drawn at full size, 
 """
 import pytest
 
-from parity import MATRIX, REL, Layout, reference
+from parity import MATRIX, REL, Layout
 from rank_script import run_rank_configs
 
 SCRIPT = r'''
@@ -92,15 +92,16 @@ def run_matrix(tmp_path, layouts):
     for l in runnable:
         by_backend.setdefault(l.backend, []).append(l)
     for backend, ls in by_backend.items():
-        models = sorted({l.model for l in ls})
-        refs = dict(zip(models, (r["losses"] for r in run_layouts(
-            tmp_path, f"{backend}_ref.py", 1, [reference(backend, m) for m in models]))))
+        ref_args = sorted({tuple(l.reference()) for l in ls})
+        refs = dict(zip(ref_args, (r["losses"] for r in run_layouts(
+            tmp_path, f"{backend}_ref.py", 1, [list(a) for a in ref_args]))))
         for nproc in sorted({l.nproc for l in ls}):
             group = [l for l in ls if l.nproc == nproc]
             results = run_layouts(tmp_path, f"{backend}_{nproc}.py", nproc, [l.args() for l in group])
             for l, r in zip(group, results):
-                print(f"{backend} {l.name}: {r['losses']} (one process: {refs[l.model]})")
-                check(l, refs[l.model], r["losses"])
+                ref = refs[tuple(l.reference())]
+                print(f"{backend} {l.name}: {r['losses']} (one process: {ref})")
+                check(l, ref, r["losses"])
 
 
 @pytest.mark.e2e
