@@ -5,7 +5,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test test-fast clean
+.PHONY: setup train test test-fast test-scale clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -25,11 +25,16 @@ train: $(STAMP)
 TEST_WORKERS ?= auto
 
 test: $(STAMP)
-	$(VPY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VPY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadgroup -m "not scale" $(PYTEST_ARGS)
+
+# nightly-style: the whole parity matrix (2- and 4-process layouts, both backends), checkpoints resumed at another
+# layout, the two-node Slurm job
+test-scale: $(STAMP)
+	$(VPY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadgroup -m scale $(PYTEST_ARGS)
 
 # unit tests only: no subprocess, no trainer, no process group (tests/conftest.py holds them to it)
 test-fast: $(STAMP)
-	$(VPY) -m pytest -q -m "not e2e and not slow and not slurm" $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -m "not e2e and not slow and not slurm and not scale" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun

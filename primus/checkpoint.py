@@ -455,6 +455,7 @@ class CheckpointManager:
                 "backend": self.backend,
                 "model": self.cfg.model.name,
                 "world_size": world,
+                "layout": layout_of(self.cfg, world),
                 "train_iters": self.cfg.training.train_iters,
                 "config_fingerprint": config_fingerprint(self.cfg),
                 "trainer_state": extra,
@@ -563,10 +564,15 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ resume
     def precheck(self) -> None:
-        """Before the trainer is built: an explicit resume path must at least look like a whole checkpoint."""
+        """Before the trainer is built: an explicit resume path must at least look like a whole checkpoint, written
+        at a layout this backend can reshard to this run's."""
         problem = resume_path_problem(self.c.resume, self.backend)
         if problem:
             raise resume_error(os.path.abspath(self.c.resume), problem)
+        if self.c.resume not in (None, "", "auto"):
+            problem = reshard_problem(self.cfg, read_meta(os.path.abspath(self.c.resume)), self.ctx.world_size)
+            if problem:
+                raise resume_error(os.path.abspath(self.c.resume), problem)
 
     def resume(self) -> Optional[Dict[str, Any]]:
         """Restore the checkpoint that checkpoint.resume names (after trainer.setup). Returns what was restored:
@@ -601,7 +607,15 @@ class CheckpointManager:
                 raise resume_error(path, f"checkpoint {path}: " + "; ".join(problems))
         meta = read_meta(path)
         rank, world = _rank_world()
-        if meta.get("world_size") != world:
+        problem = reshard_problem(self.cfg, meta, world)
+        if problem:
+            raise resume_error(path, problem)
+        saved = meta.get("layout")
+        if saved is not None and saved != layout_of(self.cfg, world):
+            self.say(f"[primus] checkpoint {path} was written at layout {_layout_text(saved)}, this run is "
+                     f"{_layout_text(layout_of(self.cfg, world))}: model and optimizer are resharded, the data "
+                     f"position continues at the samples consumed")
+        elif meta.get("world_size") != world:
             self.say(f"[primus] warning: checkpoint {path} was written by {meta.get('world_size')} ranks, this run "
                      f"has {world}: model/optimizer are resharded, data position and RNG follow rank numbers")
         fp = config_fingerprint(self.cfg)
@@ -653,6 +667,35 @@ def resume_path_problem(resume: Optional[str], backend: str) -> Optional[str]:
     if meta["backend"] != backend:
         problems.append(f"written by backend {meta['backend']}, this run is backend {backend}")
     return f"checkpoint {path}: " + "; ".join(problems) if problems else None
+
+
+def layout_of(cfg, world: int) -> Dict[str, Any]:
+    from primus.features.parallel import layout_of as of
+
+    return of(cfg, world)
+
+
+def _layout_text(layout: Dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in layout.items() if v is not None)
+
+
+def reshard_problem(cfg, meta: Dict[str, Any], world: int) -> Optional[str]:
+    """Why the checkpoint of `meta` cannot be resumed at this run's layout (None: it can), asked of the backend
+    before anything is loaded. Checkpoints written before layouts were recorded are not checked."""
+    saved = meta.get("layout")
+    if saved is None:
+        return None
+    now = layout_of(cfg, world)
+    if saved == now:
+        return None
+    if meta.get("backend") == "torchtitan":
+        from primus.backends.torchtitan.checkpoint import reshard_problem as backend_problem
+    else:
+        from primus.backends.megatron.checkpoint import reshard_problem as backend_problem
+    why = backend_problem(cfg, saved, now)
+    if why is None:
+        return None
+    return (f"written at layout {_layout_text(saved)}, this run asks for {_layout_text(now)}: {why}")
 
 
 def requeued_slurm_job() -> bool:

@@ -67,7 +67,7 @@ def compose_cfg(overrides=()):
 
 # ------------------------------------------------------------------------------------------------ unit-test guard
 
-END_TO_END = ("e2e", "slow", "slurm")
+END_TO_END = ("e2e", "slow", "slurm", "scale")
 # Compilers that torch.compile / Triton run as processes (inductor's C++ build, its compile-worker pool) are part of
 # an in-process op test, not an end-to-end run: a process started from these packages passes.
 TOOLCHAIN = (os.sep + os.path.join("torch", "_inductor") + os.sep, os.sep + os.path.join("torch", "utils") + os.sep,
@@ -137,7 +137,7 @@ def _guarded(item):
 # Seconds each longer test took in a full run (all phases), for the order below; `--record-durations` rewrites it.
 DURATIONS = os.path.join(ROOT, "tests", "data", "test_durations.json")
 DURATION_FLOOR = 2.0  # shorter tests are not listed: their marker's default below orders them well enough
-DEFAULT_SECONDS = {"slow": 60.0, "slurm": 60.0, "e2e": 10.0}
+DEFAULT_SECONDS = {"slow": 60.0, "slurm": 60.0, "scale": 60.0, "e2e": 10.0}
 
 
 def pytest_addoption(parser):
@@ -297,28 +297,52 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _free_ports(nodes: int):
+    """A free port for slurmctld, and the first of `nodes` consecutive free ports for the slurmd daemons."""
+    while True:
+        ctld, first = _free_port(), _free_port()
+        block = range(first, first + nodes)
+        if ctld in block or block[-1] > 65535:
+            continue
+        try:
+            for p in block[1:]:
+                with socket.socket() as s:
+                    s.bind(("", p))
+        except OSError:
+            continue
+        return ctld, first
+
+
 @pytest.fixture(scope="session")
 def cluster():
     """A one-node Slurm cluster on this machine (launchers/slurm_cluster.sh), started once per test session (once per
     pytest-xdist worker: `make test` runs the slurm tests on one, their xdist_group), stopped at its end. Its state,
     config and logs live in a temp dir, on free ports, so a cluster someone else runs here is left alone.
     Yields the env clients need: SLURM_CONF and PATH with the sacct stand-in first."""
+    yield from _local_cluster(1)
+
+
+@pytest.fixture(scope="session")
+def cluster2():
+    """Two Slurm nodes on this machine (node1, node2: one slurmd each, SLURM_NODES=2), like `cluster` otherwise."""
+    yield from _local_cluster(2)
+
+
+def _local_cluster(nodes: int):
     if os.geteuid() != 0:
         pytest.skip("the local Slurm cluster needs root")
     if not shutil.which("slurmctld") and not shutil.which("apt-get"):
         pytest.skip("no slurm-wlm and no apt-get to install it")
     script = os.path.join(ROOT, "launchers", "slurm_cluster.sh")
     d = tempfile.mkdtemp(prefix="primus-slurm-")  # short path: slurmd puts unix sockets in its spool dir
-    ports = set()
-    while len(ports) < 2:
-        ports.add(_free_port())
-    ctld, slurmd = sorted(ports)
-    env = {**os.environ, "SLURM_CLUSTER_DIR": d, "SLURM_CTLD_PORT": str(ctld), "SLURMD_PORT": str(slurmd)}
+    ctld, slurmd = _free_ports(nodes)
+    env = {**os.environ, "SLURM_CLUSTER_DIR": d, "SLURM_CTLD_PORT": str(ctld), "SLURMD_PORT": str(slurmd),
+           "SLURM_NODES": str(nodes)}
     try:
         t0 = time.time()
         p = subprocess.run([script, "start"], env=env, capture_output=True, text=True, timeout=900)
         assert p.returncode == 0, f"cluster did not start:\n{p.stdout}\n{p.stderr}"
-        print(f"slurm cluster up in {time.time() - t0:.1f}s ({d})")
+        print(f"slurm cluster of {nodes} node(s) up in {time.time() - t0:.1f}s ({d})")
         yield {"SLURM_CONF": os.path.join(d, "slurm.conf"),
                "PATH": os.path.join(d, "bin") + os.pathsep + os.environ.get("PATH", "")}
     finally:

@@ -5,7 +5,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from primus.launch.slurm import slurm_task_env, task_rank
+import primus.launch.slurm as pslurm
+from primus.launch.slurm import node_address, slurm_task_env, task_rank
 
 CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
@@ -20,10 +21,27 @@ CLEAR = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", 
          "SLURM_ARRAY_JOB_ID")
 
 
+class FakeScontrol:
+    """`scontrol -o show node NAME` as Slurm answers it; records the calls (no process is started)."""
+
+    def __init__(self, addrs):
+        self.addrs, self.calls = addrs, []
+
+    def __call__(self, cmd, **kw):
+        import subprocess
+
+        self.calls.append(cmd)
+        name = cmd[-1]
+        out = f"NodeName={name} Arch=x86_64 NodeAddr={self.addrs[name]} NodeHostName=vm" if name in self.addrs else ""
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+
 @pytest.fixture
 def slurm_env(monkeypatch):
     for k in CLEAR:
         monkeypatch.delenv(k, raising=False)
+    # the example nodes do not resolve here: scontrol knows no address for them either
+    monkeypatch.setattr(pslurm.subprocess, "run", FakeScontrol({}))
 
     def set_env(**over):
         for k, v in {**TASK3, **over}.items():
@@ -111,3 +129,15 @@ def test_run_and_sweep_dirs_have_sub_second_timestamps():
     h = OmegaConf.to_container(cfg.hydra, resolve=False)
     assert "%f" in h["run"]["dir"] and "%f" in h["sweep"]["dir"]
     assert h["callbacks"]["primus_sweep"]["_target_"] == "primus.sweep.SweepCallback"
+
+
+def test_node_name_that_is_no_host_name_goes_by_its_node_addr(monkeypatch):
+    """Two slurmd daemons on one machine (nodes node1, node2 of launchers/slurm_cluster.sh with SLURM_NODES=2):
+    the first node's name does not resolve, so the rendezvous address is its NodeAddr; a resolvable name is kept
+    as it is, without asking scontrol."""
+    fake = FakeScontrol({"node-unresolvable-1": "127.0.0.1"})
+    monkeypatch.setattr(pslurm.subprocess, "run", fake)
+    assert node_address("node-unresolvable-1") == "127.0.0.1"
+    assert fake.calls == [["scontrol", "-o", "show", "node", "node-unresolvable-1"]]
+    assert node_address("localhost") == "localhost" and len(fake.calls) == 1
+    assert node_address("node-unresolvable-2") == "node-unresolvable-2"  # scontrol does not know it: the name

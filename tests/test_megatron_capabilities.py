@@ -24,7 +24,6 @@ def test_defaults_have_no_issues_on_cpu_and_gpu():
 
 
 @pytest.mark.parametrize("overrides,key,words", [
-    (["memory=distributed_optimizer"], "memory.use_distributed_optimizer", "CUDA tensors"),
     (["memory=offload"], "memory.optimizer_cpu_offload", "no GPU"),
     (["precision=fp8"], "precision.fp8", "GPU"),
     (["precision=fp4"], "precision.fp4", "GPU"),
@@ -109,8 +108,8 @@ def test_validate_runs_these_rules(monkeypatch):
     from primus.config.errors import ConfigError
     from primus.config.validate import validate
 
-    cfg = compose(["memory=distributed_optimizer", "device=cpu"])
-    with pytest.raises(ConfigError, match="memory.use_distributed_optimizer"):
+    cfg = compose(["memory=offload", "device=cpu"])
+    with pytest.raises(ConfigError, match="memory.optimizer_cpu_offload"):
         validate(cfg, RunContext(device="cpu", world_size=1))
 
 

@@ -40,9 +40,12 @@ def torchtitan(cfg, ctx) -> dict:
 def resume_path(cfg, ctx):
     """An explicit resume path is checked before anything starts, dry runs included (it used to be checked only
     once the trainer was being built)."""
-    from primus.checkpoint import resume_error, resume_path_problem
+    from primus.checkpoint import read_meta, reshard_problem, resume_error, resume_path_problem
 
     problem = resume_path_problem(cfg.checkpoint.resume, cfg.backend.name.value)
+    if problem is None and cfg.checkpoint.resume not in (None, "", "auto"):
+        # written at a layout this backend cannot reshard to this run's: refused before anything is loaded
+        problem = reshard_problem(cfg, read_meta(os.path.abspath(cfg.checkpoint.resume)), ctx.world_size)
     return resume_error(os.path.abspath(cfg.checkpoint.resume), problem).issues if problem else []
 
 

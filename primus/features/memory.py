@@ -52,11 +52,9 @@ def megatron_issues(cfg, ctx) -> list:
 
     mem, out = cfg.memory, []
     ver = margs.mcore_version()
-    if ctx.device == "cpu":  # what megatron-core cannot do without CUDA (see cpu_compat.py)
-        if mem.use_distributed_optimizer:
-            out.append(ConfigIssue(["memory.use_distributed_optimizer", "device"], True,
-                                   f"megatron-core {ver}'s distributed optimizer only accepts CUDA tensors",
-                                   "use memory=default on CPU"))
+    # the distributed optimizer runs on CPU too: its CUDA type checks and buffers are redirected by patches/cpu.py
+    # (the parity matrix trains it at dp2 bitwise like one process)
+    if ctx.device == "cpu":  # what megatron-core cannot do without CUDA
         if mem.optimizer_cpu_offload:
             out.append(ConfigIssue(["memory.optimizer_cpu_offload", "device"], True,
                                    "optimizer offload moves state from the GPU to the CPU: there is no GPU",

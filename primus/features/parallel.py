@@ -257,4 +257,27 @@ def torchtitan_issues(cfg, ctx) -> list:
     if par.expert_model_parallel_size > 1 and not m.num_experts:
         out.append(ConfigIssue(["parallel.expert_model_parallel_size"], par.expert_model_parallel_size,
                                "expert parallelism has no effect on a dense model", "set 1"))
+    if cp > 1 and ctx.device == "cpu":
+        import torch
+
+        # torch's context_parallel() registers ring attention for the CUDA SDPA kernels (flash, efficient, cuDNN);
+        # CPU's flash kernel has no sharding strategy and the first step fails inside DTensor dispatch
+        out.append(ConfigIssue(["parallel.context_parallel_size", "device"], cp,
+                               f"torch {torch.__version__.split('+')[0]}'s context parallelism shards the CUDA "
+                               "attention kernels only (aten._scaled_dot_product_flash_attention_for_cpu has no "
+                               "sharding strategy)", "set parallel.context_parallel_size=1 on CPU"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+
+
+def layout_of(cfg, world: int) -> dict:
+    """The parallel layout a checkpoint is written at (primus_meta.json) and compared with on resume."""
+    p = cfg.parallel
+    out = {"world_size": world, "tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size,
+           "vpp": p.virtual_pipeline_model_parallel_size, "cp": p.context_parallel_size,
+           "ep": p.expert_model_parallel_size, "dp": _dp(cfg, world)}
+    if cfg.backend.name.value == "torchtitan":
+        out["dp_replicate"] = p.data_parallel_replicate_degree
     return out

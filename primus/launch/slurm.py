@@ -12,6 +12,8 @@ device per task would make LOCAL_RANK point past the only visible device.
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
 from typing import Dict, Optional
 
@@ -28,12 +30,32 @@ def task_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def node_address(name: str) -> str:
+    """An address for Slurm node `name`: the name itself when it resolves, else the node's NodeAddr from scontrol.
+    A node name is a label in slurm.conf, not necessarily a host name (several slurmd daemons on one machine, nodes
+    named after rack positions): NodeAddr is where Slurm itself reaches it."""
+    try:
+        socket.getaddrinfo(name, None)
+        return name
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "node", name], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return name
+    for field in out.split():
+        if field.startswith("NodeAddr="):
+            return field.split("=", 1)[1] or name
+    return name
+
+
 def slurm_task_env() -> Optional[Dict[str, str]]:
     """Rendezvous env for this Slurm task, or None when not a multi-task submitit Slurm job.
 
     None for a job of one task too: then run.py treats it like a local run, so `launcher.nproc_per_node=N` inside a
     one-task job still starts N workers through the elastic launch API.
-    MASTER_ADDR is the first host of the job, MASTER_PORT is derived from the job id (same in every task of the job,
+    MASTER_ADDR is the first host of the job (its NodeAddr when the node name is no host name), MASTER_PORT is derived from the job id (same in every task of the job,
     different between array jobs), unless MASTER_PORT is already set in the job's env.
     """
     if not under_submitit_slurm():
@@ -44,7 +66,7 @@ def slurm_task_env() -> Optional[Dict[str, str]]:
     if de.world_size <= 1:
         return None
     env = {
-        "MASTER_ADDR": de.master_addr,
+        "MASTER_ADDR": node_address(de.master_addr),
         "MASTER_PORT": str(de.master_port),
         "RANK": str(de.rank),
         "WORLD_SIZE": str(de.world_size),

@@ -40,7 +40,10 @@ def _sharded_state_dict(tr, is_loading: bool) -> Dict[str, Any]:
             sd[f"model{i}"] = m.sharded_state_dict()
     sd["optimizer"] = tr.optimizer.sharded_state_dict(sd, is_loading=is_loading)
     sd["scheduler"] = tr.scheduler.state_dict()
-    sd["data"] = {"next_micro": [it.next_micro for it in tr.iters]}
+    # the position as samples consumed too: a rank's next_micro counts rows of micro_batch_size x dp samples, which
+    # a resume at another dp (or micro batch) size must convert (MicroBatches reads rows in Megatron-LM's order)
+    sd["data"] = {"next_micro": [it.next_micro for it in tr.iters],
+                  "consumed_samples": [it.next_micro * it.mbs * it.dp for it in tr.iters]}
     return sd
 
 
@@ -106,15 +109,23 @@ def load(tr, path: str) -> Dict[str, Any]:
             m.load_state_dict(state[f"model{i}"])
     tr.optimizer.load_state_dict(state["optimizer"])
     tr.scheduler.load_state_dict(state["scheduler"])
-    for it, n in zip(tr.iters, state["data"]["next_micro"]):
-        it.next_micro = int(n)
+    consumed = state["data"].get("consumed_samples")
+    for i, it in enumerate(tr.iters):
+        if consumed is None:  # written before positions were kept as samples: same layout assumed
+            it.next_micro = int(state["data"]["next_micro"][i])
+            continue
+        row = it.mbs * it.dp
+        if int(consumed[i]) % row:
+            raise ValueError(f"the checkpoint consumed {consumed[i]} samples, not a whole number of rows of "
+                             f"micro_batch_size x dp = {row}: the data position cannot be resumed at this layout")
+        it.next_micro = int(consumed[i]) // row
     rf = _rng_tracker_file(path, torch.distributed.get_rank())
     if os.path.isfile(rf):
         try:
             tensor_parallel.get_cuda_rng_tracker().set_states(torch.load(rf, weights_only=True))
         except Exception:  # noqa: BLE001 - trackers differ between platforms; torch RNGs are restored anyway
             pass
-    return {"next_micro": state["data"]["next_micro"]}
+    return {"next_micro": [it.next_micro for it in tr.iters]}
 
 
 class NonFiniteGuard:
@@ -141,3 +152,10 @@ class NonFiniteGuard:
 
 def nonfinite_guard(tr) -> Optional[NonFiniteGuard]:
     return NonFiniteGuard(tr.optimizer) if tr.cfg.training.on_nonfinite.value == "skip" else None
+
+
+def reshard_problem(cfg, saved: Dict[str, Any], now: Dict[str, Any]) -> Optional[str]:
+    """None: megatron.core.dist_checkpointing reshards every layout change (tp, pp, vpp, ep, dp, world size): the
+    model's and the optimizer's sharded tensors are keyed by global name and offset (the distributed optimizer's
+    default `fully_sharded_model_space` format included), and the data position is kept as samples consumed."""
+    return None

@@ -90,6 +90,8 @@ class MegatronTrainer(Trainer):
         for k, v in a["env"].items():  # before the first CUDA/NCCL call creates the context
             os.environ[k] = v
             ctx.env[k] = v
+        # a caller that brought its own process group (several layouts in one launch) keeps it after close()
+        self._owns_pg = not torch.distributed.is_initialized()
         _init_distributed(ctx)
 
         from megatron.core import parallel_state as ps
@@ -455,5 +457,5 @@ class MegatronTrainer(Trainer):
             self.ps.destroy_model_parallel()
         except Exception:  # noqa: BLE001
             pass
-        if torch.distributed.is_initialized():
+        if getattr(self, "_owns_pg", True) and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -35,13 +35,23 @@ def save(tt, path: str, step: int) -> Dict[str, Any]:
     return {"step": tt.step, "ntokens_seen": int(tt.ntokens_seen)}
 
 
-def load(tt, path: str) -> Dict[str, Any]:
+def load(tt, path: str, saved_layout: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
     sd = _states(tt)
+    dp_now = tt.parallel_dims.dp_replicate * tt.parallel_dims.dp_shard
+    moved = saved_layout is not None and _dp(saved_layout) != dp_now
+    if moved:
+        # one data-loader state per saved dp rank (keys dp_rank_<r>): this run's ranks have none to read
+        # (reshard_problem refused every data kind but the synthetic stream before we got here)
+        sd.pop("dataloader", None)
     dcp.load(sd, checkpoint_id=os.path.join(path, DCP_DIR))
     # the model entries were loaded in place into a flattened copy: hand them to the model (as TorchTitan does)
     tt.checkpointer.states["model"].load_state_dict(sd)
+    if moved:
+        # sample i goes to dp rank i mod dp: after `step` steps of the global batch every rank is at the same index
+        per_rank = tt.job_config.training.local_batch_size * tt.gradient_accumulation_steps
+        tt.dataloader.dataset.load_state_dict({"next": tt.step * per_rank})
     return {"step": tt.step, "ntokens_seen": int(tt.ntokens_seen)}
 
 
@@ -107,3 +117,25 @@ class NaNInjector:
 
 def nonfinite_guard(tt, cfg) -> Optional[NonFiniteGuard]:
     return NonFiniteGuard(tt) if cfg.training.on_nonfinite.value == "skip" else None
+
+
+def _dp(layout: Dict[str, Any]) -> int:
+    return int(layout.get("dp") or 1)
+
+
+def reshard_problem(cfg, saved: Dict[str, Any], now: Dict[str, Any]) -> Optional[str]:
+    """DCP reshards model and optimizer across any world size and parallelism. The data position is per dp rank:
+    TorchTitan 0.2.2's ParallelAwareDataloader keeps one state per dp rank and asserts the dp degree is unchanged
+    ("dataloader resharding is not supported yet"). The synthetic stream is re-positioned from the step (sample i
+    goes to rank i mod dp); a jsonl stream cannot be, so a dp change is refused before loading."""
+    if _dp(saved) != _dp(now) and cfg.data.kind.value != "synthetic":
+        return (f"the data position of data.kind={cfg.data.kind.value} is kept per data-parallel rank and "
+                f"TorchTitan {_tt_version()} cannot reshard it from dp={_dp(saved)} to dp={_dp(now)}; resume with "
+                f"dp={_dp(saved)} (tp/pp/cp may change), or start a new run")
+    return None
+
+
+def _tt_version() -> str:
+    from primus.backends.torchtitan.jobconfig_keys import installed_version
+
+    return installed_version() or "?"

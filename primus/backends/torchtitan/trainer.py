@@ -231,7 +231,7 @@ class TorchTitanTrainer(Trainer):
     def load_checkpoint(self, path: str, meta=None) -> Dict[str, Any]:
         from primus.backends.torchtitan import checkpoint as tt_ckpt
 
-        out = tt_ckpt.load(self.tt, path)
+        out = tt_ckpt.load(self.tt, path, (meta or {}).get("layout"))
         self._data = self.tt.batch_generator(self.tt.dataloader)  # a fresh iterator from the restored position
         return out
 

@@ -13,10 +13,10 @@ applied by `primus.backends.megatron.patches.apply`). Upstream behaviours worked
    The real `torch` module is untouched for everyone else.
 2. The model-parallel RNG tracker (`tensor_parallel.random`) saves and restores CUDA generator states.
    -> its two state helpers are replaced by CPU-generator equivalents, so forked RNG regions keep their meaning.
-3. Type-string assertions: the mixed-precision optimizer accepts only 'torch.cuda.{Half,BFloat16,Float}Tensor'
-   params, and grad clipping asserts 'torch.cuda.FloatTensor' grads.
+3. Type-string assertions: the mixed-precision and distributed optimizers accept only
+   'torch.cuda.{Half,BFloat16,Float}Tensor' params, and grad clipping asserts 'torch.cuda.FloatTensor' grads.
    -> grad clipping and megatron's optimizer factory (`get_megatron_optimizer`, which builds the mixed-precision
-   optimizer) run with `Tensor.type()` answering the CUDA name for CPU tensors (scoped to the call).
+   and the distributed optimizer) run with `Tensor.type()` answering the CUDA name for CPU tensors (scoped to the call).
 4. dist_checkpointing / parallel_state call `torch.cuda.synchronize()`; MoE shared experts and the alltoall token
    dispatcher create side CUDA streams and events. -> through (1): synchronize is a no-op, streams and events are
    stand-ins whose waits and records do nothing (CPU ops already run in program order).
@@ -32,8 +32,8 @@ applied by `primus.backends.megatron.patches.apply`). Upstream behaviours worked
    compile per shape on CPU, costing seconds for nothing. -> torch.compile is switched off for this process
    (`torch._dynamo.config.disable`): they run eagerly, same math.
 
-Not worked around (capability_issues reports them before launch): the distributed optimizer (asserts CUDA
-tensors throughout), Transformer Engine specs, fp8/fp4. Sequence parallel does run: the stock torch norm asserts
+Not worked around (capability_issues reports them before launch): optimizer CPU offload, Transformer Engine specs,
+fp8/fp4. Sequence parallel does run: the stock torch norm asserts
 it off, but spec.py's RMSNorm (used on every device without TE) supports it.
 
 Every item is pinned to megatron-core 0.16.1 and applied on a version mismatch too (with the registry's warning):
