@@ -305,6 +305,8 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
                 continue  # the preset here is the model; its differences are noted below
             out.listed.append(Listed(key, value, src, f"not importable: {e}"))
             continue
+        if not got and src == "overrides":
+            out.listed.append(Listed(key, value, src, entry.idle))
         for target, v in got.items():
             if from_model and (target.startswith("model.") or key in MODEL_ROUTER):
                 continue  # the model preset carries the model's own settings

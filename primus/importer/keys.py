@@ -3,7 +3,7 @@
 Megatron modules use Megatron-LM's flat argument names; TorchTitan modules use TorchTitan's `section.key` names.
 An entry is
 - a dotted key here (`"training.lr"`): the value is copied;
-- `Map(fn)`: fn(value, module) -> {key here: value} ({} = nothing to set; `module` is the whole Primus module config,
+- `Map(fn, idle)`: fn(value, module) -> {key here: value} ({} = nothing to set, listed with `idle`; `module` is the whole Primus module config,
   for keys whose meaning depends on another: `save_interval` without `save` saves nothing);
 - `No(reason)`: no key here; the importer lists it with its value and this reason.
 """
@@ -19,6 +19,7 @@ LOG_ONLY = "logging-only, nothing to do"
 @dataclass(frozen=True)
 class Map:
     fn: Callable[[Any, Dict[str, Any]], Dict[str, Any]]
+    idle: str = "null / off in Primus: nothing to set, this project's default applies"  # why fn gave {}
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,10 @@ MEGATRON: Dict[str, Entry] = {
     "PRIMUS_DETERMINISTIC": Map(lambda v, m: {"training.deterministic": bool(v)}),
     # data
     "mock_data": Map(_data),
-    "train_data_path": Map(lambda v, m: {} if m.get("mock_data") else _data(v, m)),
-    "data_path": Map(lambda v, m: {} if m.get("mock_data") or m.get("train_data_path") else _data(v, m)),
+    "train_data_path": Map(lambda v, m: {} if m.get("mock_data") else _data(v, m),
+                           "no effect: mock_data is true (synthetic data) or the path is null"),
+    "data_path": Map(lambda v, m: {} if m.get("mock_data") or m.get("train_data_path") else _data(v, m),
+                     "no effect: mock_data is true or train_data_path is given"),
     "valid_data_path": No("no separate validation set here: evaluation reads held-out batches of data.path"),
     "test_data_path": No(NO_EQUIV + ": no test pass after training"),
     "num_workers": "data.num_workers",
@@ -298,9 +301,9 @@ MEGATRON: Dict[str, Entry] = {
     "use_turbo_permute_padding": No(NO_EQUIV + ": tokens per expert are padded where the GEMM needs it"),
     # checkpointing
     "save": Map(_save_dir),
-    "save_interval": Map(_save_interval),
-    "disable_last_saving": Map(_save_at_end),
-    "load": Map(_resume),
+    "save_interval": Map(_save_interval, "no effect: save is null, so Primus saves no checkpoint"),
+    "disable_last_saving": Map(_save_at_end, "no effect: save is null, so Primus saves no checkpoint"),
+    "load": Map(_resume, "null: a fresh start"),
     "auto_continue_train": Map(_resume),
     "ckpt_format": "checkpoint.ckpt_format",
     "no_save_optim": _if_set("checkpoint.no_save_optim"),
