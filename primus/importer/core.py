@@ -47,6 +47,7 @@ class Imported:
     origin: Dict[str, str] = field(default_factory=dict)  # key here -> the Primus key it came from
     listed: List[Listed] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    overrides: List[str] = field(default_factory=list)  # the Primus keys the experiment's overrides set
 
 
 # ------------------------------------------------------------------------------------------------ schema
@@ -280,6 +281,7 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
     source = {k: f"model {os.path.basename(zoo_file)}" for k in zoo_flat}
     source.update({k: f"module {os.path.basename(base_file)}" for k in base_flat})
     source.update({k: "overrides" for k in over_flat})
+    out.overrides = list(over_flat)
 
     defaults_unmapped: Dict[str, List[str]] = {}
     for key, value in view.items():
@@ -306,7 +308,8 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
             out.listed.append(Listed(key, value, src, f"not importable: {e}"))
             continue
         if not got and src == "overrides":
-            out.listed.append(Listed(key, value, src, entry.idle))
+            out.listed.append(Listed(key, value, src, entry.idle if isinstance(entry, K.Map) else
+                                     "null in Primus: this project's default applies"))
         for target, v in got.items():
             if from_model and (target.startswith("model.") or key in MODEL_ROUTER):
                 continue  # the model preset carries the model's own settings
@@ -319,12 +322,48 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
                 continue  # an override already decided it
             out.sets[target] = v
             out.origin[target] = key
+    if not _is_moe(out, model_dir):
+        _drop_moe_settings(out)
+    for applies, settings, why in K.DERIVED:
+        if applies(view):
+            settings = settings(view) if callable(settings) else settings
+            for target, v in settings.items():
+                out.sets[target] = v
+                out.origin[target] = why.split(":")[0]
+            out.notes.append(f"set {', '.join(f'{k}={v}' for k, v in settings.items())}: {why}")
     for src, ks in defaults_unmapped.items():
         out.listed.append(Listed(", ".join(sorted(ks)), None, src,
                                  "Primus defaults with no equivalent here (this project's defaults apply)"))
     if zoo and out.new_model is None and framework == "megatron":
         out.notes += _preset_differences(zoo, table, preset, model_dir)
     return out
+
+
+def _is_moe(out: Imported, model_dir: str) -> bool:
+    import yaml
+
+    if out.new_model is not None:
+        return bool(out.new_model.get("num_experts"))
+    with open(os.path.join(model_dir, out.model_preset + ".yaml")) as f:
+        return bool((yaml.safe_load(f) or {}).get("num_experts")) or bool(out.sets.get("model.num_experts"))
+
+
+def _drop_moe_settings(out: Imported) -> None:
+    """Primus ignores MoE settings on a dense model (its model bases set some for every model): they are listed, not
+    set, so the run here is the dense run Primus makes."""
+    from primus.features.turbo import flags
+
+    moe_only = {f"turbo.{f}" for f in flags(moe_only=True)} | {"turbo.turbo_sync_free_moe_stage",
+                                                                "turbo.turbo_deepep_num_cu",
+                                                                "turbo.turbo_deepep_use_comm_stream"}
+    for target in [t for t in out.sets if t.startswith("moe.") or t in moe_only]:
+        v = out.sets.pop(target)
+        key = out.origin.pop(target, target)
+        from_overrides = key in out.overrides
+        if not from_overrides and (v in (None, False, 0) or target == "moe.moe_token_dispatcher_type"):
+            continue  # a Primus default that is off (or moot) on a dense model anyway
+        out.listed.append(Listed(key, v, "overrides" if from_overrides else "Primus defaults",
+                                 f"no effect: {out.model_preset} is dense (Primus ignores MoE settings there)"))
 
 
 def _torchtitan_model_key(out: Imported, key: str, value: Any, src: str) -> None:

@@ -9,6 +9,7 @@ An entry is
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Union
 
@@ -76,16 +77,25 @@ def _resume(v, m):
 
 def _layer_freq(v, m):
     # "([0]*k+[1]*n)" (k leading dense layers), 1 (every layer MoE) or an explicit list
-    if isinstance(v, int):
-        if v != 1:
-            raise ValueError(f"MoE every {v} layers; here MoE layers follow model.moe_first_k_dense dense ones")
-        return {"model.moe_first_k_dense": 0}
     pattern = eval(v, {"__builtins__": {}}) if isinstance(v, str) else v  # Megatron evaluates the same expression
+    if isinstance(pattern, int):
+        if pattern != 1:
+            raise ValueError(f"MoE every {pattern} layers; here MoE layers follow model.moe_first_k_dense dense ones")
+        return {"model.moe_first_k_dense": 0}
     k = next((i for i, x in enumerate(pattern) if x), len(pattern))
     if any(not x for x in pattern[k:]):
         raise ValueError(f"pattern {pattern}: dense layers after MoE ones; here only leading dense layers "
                          "(model.moe_first_k_dense) are built")
     return {"model.moe_first_k_dense": k, "model.num_layers": len(pattern)}
+
+
+def _no_full(m):
+    return m.get("recompute_granularity") == "full" and m.get("recompute_num_layers") == 0 \
+        and not m.get("recompute_layer_ids")
+
+
+def _full(m):
+    return m.get("recompute_granularity") == "full" and not _no_full(m)
 
 
 def _kv_groups(v, m):
@@ -172,7 +182,8 @@ MEGATRON: Dict[str, Entry] = {
     # communication overlap
     "overlap_grad_reduce": "overlap.overlap_grad_reduce",
     "overlap_param_gather": "overlap.overlap_param_gather",
-    "align_param_gather": "overlap.align_param_gather",
+    # Megatron aligns the param gathers only when it overlaps them
+    "align_param_gather": Map(lambda v, m: {"overlap.align_param_gather": bool(v and m.get("overlap_param_gather"))}),
     "ddp_average_in_collective": No(NO_EQUIV + ": gradients are averaged as megatron-core's DDP default does"),
     "ddp_num_buckets": No(NO_EQUIV + ": overlap.bucket_size sets the bucket size instead"),
     "accumulate_allreduce_grads_in_fp32": No(NO_EQUIV + ": gradients are reduced in fp32 (megatron-core's default)"),
@@ -188,10 +199,14 @@ MEGATRON: Dict[str, Entry] = {
     "manual_gc_interval": No(NO_EQUIV + ": Python's GC runs as usual"),
     "empty_cache_interval": No(NO_EQUIV + ": memory.empty_unused_memory_level frees cached memory instead"),
     # recompute
-    "recompute_granularity": "recompute.recompute_granularity",
-    "recompute_method": "recompute.recompute_method",
-    "recompute_num_layers": "recompute.recompute_num_layers",
-    "recompute_layer_ids": "recompute.recompute_layer_ids",
+    # Megatron: full recompute of 0 layers recomputes nothing; method and count mean something for full only
+    "recompute_granularity": Map(lambda v, m: {"recompute.recompute_granularity": None if _no_full(m) else v}),
+    "recompute_method": Map(lambda v, m: {"recompute.recompute_method": v} if _full(m) else {},
+                            "no effect: no full recompute (recompute_granularity null/selective, or 0 layers)"),
+    "recompute_num_layers": Map(lambda v, m: {"recompute.recompute_num_layers": v} if _full(m) else {},
+                                "no effect: no full recompute (recompute_granularity null/selective, or 0 layers)"),
+    "recompute_layer_ids": Map(lambda v, m: {"recompute.recompute_layer_ids": [int(x) for x in str(v).split(",")]
+                                             if isinstance(v, (str, int)) else v}),
     "moe_layer_recompute": No(NO_EQUIV + ": recompute.recompute_modules=[moe] recomputes the MoE layers"),
     # precision
     "bf16": "precision.bf16",
@@ -419,7 +434,11 @@ TORCHTITAN: Dict[str, Entry] = {
     "debug.deterministic": "training.deterministic",
     "primus_turbo.enable_primus_turbo": "turbo.enable_primus_turbo",
     "primus_turbo.use_turbo_attention": "turbo.use_turbo_attention",
-    "primus_turbo.use_turbo_float8_linear": "turbo.use_turbo_float8_linear",
+    # the turbo float8 linear acts only where the model's float8 converter makes linears fp8
+    "primus_turbo.use_turbo_float8_linear": Map(
+        lambda v, m: {"turbo.use_turbo_float8_linear": v} if "quantize.linear.float8" in (m.get("model.converters")
+                                                                                         or []) else {},
+        "no effect: the model config has no quantize.linear.float8 converter (bf16 linears)"),
     "primus_turbo.use_turbo_grouped_mm": "turbo.use_turbo_grouped_gemm",
     "primus_turbo.use_turbo_mx_linear": No(NO_EQUIV + ": MX linears are precision=mxfp8"),
     "primus_turbo.enable_attention_float8": No(NO_EQUIV + ": attention runs in bf16"),
@@ -454,3 +473,38 @@ EXPERIMENT_KEYS: Dict[str, Entry] = {
 
 # keys that are environment variables written into `overrides` (Primus passes them to the process environment)
 ENV_LIKE = No("an environment variable, not a config key: export it before launching")
+
+def _world(m):
+    # Primus's launch scripts: GPUS_PER_NODE (default 8) processes on each of NNODES (default 1) nodes
+    return {"launcher.nproc_per_node": int(os.environ.get("GPUS_PER_NODE", 8)),
+            "launcher.nnodes": int(os.environ.get("NNODES", 1))}
+
+
+def _tt_global_batch(m):
+    # TorchTitan's global_batch_size -1 (its default) = local batch x data-parallel ranks: no accumulation
+    gbs = m.get("training.global_batch_size", -1)
+    if gbs is not None and gbs > 0:
+        return {}
+    world = _world(m)
+    ranks = world["launcher.nproc_per_node"] * world["launcher.nnodes"]
+    split = 1
+    for k in ("parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
+              "parallelism.context_parallel_degree"):
+        split *= max(1, m.get(k) or 1)
+    return {"training.global_batch_size": m.get("training.local_batch_size", 8) * max(1, ranks // split)}
+
+
+# Settings Primus derives from others at run time (its patches and Megatron's own argument checks), applied after the
+# table: (applies(module), {key here: value}, why). Each one applied is noted in the output.
+DERIVED = [
+    (lambda m: True, _world,
+     "the job size: Primus launches GPUS_PER_NODE (default 8) ranks on each of NNODES (default 1) nodes"),
+    (lambda m: bool(m.get("use_turbo_deepep") and m.get("enable_primus_turbo")),
+     {"moe.moe_token_dispatcher_type": "flex"},
+     "use_turbo_deepep: Primus's DeepEP patch switches Megatron to the flex token dispatcher"),
+    (lambda m: "training.local_batch_size" in m and (m.get("training.global_batch_size") or -1) <= 0, _tt_global_batch,
+     "TorchTitan's global_batch_size -1: the local batch times the data-parallel ranks (no accumulation)"),
+    (lambda m: m.get("multi_latent_attention") is False,
+     {"model.rope_type": "rope"},
+     "multi_latent_attention: false: Megatron's standard attention applies plain RoPE (YaRN is MLA's)"),
+]
