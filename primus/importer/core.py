@@ -227,7 +227,7 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
     model_name = str(mod["model"])
     why = M.unsupported_family(model_name)
     if why:
-        raise CannotImport(f"model {model_name}: this project cannot build {why}. Missing here: {why}")
+        raise CannotImport(f"model {model_name}: this project cannot build this architecture. Missing here: {why}")
 
     out = Imported(path=path, framework=framework, model_name=model_name, model_preset="")
     for k, v in exp.items():
@@ -263,8 +263,8 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
     else:
         issues = M.architecture_issues(zoo)
         if issues:
-            raise CannotImport(f"model {model_name}: this project cannot build " + "; ".join(issues) +
-                               ". Missing here: " + ", ".join(i.split(" (")[0] for i in issues))
+            raise CannotImport(f"model {model_name}: this project cannot build this architecture. Missing here: "
+                               + "; ".join(issues))
         zoo_flat, base_flat, over_flat = dict(zoo), dict(base), dict(mod.get("overrides") or {})
     if preset is None:
         if not zoo:

@@ -33,7 +33,7 @@ TOKENIZER_VOCAB = {
     "deepseek-ai/DeepSeek-V2-Lite": 102400, "deepseek-ai/DeepSeek-V2": 102400, "deepseek-ai/DeepSeek-V3": 129280,
     "Qwen/Qwen3-0.6B": 151936, "Qwen/Qwen3-1.7B": 151936, "Qwen/Qwen3-4B": 151936, "Qwen/Qwen3-8B": 151936,
     "Qwen/Qwen3-14B": 151936, "Qwen/Qwen3-32B": 151936, "Qwen/Qwen3-30B-A3B": 151936,
-    "Qwen/Qwen3-235B-A22B": 151936,
+    "Qwen/Qwen3-235B-A22B": 151936, "moonshotai/Kimi-K2-Instruct": 163840,
 }
 
 # Primus model families this project cannot build, by name prefix (after normalize()), and what is missing
