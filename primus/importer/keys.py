@@ -373,6 +373,44 @@ MEGATRON: Dict[str, Entry] = {
     "check_for_large_grads": No(NO_EQUIV + ": no large-gradient detector (training.clip_grad bounds them)"),
 }
 
+ARCH_ONLY = No(NO_EQUIV + ": a layer type of an architecture refused here (see the models it belongs to)")
+MEGATRON.update({k: ARCH_ONLY for k in (
+    "attn_sink", "conv_bias", "conv_L_cache", "fla_mla_attn", "hc_use_sinkhorn", "hybrid_attention_enabled",
+    "kda_backend", "lfm_layer_types", "moe_latent_size", "mtp_use_separate_hc_head", "sink_sliding_window",
+    "sink_window_even_layers_only", "swiglu_limit", "use_fla_data", "use_fla_fused_gated_norm",
+    "use_fla_fused_norm_gated", "use_fla_fused_rmsnorm", "use_fla_fused_swiglu", "use_fla_kda_in_kernel_gate",
+    "use_fla_short_conv", "use_fla_triton_kda", "use_kimi_k3_attention_backend", "use_sink_attention",
+    "use_v4_attention_backend", "use_v4_compiled_sinkhorn", "use_v4_csa_attention_backend", "use_v4_fp8_indexer",
+    "window_attn_skip_freq", "window_size")})
+MEGATRON.update({
+    "enable_experimental": No(NO_EQUIV + ": megatron-core's experimental features stay off"),
+    "fused_ce_chunks": No(NO_EQUIV + ": no chunked fused linear + cross entropy (model.cross_entropy_loss_fusion "
+                                     "fuses the loss)"),
+    "fused_ce_mode": No(NO_EQUIV + ": no chunked fused linear + cross entropy (model.cross_entropy_loss_fusion "
+                                   "fuses the loss)"),
+    "enable_fused_linear_ce": No(NO_EQUIV + ": no fused output linear + cross entropy (model.cross_entropy_loss_fusion "
+                                            "fuses the loss)"),
+    "pp_warmup": No(NO_EQUIV + ": the pipeline schedule is megatron-core's (1F1B / interleaved)"),
+    "moe_apply_probs_on_input": No(NO_EQUIV + ": router probabilities scale the expert outputs"),
+    "moe_extended_tp": No(NO_EQUIV + ": experts use expert parallelism, not extended tp"),
+    "moe_hybridep_num_sms": No(NO_EQUIV + ": no HybridEP dispatcher"),
+    "moe_router_topk_limited_devices": No(NO_EQUIV + ": no device-limited routing"),
+    "moe_shared_expert_gate": No(NO_EQUIV + ": shared experts are ungated"),
+    "moe_token_dropping": No(NO_EQUIV + ": no token dropping"),
+    "enable_packed_sequences": No(NO_EQUIV + ": sequences are not packed with per-document masks"),
+    "use_packed_attention": No(NO_EQUIV + ": sequences are not packed with per-document masks"),
+    "enable_odc": No(NO_EQUIV + ": no on-demand communication (ODC) data parallelism"),
+    "enable_odc_lb_mini": No(NO_EQUIV + ": no on-demand communication (ODC) data parallelism"),
+    "odc_p2p_backend": No(NO_EQUIV + ": no on-demand communication (ODC) data parallelism"),
+    "odc_phase": No(NO_EQUIV + ": no on-demand communication (ODC) data parallelism"),
+    "odc_rocshmem_gda": No(NO_EQUIV + ": no on-demand communication (ODC) data parallelism"),
+    "lb_mini_cost_model": No(NO_EQUIV + ": no on-demand communication (ODC) data parallelism"),
+    "lb_mini_max_token_len": No(NO_EQUIV + ": no on-demand communication (ODC) data parallelism"),
+    "stage": No(NO_EQUIV + ": a Primus trainer variant (e.g. mlperf_pretrain); train.py runs one trainer"),
+    "hf_path": No(NO_EQUIV + ": no Hugging Face checkpoint conversion"),
+    "sft_sanitize_nan_grads": No(NO_EQUIV + ": a NaN/inf grad norm stops or skips the step (training.on_nonfinite)"),
+})
+
 # ------------------------------------------------------------------------------------------------ torchtitan
 TORCHTITAN: Dict[str, Entry] = {
     "training.steps": "training.train_iters",
