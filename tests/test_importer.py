@@ -92,6 +92,39 @@ def test_zoo_only_model_becomes_a_preset_with_its_sizes_and_every_key_is_account
     assert any("transformer_impl" in i.key for i in imp.listed if i.source.startswith("model"))
 
 
+def test_job_size_is_primus_s_launch_default_or_its_env(monkeypatch):
+    monkeypatch.delenv("GPUS_PER_NODE", raising=False)
+    monkeypatch.delenv("NNODES", raising=False)
+    imp = import_experiment(_f("llama2_7b.yaml"))
+    assert imp.sets["launcher.nproc_per_node"] == 8 and imp.sets["launcher.nnodes"] == 1
+    assert any("GPUS_PER_NODE" in n for n in imp.notes)
+    monkeypatch.setenv("GPUS_PER_NODE", "4")
+    monkeypatch.setenv("NNODES", "2")
+    imp = import_experiment(_f("llama2_7b.yaml"))
+    assert imp.sets["launcher.nproc_per_node"] == 4 and imp.sets["launcher.nnodes"] == 2
+
+
+def test_deepep_switches_to_the_flex_dispatcher_as_primus_s_patch_does(tmp_path):
+    src = yaml.safe_load(open(_f("moe.yaml")))
+    src["modules"]["pre_trainer"]["overrides"].update({"enable_primus_turbo": True, "use_turbo_deepep": True})
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(src))
+    imp = import_experiment(str(p), PRIMUS_ROOT)
+    assert imp.sets["moe.moe_token_dispatcher_type"] == "flex"
+    assert any("flex" in n for n in imp.notes)
+
+
+def test_moe_settings_on_a_dense_model_are_listed_not_set(tmp_path):
+    src = yaml.safe_load(open(_f("llama2_7b.yaml")))
+    src["modules"]["pre_trainer"]["overrides"].update({"use_turbo_grouped_gemm": True, "moe_permute_fusion": True})
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(src))
+    imp = import_experiment(str(p))
+    assert "turbo.use_turbo_grouped_gemm" not in imp.sets and "moe.moe_permute_fusion" not in imp.sets
+    reasons = {i.key: i.reason for i in imp.listed}
+    assert "is dense" in reasons["use_turbo_grouped_gemm"] and "is dense" in reasons["moe_permute_fusion"]
+
+
 def test_moe_model_keeps_its_router_and_its_dense_layers():
     imp = import_experiment(_f("moe.yaml"), PRIMUS_ROOT)
     m = imp.new_model
@@ -235,8 +268,10 @@ def test_model_presets_written_have_only_model_fields():
 def test_imported_preset_dry_runs_through_train_py(tmp_path):
     conf = tmp_path / "conf"
     out = conf / "experiment" / "tiny_primus.yaml"
+    # one rank, as Primus's launch scripts read it (GPUS_PER_NODE, NNODES)
+    env = {**os.environ, "GPUS_PER_NODE": "1", "NNODES": "1"}
     r = subprocess.run([PY, "-m", "primus.importer", _f("dense.yaml"), "--primus-root", PRIMUS_ROOT, "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     r = subprocess.run([PY, "train.py", f"hydra.searchpath=[file://{conf}]", "experiment=tiny_primus", "dry_run=true",
                         "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"],
