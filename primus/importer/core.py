@@ -344,7 +344,7 @@ def _is_moe(out: Imported, model_dir: str) -> bool:
 
     if out.new_model is not None:
         return bool(out.new_model.get("num_experts"))
-    with open(os.path.join(model_dir, out.model_preset + ".yaml")) as f:
+    with open(M.preset_path(out.model_preset, model_dir)) as f:
         return bool((yaml.safe_load(f) or {}).get("num_experts")) or bool(out.sets.get("model.num_experts"))
 
 
@@ -390,7 +390,7 @@ def _torchtitan_model_key(out: Imported, key: str, value: Any, src: str) -> None
 def _preset_differences(zoo, table, preset, model_dir) -> List[str]:
     import yaml
 
-    with open(os.path.join(model_dir, preset + ".yaml")) as f:
+    with open(M.preset_path(preset, model_dir)) as f:
         ours = yaml.safe_load(f) or {}
     try:
         theirs = _model_fields(zoo, table, preset)

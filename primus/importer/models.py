@@ -87,10 +87,19 @@ def normalize(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", base.lower()).strip("_")
 
 
+def preset_path(preset: str, model_dir: str = CONF_MODEL_DIR) -> Optional[str]:
+    """The preset's file: in model_dir (where a new preset would be written), else in this project's conf/model."""
+    for d in (model_dir, CONF_MODEL_DIR):
+        path = os.path.join(d, preset + ".yaml")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def preset_for(name: str, model_dir: str = CONF_MODEL_DIR) -> Optional[str]:
     key = normalize(name)
     key = ALIASES.get(key, key)
-    return key if os.path.isfile(os.path.join(model_dir, key + ".yaml")) else None
+    return key if preset_path(key, model_dir) else None
 
 
 def unsupported_family(name: str) -> Optional[str]:
