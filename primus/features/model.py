@@ -15,6 +15,12 @@ from typing import Any, Dict, List, Optional
 
 from primus.config.errors import ConfigIssue
 from primus.features import rule
+from primus.features.moe import LoadBalancing, ScoreFunction
+
+
+class RopeType(str, Enum):
+    rope = "rope"  # plain RoPE
+    yarn = "yarn"  # YaRN-scaled RoPE (DeepSeek-V2/V3 multi-latent attention)
 
 
 class CrossEntropyImpl(str, Enum):
@@ -44,6 +50,11 @@ class ModelConfig:
     moe_ffn_hidden_size: Optional[int] = None  # expert inner size; None = ffn_hidden_size
     moe_shared_expert_intermediate_size: Optional[int] = None  # total shared-expert inner size; None = no shared experts
     moe_first_k_dense: int = 0  # leading dense layers before MoE layers (DeepSeek first_k_dense_replace)
+    # the model's router and balancing loss (moe.<same name> overrides them for a run)
+    moe_router_score_function: ScoreFunction = ScoreFunction.softmax  # router scores
+    moe_router_pre_softmax: bool = False  # softmax over all experts before top-k (else over the chosen k)
+    moe_router_load_balancing_type: LoadBalancing = LoadBalancing.aux_loss  # balancing loss
+    moe_aux_loss_coeff: float = 0.01  # its weight
     # Multi-latent attention (DeepSeek-V2)
     multi_latent_attention: bool = False  # MLA instead of GQA
     q_lora_rank: Optional[int] = None  # query low-rank; None = full-rank query projection
@@ -51,6 +62,14 @@ class ModelConfig:
     qk_head_dim: int = 128  # non-rotary q/k head dim
     qk_pos_emb_head_dim: int = 64  # rotary q/k head dim
     v_head_dim: int = 128  # value head dim
+    # YaRN RoPE scaling (rope_type=yarn; multi-latent attention): the frequencies of a model pretrained at
+    # original_max_position_embeddings, stretched by rotary_scaling_factor; mscale / mscale_all_dim set the
+    # attention temperature (DeepSeek's names)
+    rope_type: RopeType = RopeType.rope
+    rotary_scaling_factor: float = 1.0
+    original_max_position_embeddings: Optional[int] = None
+    mscale: float = 1.0
+    mscale_all_dim: float = 1.0
     mtp_num_layers: int = 0  # multi-token-prediction depths (their recompute ids follow the decoder's)
     # Loss fusion (guide: language_model.yaml)
     cross_entropy_loss_fusion: bool = False  # fused cross entropy
@@ -72,6 +91,17 @@ def model_values(cfg, ctx):
         out.append(ConfigIssue(["model.rotary_base"], m.rotary_base, "RoPE's theta must be > 0", "e.g. 10000 or 500000"))
     if m.norm_epsilon < 0:
         out.append(ConfigIssue(["model.norm_epsilon"], m.norm_epsilon, "must be >= 0", "e.g. 1e-5"))
+    if m.rope_type == RopeType.yarn:
+        if not m.multi_latent_attention:
+            out.append(ConfigIssue(["model.rope_type", "model.multi_latent_attention"], "yarn",
+                                   "YaRN RoPE is wired for multi-latent attention (DeepSeek) models only",
+                                   "set model.rope_type=rope"))
+        if not m.original_max_position_embeddings or m.rotary_scaling_factor <= 0:
+            out.append(ConfigIssue(["model.original_max_position_embeddings", "model.rotary_scaling_factor"],
+                                   {"original_max_position_embeddings": m.original_max_position_embeddings,
+                                    "rotary_scaling_factor": m.rotary_scaling_factor},
+                                   "YaRN needs the original context length and a scaling factor > 0",
+                                   "e.g. original_max_position_embeddings=4096 rotary_scaling_factor=40 (DeepSeek-V2)"))
     if m.num_experts and m.moe_first_k_dense >= m.num_layers:
         out.append(ConfigIssue(["model.moe_first_k_dense", "model.num_layers"],
                                {"moe_first_k_dense": m.moe_first_k_dense, "num_layers": m.num_layers},
@@ -256,9 +286,13 @@ def megatron(cfg, ctx) -> Dict[str, Any]:
             "qk_head_dim": m.qk_head_dim,
             "qk_pos_emb_head_dim": m.qk_pos_emb_head_dim,
             "v_head_dim": m.v_head_dim,
-            "rope_type": "rope",  # plain RoPE at pretraining lengths (YaRN is a context-extension step)
+            "rope_type": m.rope_type.value,
             "rotary_base": m.rotary_base,
         })
+        if m.rope_type == RopeType.yarn:
+            tc.update({"rotary_scaling_factor": m.rotary_scaling_factor,
+                       "original_max_position_embeddings": m.original_max_position_embeddings,
+                       "mscale": m.mscale, "mscale_all_dim": m.mscale_all_dim})
     else:
         tc["kv_channels"] = m.kv_channels
     if m.mtp_num_layers:

@@ -38,12 +38,22 @@ class MoEConfig:
     moe_permute_fusion: bool = False  # fused permute / unpermute of tokens
     moe_grouped_gemm: bool = False  # one grouped GEMM over local experts
     moe_token_dispatcher_type: TokenDispatcher = TokenDispatcher.alltoall  # token dispatcher
-    moe_router_load_balancing_type: LoadBalancing = LoadBalancing.aux_loss  # balancing loss
-    moe_aux_loss_coeff: float = 0.01  # aux loss weight
-    moe_router_score_function: ScoreFunction = ScoreFunction.softmax  # router scores
-    moe_router_pre_softmax: bool = False  # softmax before top-k
+    # the router and its balancing loss are the model's (model.<same name>, set by its preset); these override them
+    moe_router_load_balancing_type: Optional[LoadBalancing] = None  # balancing loss; null = the model's
+    moe_aux_loss_coeff: Optional[float] = None  # aux loss weight; null = the model's
+    moe_router_score_function: Optional[ScoreFunction] = None  # router scores; null = the model's
+    moe_router_pre_softmax: Optional[bool] = None  # softmax before top-k; null = the model's
     moe_z_loss_coeff: Optional[float] = None  # router z-loss weight
     overlap_moe_expert_parallel_comm: bool = False  # overlap EP all-to-all with compute
+
+
+ROUTER = ("moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_router_score_function", "moe_router_pre_softmax")
+
+
+def router(cfg, name: str):
+    """A router setting as the run uses it: moe.<name> when set, else the model's (model.<name>)."""
+    v = getattr(cfg.moe, name)
+    return getattr(cfg.model, name) if v is None else v
 
 
 # ------------------------------------------------------------------------------------------- rules
@@ -53,10 +63,11 @@ MOE_FLAGS = ("moe_permute_fusion", "moe_grouped_gemm", "overlap_moe_expert_paral
 @rule
 def moe_values(cfg, ctx):
     moe, out = cfg.moe, []
-    for k in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
-        v = getattr(moe, k)
+    for k, v in (("moe.moe_aux_loss_coeff", moe.moe_aux_loss_coeff), ("model.moe_aux_loss_coeff",
+                                                                       cfg.model.moe_aux_loss_coeff),
+                 ("moe.moe_z_loss_coeff", moe.moe_z_loss_coeff)):
         if v is not None and v < 0:
-            out.append(ConfigIssue([f"moe.{k}"], v, "a loss weight must be >= 0", f"set moe.{k} to 0 (off) or more"))
+            out.append(ConfigIssue([k], v, "a loss weight must be >= 0", f"set {k} to 0 (off) or more"))
     return out
 
 
@@ -93,11 +104,11 @@ def megatron(cfg, ctx) -> Dict[str, Any]:
     if not cfg.model.num_experts:
         return {}
     return {"transformer_config": {
-        "moe_router_load_balancing_type": moe.moe_router_load_balancing_type.value,
-        "moe_aux_loss_coeff": moe.moe_aux_loss_coeff,
+        "moe_router_load_balancing_type": router(cfg, "moe_router_load_balancing_type").value,
+        "moe_aux_loss_coeff": router(cfg, "moe_aux_loss_coeff"),
         "moe_z_loss_coeff": moe.moe_z_loss_coeff,
-        "moe_router_score_function": moe.moe_router_score_function.value,
-        "moe_router_pre_softmax": moe.moe_router_pre_softmax,
+        "moe_router_score_function": router(cfg, "moe_router_score_function").value,
+        "moe_router_pre_softmax": router(cfg, "moe_router_pre_softmax"),
         # the turbo grouped GEMM / fused act with probs serve megatron's GroupedMLP (megatron/turbo.py)
         "moe_grouped_gemm": moe.moe_grouped_gemm or bool(
             t.enable_primus_turbo and (t.use_turbo_grouped_gemm or t.use_turbo_fused_act_with_probs)),

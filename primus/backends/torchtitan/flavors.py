@@ -78,24 +78,28 @@ def _moe_args(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any]:
                                                                                          "expert": expert},
             "torchtitan 0.2.2 builds shared experts as n copies of the expert width, so the shared size must be a "
             "multiple of the expert size", "use a multiple of moe_ffn_hidden_size or backend=megatron"))
-    lb = moe.moe_router_load_balancing_type
+    from primus.features.moe import router
+
+    lb = router(cfg, "moe_router_load_balancing_type")
+    lb_key = "moe" if moe.moe_router_load_balancing_type is not None else "model"
     if lb != LoadBalancing.none:
         # TorchTitan 0.2.2 balances experts by an aux-loss-free expert bias (load_balance_coeff); it has no
         # aux / seq-aux / sinkhorn loss. Mapping one of those to the bias would silently change the method.
         issues.append(ConfigIssue(
-            ["moe.moe_router_load_balancing_type"], lb.value,
+            [f"{lb_key}.moe_router_load_balancing_type"], lb.value,
             "torchtitan 0.2.2 has no loss-based load balancing (its MoE uses an aux-loss-free bias)",
             "set moe.moe_router_load_balancing_type=none, or use backend=megatron"))
     if moe.moe_z_loss_coeff:
         issues.append(ConfigIssue(["moe.moe_z_loss_coeff"], moe.moe_z_loss_coeff,
                                   "torchtitan 0.2.2 has no router z-loss", "unset it or use backend=megatron"))
-    softmax = moe.moe_router_score_function == ScoreFunction.softmax
+    score = router(cfg, "moe_router_score_function")
+    softmax = score == ScoreFunction.softmax
     return {
         "num_experts": m.num_experts,
         "num_shared_experts": shared // expert if expert else 0,
-        "score_func": moe.moe_router_score_function.value,
+        "score_func": score.value,
         # megatron semantics: pre_softmax=False -> softmax over the chosen top-k, i.e. renormalised scores
-        "route_norm": (not moe.moe_router_pre_softmax) if softmax else True,
+        "route_norm": (not router(cfg, "moe_router_pre_softmax")) if softmax else True,
         "route_scale": 1.0,
         "score_before_experts": False,
         "top_k": m.moe_router_topk,
@@ -193,8 +197,19 @@ def build_flavor(cfg: PrimusConfig) -> Flavor:
             "attn_type": "sdpa",
             "attn_mask_type": "causal",
             "rope_theta": m.rotary_base,
-            # YaRN applies only beyond original_seq_len: ours is plain RoPE up to max_position_embeddings
+            # YaRN applies only beyond original_seq_len: rope_type=rope is plain RoPE up to max_position_embeddings
             "original_seq_len": max(m.max_position_embeddings, seq),
         }
+        if m.rope_type.value == "yarn":
+            # TorchTitan's deepseek_v3 stretches the frequencies only for sequences past original_seq_len (megatron
+            # at every length); its one mscale is megatron's mscale_all_dim (the attention temperature)
+            args.update({"original_seq_len": m.original_max_position_embeddings, "rope_factor": m.rotary_scaling_factor,
+                         "mscale": m.mscale_all_dim})
+            if m.mscale != m.mscale_all_dim:
+                issues.append(ConfigIssue(["model.mscale", "model.mscale_all_dim"],
+                                          {"mscale": m.mscale, "mscale_all_dim": m.mscale_all_dim},
+                                          "torchtitan 0.2.2's deepseek_v3 has one YaRN mscale (megatron's "
+                                          "mscale_all_dim); a different mscale would be ignored",
+                                          "set model.mscale equal to model.mscale_all_dim, or use backend=megatron"))
     digest = hashlib.sha1(json.dumps(args, sort_keys=True).encode()).hexdigest()[:8]
     return Flavor(spec=spec, name=f"{m.name}-{digest}", args=args, issues=issues)

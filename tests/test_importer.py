@@ -1,0 +1,280 @@
+"""The Primus importer (primus/importer): Primus's YAML semantics, the key table, model presets, errors and exit
+codes, on small Primus-shaped configs and a tiny Primus checkout (tests/data/primus/root)."""
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import PY, ROOT, compose_cfg
+from primus.config.schema import PrimusConfig
+from primus.importer import keys as K
+from primus.importer.__main__ import main
+from primus.importer.core import CannotImport, NotPrimusExperiment, _schema_field, import_experiment
+from primus.importer.primus_yaml import PrimusYamlError, parse
+from primus.importer import write
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "primus")
+PRIMUS_ROOT = os.path.join(DATA, "root")
+ZOO = os.path.join(PRIMUS_ROOT, "primus", "configs", "models", "megatron")
+
+
+def _f(name):
+    return os.path.join(DATA, name)
+
+
+def _accounted(imp, overrides):
+    """Every override key is either imported (the origin of a setting) or listed with a reason."""
+    listed = {item.key for item in imp.listed}
+    origins = set(imp.origin.values())
+    return [k for k in overrides if k not in origins and k not in listed]
+
+
+# ------------------------------------------------------------------------------------------------ Primus YAML
+
+
+def test_env_interpolation_is_primus_s(monkeypatch):
+    monkeypatch.delenv("PRIMUS_TP", raising=False)
+    over = parse(_f("dense.yaml"))["modules"]["pre_trainer"]["overrides"]
+    assert over["tensor_model_parallel_size"] == 1  # ${PRIMUS_TP:1}: the default, read as an int
+    assert over["train_data_path"] is None  # ${...:null}
+    monkeypatch.setenv("PRIMUS_TP", "2")
+    monkeypatch.setenv("PRIMUS_SEQ_LENGTH", "32")
+    over = parse(_f("dense.yaml"))["modules"]["pre_trainer"]["overrides"]
+    assert over["tensor_model_parallel_size"] == 2 and over["seq_length"] == 32
+
+
+def test_required_env_variable_without_default_is_named(tmp_path):
+    p = tmp_path / "e.yaml"
+    p.write_text("work_group: ${NO_SUCH_PRIMUS_VAR}\n")
+    with pytest.raises(PrimusYamlError, match="NO_SUCH_PRIMUS_VAR"):
+        parse(str(p), env={})
+
+
+def test_extends_chain_merges_bases_first_and_the_file_last():
+    chain = []
+    m = parse(os.path.join(ZOO, "tinymoe_4L.yaml"), chain=chain)
+    assert [os.path.basename(c) for c in chain] == ["tiny_lm.yaml", "tiny_family.yaml", "tinyllama_2L.yaml",
+                                                    "tinymoe_4L.yaml"]
+    assert m["num_layers"] == 4  # the file over its base (2)
+    assert m["rotary_base"] == 500000  # tiny_family over tiny_lm (10000)
+    assert m["normalization"] == "RMSNorm" and "extends" not in m
+
+
+# ------------------------------------------------------------------------------------------------ importing
+
+
+def test_zoo_only_model_becomes_a_preset_with_its_sizes_and_every_key_is_accounted():
+    imp = import_experiment(_f("dense.yaml"), PRIMUS_ROOT)
+    assert imp.framework == "megatron" and imp.model_preset == "tinyllama_2l"
+    assert imp.new_model == {"name": "tinyllama_2l", "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 192,
+                             "num_attention_heads": 4, "num_query_groups": 2, "vocab_size": 2048,
+                             "max_position_embeddings": 256, "rotary_base": 500000, "norm_epsilon": 1e-05,
+                             "tie_word_embeddings": False}
+    s = imp.sets
+    assert s["training.train_iters"] == 3 and s["training.lr"] == 1e-4 and s["training.seq_length"] == 64
+    assert s["model.max_position_embeddings"] == 128  # an override of the model's 256
+    assert s["data.kind"] == "synthetic" and s["checkpoint.interval"] == 0  # save: null saves nothing
+    assert s["training.weight_decay"] == 0.01  # Primus's pre_trainer.yaml over its trainer_base.yaml
+    assert s["training.lr_warmup_iters"] == 1 and s["precision.fp8_recipe"] == "delayed"  # module defaults
+    assert "logging.wandb_project" in s
+    over = yaml.safe_load(open(_f("dense.yaml")))["modules"]["pre_trainer"]["overrides"]
+    assert _accounted(imp, over) == []
+    reasons = {i.key: i.reason for i in imp.listed}
+    assert reasons["log_avg_reset_interval"] == K.LOG_ONLY
+    assert reasons["manual_gc"].startswith(K.NO_EQUIV)
+    assert set(reasons) >= {"work_group", "user_name", "exp_name", "workspace", "finetune", "valid_data_path"}
+    # untouched Primus defaults with no equivalent are listed by name, with where they came from
+    defaults = [i for i in imp.listed if i.source.startswith("module")]
+    assert any("use_flash_attn" in i.key and "tensorboard_queue_size" in i.key for i in defaults)
+    assert any("transformer_impl" in i.key for i in imp.listed if i.source.startswith("model"))
+
+
+def test_job_size_is_primus_s_launch_default_or_its_env(monkeypatch):
+    monkeypatch.delenv("GPUS_PER_NODE", raising=False)
+    monkeypatch.delenv("NNODES", raising=False)
+    imp = import_experiment(_f("llama2_7b.yaml"))
+    assert imp.sets["launcher.nproc_per_node"] == 8 and imp.sets["launcher.nnodes"] == 1
+    assert any("GPUS_PER_NODE" in n for n in imp.notes)
+    monkeypatch.setenv("GPUS_PER_NODE", "4")
+    monkeypatch.setenv("NNODES", "2")
+    imp = import_experiment(_f("llama2_7b.yaml"))
+    assert imp.sets["launcher.nproc_per_node"] == 4 and imp.sets["launcher.nnodes"] == 2
+
+
+def test_deepep_switches_to_the_flex_dispatcher_as_primus_s_patch_does(tmp_path):
+    src = yaml.safe_load(open(_f("moe.yaml")))
+    src["modules"]["pre_trainer"]["overrides"].update({"enable_primus_turbo": True, "use_turbo_deepep": True})
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(src))
+    imp = import_experiment(str(p), PRIMUS_ROOT)
+    assert imp.sets["moe.moe_token_dispatcher_type"] == "flex"
+    assert any("flex" in n for n in imp.notes)
+
+
+def test_moe_settings_on_a_dense_model_are_listed_not_set(tmp_path):
+    src = yaml.safe_load(open(_f("llama2_7b.yaml")))
+    src["modules"]["pre_trainer"]["overrides"].update({"use_turbo_grouped_gemm": True, "moe_permute_fusion": True})
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(src))
+    imp = import_experiment(str(p))
+    assert "turbo.use_turbo_grouped_gemm" not in imp.sets and "moe.moe_permute_fusion" not in imp.sets
+    reasons = {i.key: i.reason for i in imp.listed}
+    assert "is dense" in reasons["use_turbo_grouped_gemm"] and "is dense" in reasons["moe_permute_fusion"]
+
+
+def test_moe_model_keeps_its_router_and_its_dense_layers():
+    imp = import_experiment(_f("moe.yaml"), PRIMUS_ROOT)
+    m = imp.new_model
+    assert m["num_layers"] == 4 and m["num_experts"] == 4 and m["moe_first_k_dense"] == 1
+    assert m["moe_router_pre_softmax"] is True and m["moe_router_load_balancing_type"] == "seq_aux_loss"
+    assert m["moe_aux_loss_coeff"] == 0.001
+    assert imp.sets["moe.moe_grouped_gemm"] is True  # the model config's runtime setting
+    assert imp.sets["moe.moe_permute_fusion"] is False  # the experiment's
+
+
+def test_model_with_a_preset_here_needs_no_primus_checkout():
+    imp = import_experiment(_f("llama2_7b.yaml"))
+    assert imp.model_preset == "llama2_7b" and imp.new_model is None
+    assert imp.sets["precision.fp8"] == "hybrid" and imp.sets["precision.fp8_recipe"] == "tensorwise"
+    assert imp.sets["memory.use_distributed_optimizer"] is True and imp.sets["turbo.use_turbo_attention"] is True
+    assert any("--primus-root" in n for n in imp.notes)
+    reasons = {i.key: i.reason for i in imp.listed}
+    assert "export it" in reasons["CLEAN_DOCKER_CONTAINER"]
+    over = yaml.safe_load(open(_f("llama2_7b.yaml")))["modules"]["pre_trainer"]["overrides"]
+    assert _accounted(imp, over) == []
+
+
+def test_preset_that_differs_from_primus_s_model_is_noted():
+    imp = import_experiment(_f("llama2_7b.yaml"), PRIMUS_ROOT)  # the test zoo's llama2_7B has rotary 10000 ...
+    assert imp.model_preset == "llama2_7b"
+    # ... and no tokenizer-free differences in sizes: nothing to note; a changed size is named
+    assert not any("differs" in n for n in imp.notes), imp.notes
+
+
+def test_torchtitan_experiment_maps_sections_and_the_fp8_converter():
+    imp = import_experiment(_f("torchtitan.yaml"), PRIMUS_ROOT)
+    s = imp.sets
+    assert imp.framework == "torchtitan" and imp.model_preset == "llama3_1_8b"
+    assert s["training.micro_batch_size"] == 2 and s["training.seq_length"] == 8192 and s["training.train_iters"] == 50
+    assert s["training.lr_warmup_iters"] == 10 and s["training.log_interval"] == 1
+    assert s["training.lr"] == 0.0008  # Primus's torchtitan pre_trainer.yaml
+    assert s["precision.fp8"] == "hybrid" and s["turbo.enable_primus_turbo"] is True
+    reasons = {i.key: i.reason for i in imp.listed}
+    assert reasons["training.gc_freq"].startswith(K.NO_EQUIV) and reasons["sink_level"] == K.LOG_ONLY
+
+
+def test_write_experiment_and_model_presets(tmp_path):
+    out = tmp_path / "conf" / "experiment" / "tiny_import.yaml"
+    assert main([_f("dense.yaml"), "--primus-root", PRIMUS_ROOT, "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# @package _global_\n")
+    assert "log_avg_reset_interval: 50 (overrides) -- " + K.LOG_ONLY in text.replace("\n#     ", " ")
+    body = yaml.safe_load(text)
+    assert body["defaults"] == [{"override /backend": "megatron"}, {"override /model": "tinyllama_2l"}]
+    assert body["training"]["train_iters"] == 3
+    model = yaml.safe_load((tmp_path / "conf" / "model" / "tinyllama_2l.yaml").read_text())
+    assert model["defaults"] == ["/schema/model@_here_", "_self_"] and model["hidden_size"] == 64
+
+
+def test_print_mode_gives_train_py_overrides(capsys):
+    assert main([_f("llama2_7b.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "python train.py backend=megatron model=llama2_7b" in out and "precision.fp8=hybrid" in out
+    assert "CLEAN_DOCKER_CONTAINER: 1 (overrides)" in out
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("content", ["- a\n- b\n", "defaults: []\ntraining: {lr: 1}\n",
+                                     "modules: {pre_trainer: {framework: megatron}}\n"])
+def test_not_a_primus_experiment_exits_2(tmp_path, capsys, content):
+    p = tmp_path / "x.yaml"
+    p.write_text(content)
+    assert main([str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a Primus experiment" in err and "modules" in err
+
+
+def test_this_project_s_own_preset_is_not_a_primus_experiment(capsys):
+    assert main([_f("not_primus.yaml")]) == 2
+    assert "no `modules:` mapping" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,missing", [("bias.yaml", "q/k/v projection biases"),
+                                          ("mamba.yaml", "Mamba"),
+                                          ("sft.yaml", "post-training")])
+def test_what_cannot_be_built_is_named(capsys, name, missing):
+    assert main([_f(name), "--primus-root", PRIMUS_ROOT]) == 1
+    assert missing in capsys.readouterr().err
+
+
+def test_zoo_model_without_a_primus_checkout_asks_for_one():
+    with pytest.raises(CannotImport, match="--primus-root"):
+        import_experiment(_f("dense.yaml"))
+
+
+def test_unknown_override_key_is_listed_not_dropped(tmp_path):
+    src = yaml.safe_load(open(_f("llama2_7b.yaml")))
+    src["modules"]["pre_trainer"]["overrides"]["some_future_primus_flag"] = 7
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(src))
+    imp = import_experiment(str(p))
+    item = next(i for i in imp.listed if i.key == "some_future_primus_flag")
+    assert item.value == 7 and item.reason == K.NO_EQUIV
+
+
+def test_a_value_this_schema_refuses_is_listed_with_what_is_allowed(tmp_path):
+    src = yaml.safe_load(open(_f("llama2_7b.yaml")))
+    src["modules"]["pre_trainer"]["overrides"]["lr_decay_style"] = "WSD"
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(src))
+    imp = import_experiment(str(p))
+    item = next(i for i in imp.listed if i.key == "lr_decay_style")
+    assert "not importable as training.lr_decay_style" in item.reason and "cosine" in item.reason
+    assert "training.lr_decay_style" not in imp.sets
+
+
+# ------------------------------------------------------------------------------------------------ the table
+
+
+def _table_targets():
+    out = {t for table in K.TABLES.values() for t in table.values() if isinstance(t, str)}
+    return out | {"data.kind", "data.path", "checkpoint.dir", "checkpoint.interval", "checkpoint.save_at_end",
+                  "checkpoint.resume", "model.moe_first_k_dense", "model.num_query_groups",
+                  "model.tie_word_embeddings", "profile.start_step", "profile.steps",
+                  "recompute.activation_checkpoint_mode", "logging.wandb", "logging.tensorboard",
+                  "parallel.sequence_parallel", "training.deterministic"}
+
+
+def test_every_key_the_table_maps_to_exists_in_the_schema():
+    missing = sorted(t for t in _table_targets() if _schema_field(t) is None)
+    assert missing == [], f"keys the importer writes but the schema lacks: {missing}"
+
+
+def test_model_presets_written_have_only_model_fields():
+    fields = {f.name for f in dataclasses.fields(PrimusConfig.__dataclass_fields__["model"].default_factory())}
+    imp = import_experiment(_f("moe.yaml"), PRIMUS_ROOT)
+    assert set(imp.new_model) <= fields, set(imp.new_model) - fields
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+
+
+@pytest.mark.e2e
+def test_imported_preset_dry_runs_through_train_py(tmp_path):
+    conf = tmp_path / "conf"
+    out = conf / "experiment" / "tiny_primus.yaml"
+    # one rank, as Primus's launch scripts read it (GPUS_PER_NODE, NNODES)
+    env = {**os.environ, "GPUS_PER_NODE": "1", "NNODES": "1"}
+    r = subprocess.run([PY, "-m", "primus.importer", _f("dense.yaml"), "--primus-root", PRIMUS_ROOT, "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([PY, "train.py", f"hydra.searchpath=[file://{conf}]", "experiment=tiny_primus", "dry_run=true",
+                        "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert '"num_layers": 2' in r.stdout and '"hidden_size": 64' in r.stdout
