@@ -162,6 +162,8 @@ def main():
                     "accumulation (a multiple of --batch; default: --batch)")
     ap.add_argument("--offload", action="store_true", help="torchao's CPUOffloadOptimizer (GPU only)")
     ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--no-compile", action="store_true", help="the variant without torch.compile: a check of this "
+                    "script on a CPU, where inductor's code generation takes minutes (figures always compile)")
     shapes = dense_shapes()
     ap.add_argument("--shape", default="llama3_2_1b", help="a dense model preset of conf/model/: "
                     + ", ".join(shapes) + " (debug: for a check of this script on a CPU)")
@@ -183,11 +185,12 @@ def main():
 
         convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"),
                                    module_filter_fn=lambda m, fqn: fqn != "out")
-    if args.variant != "eager":
+    compiled = args.variant != "eager" and not args.no_compile
+    if compiled:
         for i, blk in enumerate(model.blocks):
             model.blocks[i] = torch.compile(blk)
     loss_fn = head_loss
-    if args.loss == "compiled" and args.variant != "eager":
+    if args.loss == "compiled" and compiled:
         loss_fn = torch.compile(head_loss)
     opt = optimizer(model, args, dev)
     data = torch.randint(0, mc.vocab_size, (accum, args.batch, args.seq + 1), device=dev)
@@ -223,7 +226,8 @@ def main():
     tflops = tps * flops_per_token(mc, args.seq) / 1e12
     peaks = peak_tflops(torch.cuda.get_device_name(0) if dev == "cuda" else None)
     print(json.dumps({
-        "name": f"reference/{args.variant}" + ("+offload" if args.offload else ""), "shape": args.shape,
+        "name": f"reference/{args.variant}" + ("+offload" if args.offload else "") + ("/no-compile" if args.no_compile
+                                                                                      else ""), "shape": args.shape,
         "loss_impl": args.loss, "micro_batch": args.batch, "global_batch": gbs, "seq": args.seq, "device": dev,
         "optimizer": "torchao CPUOffloadOptimizer(AdamW)" if args.offload else "AdamW", "grad_clip": not args.offload,
         "tokens_per_s": tps, "tflops_per_gpu": tflops,

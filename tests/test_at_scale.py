@@ -1,0 +1,102 @@
+"""bench/at_scale.py: the at-scale rows' presets, their planner picks, the parts, and the CPU check of every entry."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import PY, ROOT, compose_cfg
+from primus.plan.advice import pick
+from primus.plan.gpus import resolve_gpu
+from primus.plan.memory import estimate_memory
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import at_scale  # noqa: E402
+
+H200 = resolve_gpu("H200", None)
+DENSE = [g for g in at_scale.GROUPS if not g.moe]
+MOE = [g for g in at_scale.GROUPS if g.moe]
+
+
+@pytest.mark.parametrize("g", DENSE, ids=lambda g: g.name)
+def test_dense_presets_are_the_planners_pick(g):
+    """Each dense preset's micro batch, recompute and offload share are what `python -m primus.plan --pick` picks
+    for it, and its estimate leaves 10% of the H200 free."""
+    cfg = compose_cfg([f"experiment={g.preset}"])
+    assert (cfg.training.seq_length, cfg.training.global_batch_size) == (g.seq, g.global_batch)
+    assert cfg.plan.gpu == "H200"
+    v = pick(cfg, H200, 1)
+    m, r = cfg.memory, cfg.recompute
+    want = ["recompute=" + (r.recompute_granularity.value if r.recompute_granularity else "none")]
+    want += (["memory=offload", f"memory.optimizer_offload_fraction={m.optimizer_offload_fraction}"]
+             if m.optimizer_cpu_offload else ["memory.optimizer_cpu_offload=false"])
+    want += [f"training.micro_batch_size={cfg.training.micro_batch_size}"]
+    assert v.overrides == want
+    bd = estimate_memory(cfg, H200, 1)
+    assert bd.needed <= 0.9 * bd.capacity
+    if m.optimizer_cpu_offload:
+        assert m.overlap_cpu_optimizer_d2h_h2d  # the offloaded step's transfers overlap its CPU Adam
+
+
+@pytest.mark.parametrize("g", MOE, ids=lambda g: g.name)
+def test_moe_presets_have_the_most_layers_that_fit_without_offload(g):
+    """The MoE rows train every parameter: the layer count is the most whose pick needs no optimizer offload (the
+    peers do not offload on one GPU); one more layer needs some."""
+    cfg = compose_cfg([f"experiment={g.preset}"])
+    assert cfg.model.num_layers == g.layers
+    v = pick(cfg, H200, 1)
+    assert "memory.optimizer_cpu_offload=false" in v.overrides and "recompute=none" in v.overrides
+    more = compose_cfg([f"experiment={g.preset}", f"model.num_layers={g.layers + 1}"])
+    assert "memory=offload" in pick(more, H200, 1).overrides
+
+
+def test_stock_megatron_is_megatron_core_as_it_ships():
+    cfg = compose_cfg(at_scale.STOCK_MEGATRON.split() + ["model=qwen3_30b_a3b", "model.num_layers=8"])
+    assert cfg.backend.layer_spec.value == "local"
+    assert not cfg.turbo.enable_primus_turbo
+    assert cfg.moe.moe_token_dispatcher_type.value == "alltoall"
+    assert not (cfg.moe.moe_grouped_gemm or cfg.moe.moe_permute_fusion)
+    assert not (cfg.training.compile or cfg.model.cross_entropy_loss_fusion or cfg.model.apply_rope_fusion
+                or cfg.model.bias_activation_fusion)
+    assert cfg.precision.fp8 is None and not cfg.memory.optimizer_cpu_offload
+
+
+def test_parts_run_each_group_three_times_with_the_same_points():
+    parts = at_scale.parts()
+    assert len(parts) == 3 * len(at_scale.GROUPS)
+    for g in at_scale.GROUPS:
+        assert [r for h, r in parts if h is g] == [1, 2, 3]
+        pts = at_scale.points(g)
+        names = [spec.split("=", 1)[0] for _, spec in pts]
+        assert names[0] == f"{g.name} megatron preset" and len(set(names)) == len(names)
+        assert any("torchtitan_stock.py" in spec for _, spec in pts)
+        assert ("megatron-core stock" in " ".join(names)) == g.moe
+        assert ("reference" in " ".join(names)) == g.reference
+        for _, spec in pts:  # the bench batch is a whole number of micro batches at the preset's micro batch 1
+            assert f"--global-batch {at_scale.bench_batch(g)}" in spec or \
+                f"training.global_batch_size={at_scale.bench_batch(g)}" in spec
+        checks = at_scale.points(g, check=True)
+        assert all("dry_run=true" in s for f, s in checks if f == "--extra")
+        assert all("--shape debug" in s and "--offload" not in s and "--compile" not in s
+                   for f, s in checks if f == "--peer")
+
+
+def test_unknown_part_is_refused_with_the_range():
+    with pytest.raises(SystemExit):
+        at_scale.main(["99"])
+
+
+@pytest.mark.slow
+def test_cpu_check_runs_every_entry_of_a_dense_and_a_moe_group(tmp_path):
+    """`bench/at_scale.sh --check`: the presets' train.py commands as dry runs, the reference and stock TorchTitan
+    at the debug shapes (float8 included), stock megatron-core's command; every row ok."""
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=PY)
+    r = subprocess.run(["bash", "bench/at_scale.sh", "--check", "--only", "llama2_7b_fp8", "qwen3_30b_a3b"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for g in ("llama2_7b_fp8", "qwen3_30b_a3b"):
+        rows = json.load(open(tmp_path / f"bench_atscale_check_{g}.json"))["rows"]
+        assert len(rows) == 3 and all(row["status"] == "ok" for row in rows), rows
+        peers = [row for row in rows if row.get("tokens_per_s")]
+        assert peers and all(row["finite"] and row["tokens_per_s"] > 0 for row in peers)
