@@ -14,8 +14,8 @@ What differs from `python -m torchtitan.train --job.config_file x.toml` with Tor
 Everything else is TorchTitan's default (AdamW, its LR schedule, grad clipping 1.0, fp32 params, bf16 autocast or
 FSDP mixed precision), plus what the flags ask for: `--compile` (model and loss), `--float8` (torchao float8
 tensorwise, the output layer kept bf16, as its docs recommend), `--ac none|selective|full`, `--offload`
-(training.enable_cpu_offload: TorchTitan offloads through FSDP2 only, i.e. with more than one GPU; on one GPU the
-JSON line says it was not applied).
+(training.enable_cpu_offload: TorchTitan offloads through FSDP2 only, i.e. with more than one GPU; with one process
+it is refused).
 
 Prints one JSON line in the format of bench/reference.py (tokens/s from TorchTitan's own "tps", the median over
 the timed steps; TFLOP/s and MFU by the project's formulas, so that every row of a table counts FLOPs alike).
@@ -132,6 +132,12 @@ def main():
     if args.steps < 1 or args.warmup < 1:
         ap.error("--steps and --warmup: at least 1 each (TorchTitan's first step includes compilation)")
 
+    if args.offload and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        # torchtitan/train.py: with enable_cpu_offload it builds the model on the CPU and leaves the move to
+        # FSDP2's fully_shard, which one process does not apply: the model would stay on the CPU
+        ap.error("--offload: TorchTitan 0.2.2 offloads through FSDP2 only (more than one GPU); in one process its "
+                 "model would be built and left on the CPU. Drop --offload, or launch several processes "
+                 "(torchrun) with FSDP")
     import torch
 
     gpu = torch.cuda.is_available()
@@ -210,14 +216,12 @@ def main():
     tflops = tps * flops_per_token(m, args.seq) / 1e12
     peaks = peak_tflops(torch.cuda.get_device_name(0) if gpu else None)
     loss = rec.steps[-1][1]
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     print(json.dumps({
         "name": "torchtitan-stock" + ("/compile" if args.compile else "") + ("/float8" if args.float8 else "")
                 + (f"/ac-{args.ac}" if args.ac != "none" else ""),
         "shape": args.shape, "layers": m.num_layers, "family": family, "micro_batch": args.batch,
         "global_batch": gbs, "seq": args.seq, "device": "cuda" if gpu else "cpu",
-        "offload": (("applied (FSDP2)" if world > 1 else "not applied: TorchTitan 0.2.2 offloads through FSDP2 only, "
-                     "which one GPU does not use") if args.offload else "off"),
+        "offload": "FSDP2 CPU offload" if args.offload else "off",
         "toml": path, "tokens_per_s": tps, "tflops_per_gpu": tflops,
         "mfu": tflops / peaks[0] if peaks else None,
         "mfu_causal": tps * flops_per_token(m, args.seq, causal=True) / 1e12 / peaks[0] if peaks else None,

@@ -70,7 +70,8 @@ def test_parts_run_each_group_three_times_with_the_same_points():
         pts = at_scale.points(g)
         names = [spec.split("=", 1)[0] for _, spec in pts]
         assert names[0] == f"{g.name} megatron preset" and len(set(names)) == len(names)
-        assert any("torchtitan_stock.py" in spec for _, spec in pts)
+        assert any("torchtitan_stock.py" in spec for _, spec in pts) == g.titan_fits
+        assert not any("--offload" in spec for _, spec in pts if "torchtitan_stock.py" in spec)
         assert ("megatron-core stock" in " ".join(names)) == g.moe
         assert ("reference" in " ".join(names)) == g.reference
         for _, spec in pts:  # the bench batch is a whole number of micro batches at the preset's micro batch 1
@@ -100,3 +101,34 @@ def test_cpu_check_runs_every_entry_of_a_dense_and_a_moe_group(tmp_path):
         assert len(rows) == 3 and all(row["status"] == "ok" for row in rows), rows
         peers = [row for row in rows if row.get("tokens_per_s")]
         assert peers and all(row["finite"] and row["tokens_per_s"] > 0 for row in peers)
+
+
+def test_long_sequence_peers_left_out_are_the_ones_the_planner_says_cannot_fit():
+    """Stock TorchTitan on one GPU is the planner's TorchTitan layout (fp32 params, grads, AdamW, bf16 autocast):
+    a group leaves its peer out exactly when that estimate does not fit the H200."""
+    for g in at_scale.GROUPS:
+        if g.moe:
+            continue
+        ac = {"none": [], "full": ["recompute.activation_checkpoint_mode=full"]}[g.titan_ac]
+        cfg = compose_cfg(["backend=torchtitan", f"model={g.shape}", "training=bench", "training.compile=true",
+                           f"training.seq_length={g.seq}", f"model.max_position_embeddings={max(g.seq, 4096)}",
+                           "training.micro_batch_size=1", f"training.global_batch_size={at_scale.bench_batch(g)}"]
+                          + ac)
+        assert estimate_memory(cfg, H200, 1).fits == g.titan_fits, g.name
+
+
+def test_stock_torchtitan_refuses_offload_in_one_process(capsys):
+    """TorchTitan builds the model on the CPU under enable_cpu_offload and moves it with FSDP2 only: one process
+    would train on the CPU. The peer script says so before anything starts."""
+    import runpy
+
+    argv = sys.argv
+    sys.argv = ["torchtitan_stock.py", "--shape", "debug", "--offload"]
+    try:
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(os.path.join(ROOT, "bench", "torchtitan_stock.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--offload" in err and "FSDP2" in err and "Drop --offload" in err
