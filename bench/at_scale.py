@@ -145,7 +145,11 @@ def run(cmd: List[str]) -> int:
 def tables(out: str) -> int:
     rc = 0
     for g in GROUPS:
-        files = sorted(glob.glob(os.path.join(out, f"bench_atscale_{g.name}_r*_runs.json")))
+        # a finished part's bench_<tag>.json carries the measuring machine's versions; a killed part left its runs
+        files = []
+        for runs in sorted(glob.glob(os.path.join(out, f"bench_atscale_{g.name}_r*_runs.json"))):
+            full = runs[: -len("_runs.json")] + ".json"
+            files.append(full if os.path.exists(full) else runs)
         if files:
             rc |= run([PY, "bench/e2e.py", "--tag", f"atscale_{g.name}", "--ref", f"{g.name} megatron preset",
                        "--merge", *files])
