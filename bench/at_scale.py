@@ -13,9 +13,9 @@ Rows (each a preset of conf/experiment/ and the peers it is measured beside, sam
 Each group runs in 3 parts, one repeat of all its points each (A B C; A B C; A B C: interleaved), so that a part
 stays under 9 minutes; `tables` pools the repeats of each group into its table (medians, min-max), with the
 planner's estimate beside each megatron run's measured peak. The bench runs each group at a quarter of its
-preset's global batch (seq 4096: 64), 2 untimed + 2 timed steps: the same micro batch and the same per-micro-batch
-work, with the offloaded optimizer step spread over 4x fewer tokens than the preset's (a floor for the preset's
-tokens/s); FULL_BATCH=1 runs the presets' own global batch (about 4x the time: split the part).
+preset's global batch (seq 4096: 64), 1 untimed step (compilation) + 2 timed: the same micro batch and the same
+per-micro-batch work, with the offloaded optimizer step spread over 4x fewer tokens than the preset's (a floor for
+the preset's tokens/s); FULL_BATCH=1 runs the presets' own global batch (about 4x the time: split the part).
 
     bash bench/at_scale.sh list          # the parts and their points
     bash bench/at_scale.sh 1             # part 1 (GPU), tables to $OUT
@@ -94,7 +94,7 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     """The group's points as bench/e2e.py arguments: ('--extra'|'--peer', 'NAME=ARGV'). `check`: train.py points
     as dry runs of the same command, the peers at the debug shape on a CPU (eager, no offload)."""
     gbs = bench_batch(g)
-    steps = "training.train_iters=4 training.timing_warmup_steps=2 training.lr_warmup_iters=1"
+    steps = "training.train_iters=3 training.timing_warmup_steps=1 training.lr_warmup_iters=1"
     batch = f"training.global_batch_size={gbs}"
     out = []
     dry = " dry_run=true" if check else ""
@@ -107,7 +107,7 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
         size = "--seq 64 --batch 2 --global-batch 4 --steps 1 --warmup 1"
     else:
         shape = g.shape + (f" --layers {g.layers}" if g.layers else "")
-        size = f"--seq {g.seq} --batch 1 --global-batch {gbs} --steps 2 --warmup 2"
+        size = f"--seq {g.seq} --batch 1 --global-batch {gbs} --steps 2 --warmup 1"
     if g.reference:
         variant = "float8" if g.fp8 else "compile_fused"
         ref = f"bench/reference.py --shape {shape} --variant {variant} {size}"
