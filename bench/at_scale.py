@@ -43,8 +43,8 @@ REPEATS = 3
 # off, megatron's RoPE and SwiGLU unfused as its TransformerConfig defaults, its own vocab-parallel cross entropy
 # uncompiled), the optimizer on the GPU
 STOCK_MEGATRON = ("backend=megatron backend.layer_spec=local turbo=off moe=off moe.moe_token_dispatcher_type=alltoall "
-                  "model.apply_rope_fusion=false model.bias_activation_fusion=false model.cross_entropy_loss_fusion=false "
-                  "training.compile=false precision=bf16 memory=default")
+                  "model.apply_rope_fusion=false model.bias_activation_fusion=false "
+                  "model.cross_entropy_loss_fusion=false training.compile=false precision=bf16 memory=default")
 
 
 @dataclass
@@ -154,7 +154,8 @@ def tables(out: str) -> int:
             rc |= run([PY, "bench/e2e.py", "--tag", f"atscale_{g.name}", "--ref", f"{g.name} megatron preset",
                        "--merge", *files])
         else:
-            print(f"[at_scale] {g.name}: no runs in {out} yet (parts {', '.join(str(i + 1) for i, (h, _) in enumerate(parts()) if h is g)})")
+            ks = ", ".join(str(i + 1) for i, (h, _) in enumerate(parts()) if h is g)
+            print(f"[at_scale] {g.name}: no runs in {out} yet (parts {ks})")
     return rc
 
 

@@ -267,7 +267,8 @@ def merge(args):
 def report(args, runs, names, out, env=None):
     rows = [combine(runs[name]) for name in names if name in runs]
     env = env or environment()
-    md = [f"### {args.tag or args.suite}: {datetime.datetime.now():%Y-%m-%d %H:%M} on {env['gpu']}, commit {env['commit']}, "
+    md = [f"### {args.tag or args.suite}: {datetime.datetime.now():%Y-%m-%d %H:%M} on {env['gpu']}, "
+          f"commit {env['commit']}, "
           f"{args.repeats} interleaved repeats", "",
           "Versions: " + ", ".join(f"{k} {v}" for k, v in env.items()), "", table(rows, args.ref), "", "Commands:", ""]
     md += [f"- `{r['name']}`: `{r['cmd']}`" for r in rows]

@@ -50,7 +50,8 @@ def compose(shape: str, layers, seq: int):
 
     register()
     # no loss-based balancing: TorchTitan's MoE balances by its own expert bias (set below to its default)
-    ov = [f"model={shape}", "backend=torchtitan", f"training.seq_length={seq}", "moe.moe_router_load_balancing_type=none"]
+    ov = [f"model={shape}", "backend=torchtitan", f"training.seq_length={seq}",
+          "moe.moe_router_load_balancing_type=none"]
     if layers:
         ov.append(f"model.num_layers={layers}")
     with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):

@@ -320,8 +320,9 @@ def test_pick_prefers_no_recompute_then_the_least_offload_then_the_largest_micro
     assert v.overrides == ["recompute=none", "memory=offload", "memory.optimizer_offload_fraction=0.5",
                            "training.micro_batch_size=1"], v.overrides
     assert v.breakdown.needed <= 0.9 * v.breakdown.capacity
-    less = _bd(["backend=megatron", "model=llama2_7b", "precision=fp8", "training=bench", "training.global_batch_size=256",
-                "memory=offload", "memory.optimizer_offload_fraction=0.25", "training.micro_batch_size=1"])
+    less = _bd(["backend=megatron", "model=llama2_7b", "precision=fp8", "training=bench",
+                "training.global_batch_size=256", "memory=offload", "memory.optimizer_offload_fraction=0.25",
+                "training.micro_batch_size=1"])
     assert less.needed > 0.9 * less.capacity
     # the preset that carries the pick plans what the pick said
     preset = compose_cfg(["experiment=llama2_7b_megatron_fp8_gbs256"])
