@@ -9,8 +9,8 @@ tensorwise (lm_head kept bf16). Prints one JSON line with tokens/s, TFLOP/s, MFU
 At 7-8B on one GPU, as a user would fit it: `--offload` runs torchao's CPUOffloadOptimizer (fp32 params on the GPU,
 a copy and the AdamW states on the host; each gradient is copied to the host as the backward finishes it and the
 updated params come back on a side stream); `--global-batch` accumulates micro batches up to that batch. Gradient
-clipping is skipped under `--offload` (the gradients have left for the host when a clip could run: torchao's
-documented limitation), and that is in the JSON line.
+clipping is skipped under `--offload` (the optimizer's host copy of each gradient is taken as the backward finishes
+it, before a clip could scale it), and that is in the JSON line.
 
 The LM head and its loss (`--loss`): `compiled` (default) runs the final norm, the head and the cross-entropy inside
 one torch.compile region, so inductor fuses the softmax into one pass over the bf16 logits, as a user who compiles
