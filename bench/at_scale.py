@@ -9,6 +9,8 @@ Rows (each a preset of conf/experiment/ and the peers it is measured beside, sam
      the megatron preset, stock megatron-core (STOCK_MEGATRON) and stock TorchTitan's MoE at the same shape.
   3. The Llama-3.1-8B shape at seq 16384 and 32768: the megatron preset (stock TorchTitan with the same full
      recompute does not fit one H200 there: ALL_PEERS=1 runs it anyway).
+  4. The planner's pick against a small sweep: the Llama-2-7B fp8 preset beside four neighbours of its micro batch,
+     offload share and recompute (two groups).
 
 Each group runs in 3 parts, one repeat of all its points each (A B C; A B C; A B C: interleaved), so that a part
 stays under 9 minutes; `tables` pools the repeats of each group into its table (medians, min-max), with the
@@ -62,6 +64,8 @@ class Group:
     # whether stock TorchTitan can hold the model on one H200 (the planner's estimate of its one-GPU layout: fp32
     # params, grads and AdamW, bf16 autocast); a peer that cannot is left out of the parts (ALL_PEERS=1 runs it)
     titan_fits: bool = True
+    # row 4, the planner's pick against its neighbours: (label, overrides on the preset), measured beside it
+    variants: List[Tuple[str, str]] = field(default_factory=list)
     reference: bool = True
     points: List[Tuple[str, List[str]]] = field(default_factory=list)
 
@@ -83,6 +87,17 @@ GROUPS = [
           reference=False, titan_fits=False),
     Group("llama3_8b_seq32k", 3, "llama3_8b_megatron_bf16_seq32k", "llama3_8b", 32768, 32, titan_ac="full",
           reference=False, titan_fits=False),
+    # the pick (micro batch 1, half of Adam offloaded, no recompute) against a larger micro batch with more offload,
+    # less offload (the estimate leaves under 10% free: the planner's margin tested), and the two recomputes
+    Group("llama2_7b_fp8_pick_a", 4, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, fp8=True,
+          reference=False, titan_fits=False,
+          variants=[("micro batch 2, offload 0.75",
+                     "training.micro_batch_size=2 memory.optimizer_offload_fraction=0.75"),
+                    ("offload 0.25", "memory.optimizer_offload_fraction=0.25")]),
+    Group("llama2_7b_fp8_pick_b", 4, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, fp8=True,
+          reference=False, titan_fits=False,
+          variants=[("selective recompute", "recompute=selective"),
+                    ("full recompute, micro batch 4", "recompute=full training.micro_batch_size=4")]),
 ]
 
 
@@ -99,6 +114,8 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     out = []
     dry = " dry_run=true" if check else ""
     out.append(("--extra", f"{g.name} megatron preset=experiment={g.preset} {batch} {steps}{dry}"))
+    for label, ov in g.variants:
+        out.append(("--extra", f"{g.name} {label}=experiment={g.preset} {ov} {batch} {steps}{dry}"))
     if g.moe:
         out.append(("--extra", f"{g.name} megatron-core stock={STOCK_MEGATRON} model={g.shape} model.num_layers="
                                f"{g.layers} training=bench training.micro_batch_size=1 {batch} {steps}{dry}"))

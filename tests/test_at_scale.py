@@ -19,7 +19,7 @@ DENSE = [g for g in at_scale.GROUPS if not g.moe]
 MOE = [g for g in at_scale.GROUPS if g.moe]
 
 
-@pytest.mark.parametrize("g", DENSE, ids=lambda g: g.name)
+@pytest.mark.parametrize("g", [g for g in DENSE if not g.variants], ids=lambda g: g.name)
 def test_dense_presets_are_the_planners_pick(g):
     """Each dense preset's micro batch, recompute and offload share are what `python -m primus.plan --pick` picks
     for it, and its estimate leaves 10% of the H200 free."""
@@ -64,7 +64,7 @@ def test_stock_megatron_is_megatron_core_as_it_ships():
 
 def test_parts_run_each_group_three_times_with_the_same_points():
     parts = at_scale.parts()
-    assert len(parts) == 3 * len(at_scale.GROUPS)
+    assert len(parts) == 3 * len(at_scale.GROUPS) == 30
     for g in at_scale.GROUPS:
         assert [r for h, r in parts if h is g] == [1, 2, 3]
         pts = at_scale.points(g)
@@ -74,6 +74,7 @@ def test_parts_run_each_group_three_times_with_the_same_points():
         assert not any("--offload" in spec for _, spec in pts if "torchtitan_stock.py" in spec)
         assert ("megatron-core stock" in " ".join(names)) == g.moe
         assert ("reference" in " ".join(names)) == g.reference
+        assert len(names) == 1 + len(g.variants) + g.moe + g.reference + g.titan_fits
         for _, spec in pts:  # the bench batch is a whole number of micro batches at the preset's micro batch 1
             assert f"--global-batch {at_scale.bench_batch(g)}" in spec or \
                 f"training.global_batch_size={at_scale.bench_batch(g)}" in spec
@@ -107,7 +108,7 @@ def test_long_sequence_peers_left_out_are_the_ones_the_planner_says_cannot_fit()
     """Stock TorchTitan on one GPU is the planner's TorchTitan layout (fp32 params, grads, AdamW, bf16 autocast):
     a group leaves its peer out exactly when that estimate does not fit the H200."""
     for g in at_scale.GROUPS:
-        if g.moe:
+        if g.moe or g.variants:
             continue
         ac = {"none": [], "full": ["recompute.activation_checkpoint_mode=full"]}[g.titan_ac]
         cfg = compose_cfg(["backend=torchtitan", f"model={g.shape}", "training=bench", "training.compile=true",
@@ -132,3 +133,16 @@ def test_stock_torchtitan_refuses_offload_in_one_process(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--offload" in err and "FSDP2" in err and "Drop --offload" in err
+
+
+def test_pick_sweep_neighbours_are_valid_and_really_neighbours():
+    """Row 4: each variant composes onto the preset and changes the pick in micro batch, offload or recompute."""
+    pick_ov = pick(compose_cfg(["experiment=llama2_7b_megatron_fp8_gbs256"]), H200, 1).overrides
+    sweep = [g for g in at_scale.GROUPS if g.variants]
+    assert sweep and all(g.preset == "llama2_7b_megatron_fp8_gbs256" for g in sweep)
+    for g in sweep:
+        for label, ov in g.variants:
+            cfg = compose_cfg([f"experiment={g.preset}"] + ov.split())
+            bd = estimate_memory(cfg, H200, 1)
+            assert bd.needed < bd.capacity * 1.05, (label, bd.needed / 2 ** 30)  # each could run on the H200
+            assert pick(cfg, H200, 1).overrides == pick_ov  # the planner picks the preset's settings from each
