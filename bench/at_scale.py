@@ -134,7 +134,7 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     titan = f"bench/torchtitan_stock.py --shape {shape} {size} --ac {g.titan_ac}"
     titan += " --float8" if g.fp8 else ""
     titan += "" if check else " --compile"
-    if g.titan_fits or check or os.environ.get("ALL_PEERS") == "1":
+    if not g.variants and (g.titan_fits or check or os.environ.get("ALL_PEERS") == "1"):
         out.append(("--peer", f"{g.name} torchtitan stock={titan}"))
     return out
 
