@@ -78,7 +78,10 @@ def run_point(name, argv, timeout, log_dir, rep=0):
             f.write(" ".join(shlex.quote(c) for c in cmd) + "\n" + out)
     row = {"name": name, "cmd": " ".join(shlex.quote(c) for c in [os.path.basename(PY)] + cmd[1:]), "rc": rc,
            "wall_s": time.time() - t0}
-    if run_dir and os.path.exists(os.path.join(run_dir, "result.json")):
+    if "dry_run=true" in argv:  # a check of the command: validation and backend arguments, no training
+        row.update(status="ok" if rc == 0 else "failed", error=None if rc == 0 else (out.strip().splitlines() or
+                                                                                     [f"rc={rc}"])[-1][:300])
+    elif run_dir and os.path.exists(os.path.join(run_dir, "result.json")):
         with open(os.path.join(run_dir, "result.json")) as f:
             res = json.load(f)
         row.update(status=res.get("status"), tokens_per_s=res.get("tokens_per_s"),
@@ -86,15 +89,27 @@ def run_point(name, argv, timeout, log_dir, rep=0):
                    mfu_fp8_peak=res.get("mfu_fp8_peak"),
                    peak_memory_gib=(res.get("memory") or {}).get("max_allocated_gib", res.get("peak_memory_gib")),
                    step_time_s=(res.get("step_time_s") or {}).get("median"), error=res.get("error"),
-                   backend_info=res.get("backend_info"))
+                   backend_info=res.get("backend_info"), planned_gib=planned_gib(res))
     else:
         for line in reversed(out.splitlines()):
             if line.startswith("{") and '"tokens_per_s"' in line:
-                row.update(json.loads(line), status="ok")
+                got = json.loads(line)
+                got["impl"] = got.pop("name", None)  # the script's own label; the row keeps the point's name
+                row.update(got, status="ok")
                 break
         else:
             row.update(status="failed", error=out.strip().splitlines()[-1][:300] if out.strip() else f"rc={rc}")
     return row
+
+
+def planned_gib(result):
+    """The planner's peak estimate for a finished run (primus.plan.compare), beside its measured peak."""
+    try:
+        from primus.plan.compare import row
+
+        return row(result)["estimate_gib"]
+    except Exception:  # noqa: BLE001 - a run whose config the planner cannot read still gets its row
+        return None
 
 
 def combine(runs):
@@ -119,8 +134,8 @@ def combine(runs):
 def table(rows, ref_name):
     ref = next((r for r in rows if r["name"] == ref_name and r.get("tokens_per_s")), None)
     lines = ["| run | status | tokens/s, median (min-max) | TFLOP/s/GPU | MFU | MFU, causal | MFU, fp8 peak | "
-             "peak mem (GiB) | vs " + ref_name + " |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "peak mem (GiB) | planned (GiB) | vs " + ref_name + " |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     f = lambda v, fmt: fmt.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
     pct = lambda v: f(v and 100 * v, "{:.1f}%")  # noqa: E731
     for r in rows:
@@ -134,7 +149,8 @@ def table(rows, ref_name):
                   if r.get("ok_repeats", 0) > 1 else "")
         lines.append(f"| {r['name']} | {status}{err} | {f(tps, '{:,.0f}')}{spread} | "
                      f"{f(r.get('tflops_per_gpu'), '{:.1f}')} | {pct(r.get('mfu'))} | {pct(r.get('mfu_causal'))} | "
-                     f"{pct(r.get('mfu_fp8_peak'))} | {f(r.get('peak_memory_gib'), '{:.1f}')} | {ratio} |")
+                     f"{pct(r.get('mfu_fp8_peak'))} | {f(r.get('peak_memory_gib'), '{:.1f}')} | "
+                     f"{f(r.get('planned_gib'), '{:.1f}')} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -166,6 +182,10 @@ def main():
     ap.add_argument("--only", nargs="*", help="run names to keep")
     ap.add_argument("--extra", action="append", default=[], help="NAME=ARGV: an extra train.py point, e.g. "
                     "'mega mb16=backend=megatron training.micro_batch_size=16'")
+    ap.add_argument("--peer", action="append", default=[], help="NAME=SCRIPT ARGS: a point run by another script "
+                    "of bench/ that prints reference.py's JSON line, e.g. 'titan=bench/torchtitan_stock.py --compile'")
+    ap.add_argument("--merge", nargs="+", metavar="RUNS_JSON", help="no runs: one table from the bench_*_runs.json "
+                    "of earlier invocations (e.g. one repeat each), their runs of a point pooled in the given order")
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--repeats", type=int, default=3, help="runs of each point, interleaved; figures are medians")
     ap.add_argument("--iters", type=int, help="steps per run, the first 4 untimed (default: each point's own: "
@@ -179,6 +199,8 @@ def main():
     ap.add_argument("--log-dir", help="per-point logs (default: $OUT, else outputs/bench)")
     ap.add_argument("--tag", help="name of the bench_<tag>.md/json written to $OUT (default: the suite)")
     args = ap.parse_args()
+    if args.merge:
+        return merge(args)
     points = [p for p in SUITES[args.suite] if not args.only or p[0] in args.only]
     for e in args.extra:
         name, argv = e.split("=", 1)
@@ -190,6 +212,11 @@ def main():
         # an experiment preset brings its own model and batch (a command-line model= would override it)
         base = QUIET if any(a.startswith("experiment=") for a in argv) else BENCH
         points.append((name, ["train.py", *base, *argv]))
+    for e in args.peer:
+        name, _, argv = e.partition("=")
+        if not argv or not argv.split()[0].startswith("bench/"):
+            ap.error(f"--peer {e!r}: NAME=bench/<script>.py ARGS (the label ends at the first '=')")
+        points.append((name, shlex.split(argv)))
     if args.iters:
         if args.iters < 6:
             ap.error(f"--iters {args.iters}: at least 6 (4 untimed warm-up steps, then 2 timed)")
@@ -225,11 +252,30 @@ def main():
         if stop:
             break
     runs = {name: rs for name, rs in runs.items() if rs}
-    rows = [combine(runs[name]) for name, _ in points if name in runs]
-    env = environment()
+    report(args, runs, [name for name, _ in points], out)
+
+
+def merge(args):
+    """bench_<tag>.json files (their env is the measuring machine's) or bench_<tag>_runs.json files."""
+    runs, env = {}, None
+    for path in args.merge:
+        with open(path) as f:
+            d = json.load(f)
+        if "runs" in d and "env" in d:
+            env = env or d["env"]
+            d = d["runs"]
+        for name, rs in d.items():
+            runs.setdefault(name, []).extend(rs)
+    args.repeats = max((len(rs) for rs in runs.values()), default=0)
+    report(args, runs, list(runs), os.environ.get("OUT"), env)
+
+
+def report(args, runs, names, out, env=None):
+    rows = [combine(runs[name]) for name in names if name in runs]
+    env = env or environment()
     ran = sorted({len(rs) for rs in runs.values()})
-    md = [f"### {args.suite}: {datetime.datetime.now():%Y-%m-%d %H:%M} on {env['gpu']}, commit {env['commit']}, "
-          f"{'-'.join(map(str, ran)) or 0} of {args.repeats} interleaved repeats ran", "",
+    md = [f"### {args.tag or args.suite}: {datetime.datetime.now():%Y-%m-%d %H:%M} on {env['gpu']}, "
+          f"commit {env['commit']}, {'-'.join(map(str, ran)) or 0} of {args.repeats} interleaved repeats ran", "",
           "Versions: " + ", ".join(f"{k} {v}" for k, v in env.items()), "", table(rows, args.ref), "", "Commands:", ""]
     md += [f"- `{r['name']}`: `{r['cmd']}`" for r in rows]
     text = "\n".join(md) + "\n"

@@ -124,6 +124,8 @@ CASES = [
     (["memory=distributed_optimizer"], "optimizer_config", "use_distributed_optimizer", True),
     (["memory=offload"], "optimizer_config", "optimizer_cpu_offload", True),
     (["memory=offload", "memory.optimizer_offload_fraction=0.5"], "optimizer_config", "optimizer_offload_fraction", 0.5),
+    (["memory=offload", "memory.overlap_cpu_optimizer_d2h_h2d=true"], "optimizer_config",
+     "overlap_cpu_optimizer_d2h_h2d", True),
     (["memory=offload", "memory.use_precision_aware_optimizer=true"], "optimizer_config",
      "use_precision_aware_optimizer", True),
     (["overlap.overlap_param_gather=true", "memory=distributed_optimizer"], "optimizer_config",
@@ -318,6 +320,7 @@ def test_ddp_config_receives_every_keyword(overrides):
     ["training.lr=0.01", "training.min_lr=0.001", "training.adam_beta1=0.8", "training.clip_grad=0.3"],
     ["training.optimizer=sgd", "precision=fp16"],
     ["memory=offload", "memory.optimizer_offload_fraction=0.25"],
+    ["memory=offload", "memory.overlap_cpu_optimizer_d2h_h2d=true"],
 ])
 def test_optimizer_config_receives_every_keyword(overrides):
     import torch

@@ -165,6 +165,11 @@ def test_offload_fraction_range():
     assert "memory.optimizer_offload_fraction = 1.5" in msg and "[0, 1]" in msg
 
 
+def test_offload_overlap_without_offload_is_refused():
+    msg = error_of(["memory.overlap_cpu_optimizer_d2h_h2d=true"])
+    assert "memory.overlap_cpu_optimizer_d2h_h2d" in msg and "memory=offload" in msg
+
+
 def test_moe_settings_on_dense_model():
     msg = error_of(["moe=optimized"])
     assert "MoE settings on a dense model" in msg and "moe.moe_permute_fusion" in msg

@@ -13,6 +13,9 @@ class MemoryConfig:
     use_distributed_optimizer: bool = False  # shard optimizer state over dp
     optimizer_cpu_offload: bool = False  # optimizer state and step on CPU
     optimizer_offload_fraction: float = 1.0  # share of optimizer state offloaded
+    # megatron's HybridDeviceOptimizer on side streams: each CPU sub-optimizer's grads come down and its params go
+    # back up while the others step (the offloaded step's transfers hidden behind its CPU Adam)
+    overlap_cpu_optimizer_d2h_h2d: bool = False
     use_precision_aware_optimizer: bool = False  # low-precision optimizer state (distributed optimizer)
     empty_unused_memory_level: int = 0  # 0 never, 1 after each step, 2 also after forward-backward
     enable_cpu_offload: bool = False  # TorchTitan training.enable_cpu_offload (FSDP CPU offload)
@@ -24,6 +27,10 @@ def memory_values(cfg, ctx):
     if not 0.0 <= mem.optimizer_offload_fraction <= 1.0:
         out.append(ConfigIssue(["memory.optimizer_offload_fraction"], mem.optimizer_offload_fraction,
                                "a fraction: must be in [0, 1]", "use e.g. 1.0 (all) or 0.5"))
+    if mem.overlap_cpu_optimizer_d2h_h2d and not mem.optimizer_cpu_offload:
+        out.append(ConfigIssue(["memory.overlap_cpu_optimizer_d2h_h2d", "memory.optimizer_cpu_offload"], True,
+                               "overlaps the offloaded optimizer's transfers: without optimizer_cpu_offload there "
+                               "are none", "use memory=offload with it, or drop it"))
     if mem.empty_unused_memory_level not in (0, 1, 2):
         out.append(ConfigIssue(["memory.empty_unused_memory_level"], mem.empty_unused_memory_level,
                                "must be 0, 1 or 2", "use 0 (default)"))
@@ -35,6 +42,7 @@ def memory_values(cfg, ctx):
 
 def megatron(cfg, ctx) -> dict:
     mem = cfg.memory
+    overlap = {"overlap_cpu_optimizer_d2h_h2d": True} if mem.overlap_cpu_optimizer_d2h_h2d else {}
     return {
         "ddp_config": {"use_distributed_optimizer": mem.use_distributed_optimizer},
         "optimizer_config": {
@@ -42,6 +50,7 @@ def megatron(cfg, ctx) -> dict:
             "optimizer_cpu_offload": mem.optimizer_cpu_offload,
             "optimizer_offload_fraction": mem.optimizer_offload_fraction,
             "use_precision_aware_optimizer": mem.use_precision_aware_optimizer,
+            **overlap,
         },
         "empty_unused_memory_level": mem.empty_unused_memory_level,
     }
@@ -84,7 +93,7 @@ def megatron_issues(cfg, ctx) -> list:
 # Our fields that only megatron-core reads: under backend=torchtitan a non-default one is an issue
 # (backends/torchtitan/args.py checks every feature's megatron_only).
 MEGATRON_ONLY = ("use_distributed_optimizer", "optimizer_cpu_offload", "optimizer_offload_fraction",
-                 "use_precision_aware_optimizer", "empty_unused_memory_level")
+                 "overlap_cpu_optimizer_d2h_h2d", "use_precision_aware_optimizer", "empty_unused_memory_level")
 
 
 def megatron_only(cfg) -> tuple:

@@ -2,6 +2,7 @@
 and the counts only, no run dir).
 
     python -m primus.plan model=llama3_70b training=bench plan.gpu=H100
+    python -m primus.plan --pick experiment=llama3_8b_megatron_fp8   # the recompute / offload / micro batch it picks
 """
 import os
 import sys
@@ -21,7 +22,9 @@ def main(argv=None) -> int:
 
     register()
     conf = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "conf")
-    overrides = quote_numeric_group_choices(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    want_pick = "--pick" in argv
+    overrides = quote_numeric_group_choices([a for a in argv if a != "--pick"])
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         dcfg = compose("config", overrides=overrides)
     cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
@@ -31,7 +34,27 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"[primus plan] {e}", file=sys.stderr)
         return 2
+    if want_pick:
+        return run_pick(cfg, ctx)
     return run_plan(cfg, ctx)
+
+
+def run_pick(cfg, ctx) -> int:
+    """Print the planner's pick (primus.plan.advice.pick) as overrides and its estimate; 1 when nothing fits."""
+    from primus.plan import target_gpu
+    from primus.plan.advice import pick
+
+    gpu = target_gpu(cfg, ctx)
+    v = pick(cfg, gpu, ctx.world_size)
+    if v is None:
+        print(f"[primus plan] pick: nothing fits {gpu.label} with 10% free on {ctx.world_size} GPU(s); "
+              "see the plan's variants without --pick", file=sys.stderr)
+        return 1
+    b, G = v.breakdown, float(1 << 30)
+    print(f"[primus plan] pick: {v.label}: {b.needed / G:.1f} GiB needed of {b.capacity / G:.1f} GiB ({v.note}), "
+          f"peak during {b.peak_phase}, {b.optimizer_cpu / G:.1f} GiB of Adam states on the CPU\n"
+          f"  overrides: {' '.join(v.overrides)}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -201,3 +201,61 @@ def bigger_gpus(cfg: PrimusConfig, gpu: Gpu, world: int) -> List[str]:
         if g.capacity_bytes > gpu.capacity_bytes and estimate_memory(cfg, g, world).fits:
             out.append(label)
     return out
+
+
+OFFLOAD_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def _set_offload(cfg, frac: float) -> List[str]:
+    m = cfg.memory
+    if frac == 0.0:
+        if not m.optimizer_cpu_offload:
+            return []
+        m.optimizer_cpu_offload = False
+        return ["memory.optimizer_cpu_offload=false"]
+    m.use_distributed_optimizer, m.optimizer_cpu_offload, m.optimizer_offload_fraction = True, True, frac
+    return ["memory=offload", f"memory.optimizer_offload_fraction={frac}"]
+
+
+def pick(cfg: PrimusConfig, gpu: Gpu, world: int, margin: float = 0.10,
+         micro_batches=(1, 2, 4, 8, 16)) -> Optional[Variant]:
+    """The planner's pick for one job on its GPUs: the cheapest recompute, then the smallest optimizer offload
+    fraction (megatron), then the largest micro batch, whose estimate leaves `margin` of the GPU free (the
+    estimate's accuracy bar). In that order because full recompute costs about a third more compute on every step,
+    an offloaded share of Adam costs host time once per step (and overlaps the next step's compute in part), and a
+    larger micro batch at seq >= 4096 only makes GEMMs that are already large a little faster. None when nothing on
+    these GPUs fits."""
+    t = cfg.training
+    dp = layout_of(cfg, world).dp
+    mbs = sorted((b for b in micro_batches if t.global_batch_size % (b * dp) == 0), reverse=True)
+    recomputes = [lambda c, w: ("no recompute", [], w, ""), _selective_recompute, _full_recompute]
+    fracs = OFFLOAD_FRACTIONS if cfg.backend.name == Backend.megatron else (None,)
+    base = copy.deepcopy(cfg)
+    if cfg.backend.name == Backend.megatron:
+        base.memory.optimizer_cpu_offload = False
+    r = base.recompute
+    if cfg.backend.name == Backend.torchtitan:
+        r.activation_checkpoint_mode = ACMode.none
+    r.recompute_granularity = None
+    for rc in recomputes:
+        for frac in fracs:
+            for mb in mbs:
+                c = copy.deepcopy(base)
+                got = rc(c, world)
+                if got is None:
+                    continue
+                label, ov, _, _ = got
+                if cfg.backend.name == Backend.torchtitan and not ov:
+                    ov = ["recompute.activation_checkpoint_mode=none"]
+                elif not ov:
+                    ov = ["recompute=none"]
+                if frac is not None:
+                    ov = ov + (_set_offload(c, frac) or ["memory.optimizer_cpu_offload=false"])
+                    label += f", offload {frac:g}"
+                c.training.micro_batch_size = mb
+                ov = ov + [f"training.micro_batch_size={mb}"]
+                b = estimate_memory(c, gpu, world)
+                if b.needed <= b.capacity * (1 - margin):
+                    return Variant(f"{label}, micro batch {mb}", ov, b, world,
+                                   f"{b.needed / b.capacity:.0%} of {gpu.label}")
+    return None

@@ -24,7 +24,8 @@ megatron-core 0.16.1 (Float16Module + its DDP + its optimizer):
                  the GPU part of the offloading optimizer is fused (no temporaries)
 torchtitan 0.2.2:
   1 GPU / no FSDP  fp32 params + torch.autocast(bf16): the autocast cast cache holds a bf16 copy of every linear
-                   weight from its forward to its backward; fp32 grads appear during backward; fused AdamW
+                   weight from its forward to its backward; fp32 grads appear during backward (and stay through
+                   the later micro batches when accumulating); fused AdamW
                    (8 B/param, no temporaries)
   FSDP (dp_shard>1) fp32 params, grads and Adam states sharded over dp_shard; bf16 (mixed_precision_param)
                    all-gathered blocks (current + prefetched), the output layer gathered from its forward to its
@@ -247,7 +248,9 @@ def layer_activation_bytes(cfg: PrimusConfig, lay: Layout, hints: BackendHints, 
     parts["norm_stats"] = 2 * T * 4 * rep  # two RMSNorms' fp32 rstd
     # attention linears' saved input: one norm output for the fused QKV (megatron) / shared by wq,wk,wv (torchtitan
     # FSDP); under autocast each of wq, wk, wv saves its own bf16 cast of the fp32 norm output.
-    n_qkv_in = 3 if autocast else 1
+    # Compiled (training.compile), a block is one graph: CSE makes the three casts one, so one copy is saved.
+    eager_casts = autocast and not cfg.training.compile
+    n_qkv_in = 3 if eager_casts else 1
     parts["qkv_in"] = n_qkv_in * T * h * lin * rep
     # SDPA's saved q, k (new tensors after RoPE) and v; megatron's v is a view into the fused QKV output, which
     # therefore stays alive whole (hq + hk + hv) instead of v alone
@@ -268,7 +271,7 @@ def layer_activation_bytes(cfg: PrimusConfig, lay: Layout, hints: BackendHints, 
         parts["mlp"] = routed + shared + T * m.num_experts * 4 * 2  # + router logits / probs fp32
     else:
         f = m.ffn_hidden_size
-        n_fc1_in = 2 if autocast else 1  # autocast: w1 and w3 each save their own bf16 cast
+        n_fc1_in = 2 if eager_casts else 1  # eager autocast: w1 and w3 each save their own bf16 cast
         parts["mlp_in"] = n_fc1_in * T * h * lin * rep
         # SwiGLU: fc1 output [gate|up] (2f) + silu(gate) (f) + fc2 input (f); fused swiglu saves fc1 output only
         act = (2 * f * a + f * lin) if hints.swiglu_fused else (3 * f * a + f * lin)
@@ -380,7 +383,10 @@ def logits_bytes(cfg: PrimusConfig, lay: Layout) -> float:
     H200 at the bench shape: 8.3 GiB less peak than the 6 B path, i.e. 2.1 B per entry). With primus' Triton cross
     entropy (args.turbo_loss) the backward writes the gradient into the logits' own storage -> 2 B (H200 bench shape,
     bench/turbo_kernels.py: 0.0 GiB beyond the logits for the loss's fwd+bwd, vs 7.8 GiB compiled).
-    torchtitan: bf16 logits (2) + `.float()` copy (4) + log_softmax output saved for backward (4) -> 10 B; with
+    torchtitan: F.cross_entropy on `pred.float()` is log_softmax + nll_loss. Forward: the bf16 logits (2, held by
+    the train step until the loss returns) + the `.float()` copy (4) + log_softmax's output (4), saved for backward.
+    The peak is in the loss's backward: the saved output (4), nll_loss's dense fp32 gradient of it (4) and
+    log_softmax's fp32 input gradient (4) live together -> 12 B (fp32 training: the same three); with
     training.compile TorchTitan compiles the loss too (compile.components has "loss"): inductor fuses the cast into
     the reduction and the backward writes the bf16 gradient -> 4 B, as megatron's compiled loss (H200, the
     llama3_2_1b_torchtitan_bf16 preset: 75.9 GiB measured peak; 104.7 GiB planned with the eager 10 B).
@@ -389,7 +395,7 @@ def logits_bytes(cfg: PrimusConfig, lay: Layout) -> float:
     v = cfg.model.vocab_size / lay.tp
     fp32 = _act_dtype_bytes(cfg) == 4
     if cfg.backend.name == Backend.torchtitan:
-        per = (8 if fp32 else 4) if cfg.training.compile else (12 if fp32 else 10)
+        per = (8 if fp32 else 4) if cfg.training.compile else 12
     else:
         from primus.backends.megatron.args import compiled_loss, turbo_loss
 
@@ -504,11 +510,15 @@ def _torchtitan_stage(cfg, lay, hints, stage, sp: StageParams) -> Dict[str, floa
          "main_params_numel": 0, "states_numel": 2 * pe}
     grads = 0.0 if off else 4 * pe  # fp32 grads (sharded under FSDP), allocated during the first backward
     if n == 1:
-        if _autocast(cfg, lay):
-            d["autocast_weight_cache"] = 2 * sp.linear  # bf16 copies of linear weights, forward -> backward
+        if _autocast(cfg, lay) and not cfg.training.compile:
+            # bf16 copies of linear weights, forward -> backward; compiled, the partitioner recomputes a cast of a
+            # graph input it keeps anyway (the fp32 weight) in the backward instead of saving the copy
+            d["autocast_weight_cache"] = 2 * sp.linear
         if lay.dp > 1:
             grads += 4 * P  # DDP's bucket copies of the grads
-        d["grads_at_peak"] = 0.0  # grads appear during backward, after the activation peak
+        # one micro batch: the grads appear during the backward, as the activations go, after the activation peak;
+        # accumulating, the first micro batch's fp32 grads stay through every later micro batch's forward
+        d["grads_at_peak"] = grads if lay.num_microbatches > 1 else 0.0
         d["grads_end"] = grads
     else:
         mp = 2 if cfg.precision.mixed_precision_param.value == "bfloat16" else 4

@@ -1,0 +1,228 @@
+"""Performance where users train, on one GPU: every row of the at-scale table with its peers, in parts under 9 min.
+
+Rows (each a preset of conf/experiment/ and the peers it is measured beside, same shape, same micro batch):
+  1. Llama-2-7B and the Llama-3.1-8B shape, fp8 and bf16, seq 4096: the megatron preset, the plain-PyTorch
+     reference (bench/reference.py: compiled, torchao float8 for fp8, torchao's CPUOffloadOptimizer, gradient
+     accumulation) and stock TorchTitan (bench/torchtitan_stock.py: compile, float8 for fp8; its CPU offload needs
+     FSDP over several GPUs, so on one GPU it runs without, and at 8B with full activation checkpointing to fit).
+  2. The DeepSeek-V2-Lite and Qwen3-30B-A3B layer shapes (10 and 8 layers: the planner's most without offload):
+     the megatron preset, stock megatron-core (STOCK_MEGATRON) and stock TorchTitan's MoE at the same shape.
+  3. The Llama-3.1-8B shape at seq 16384 and 32768: the megatron preset (stock TorchTitan with the same full
+     recompute does not fit one H200 there: ALL_PEERS=1 runs it anyway).
+  4. The planner's pick against a small sweep: the Llama-2-7B fp8 preset beside four neighbours of its micro batch,
+     offload share and recompute (two groups).
+
+Each group runs in 3 parts, one repeat of all its points each (A B C; A B C; A B C: interleaved), so that a part
+stays under 9 minutes; `tables` pools the repeats of each group into its table (medians, min-max), with the
+planner's estimate beside each megatron run's measured peak. The bench runs each group at a quarter of its
+preset's global batch (seq 4096: 64), 1 untimed step (compilation) + 2 timed: the same micro batch and the same
+per-micro-batch work, with the offloaded optimizer step spread over 4x fewer tokens than the preset's (a floor for
+the preset's tokens/s); FULL_BATCH=1 runs the presets' own global batch (about 4x the time: split the part).
+
+    bash bench/at_scale.sh list          # the parts and their points
+    bash bench/at_scale.sh 1             # part 1 (GPU), tables to $OUT
+    bash bench/at_scale.sh tables        # pool every part's runs found in $OUT into one table per group
+    bash bench/at_scale.sh --check       # every entry at the debug shape on this CPU (train.py points: dry runs)
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import List, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+REPEATS = 3
+
+# megatron-core as it ships, through train.py: its local spec (no Transformer Engine), its alltoall dispatcher, its
+# SequentialMLP experts (no grouped GEMM, no permute fusion), bf16, none of the project's kernels or fusions (turbo
+# off, megatron's RoPE and SwiGLU unfused as its TransformerConfig defaults, its own vocab-parallel cross entropy
+# uncompiled), the optimizer on the GPU
+STOCK_MEGATRON = ("backend=megatron backend.layer_spec=local turbo=off moe=off moe.moe_token_dispatcher_type=alltoall "
+                  "model.apply_rope_fusion=false model.bias_activation_fusion=false "
+                  "model.cross_entropy_loss_fusion=false training.compile=false precision=bf16 memory=default")
+
+
+@dataclass
+class Group:
+    name: str
+    row: int
+    preset: str  # conf/experiment/<preset>.yaml
+    shape: str  # conf/model/<shape>.yaml
+    seq: int
+    global_batch: int  # the preset's
+    layers: int = 0  # MoE: the preset's layer count (0: the model's)
+    fp8: bool = False
+    moe: bool = False
+    titan_ac: str = "none"  # stock TorchTitan's activation checkpointing (row 3: the preset's full recompute)
+    # whether stock TorchTitan can hold the model on one H200 (the planner's estimate of its one-GPU layout: fp32
+    # params, grads and AdamW, bf16 autocast); a peer that cannot is left out of the parts (ALL_PEERS=1 runs it)
+    titan_fits: bool = True
+    # row 4, the planner's pick against its neighbours: (label, overrides on the preset), measured beside it
+    variants: List[Tuple[str, str]] = field(default_factory=list)
+    reference: bool = True
+    points: List[Tuple[str, List[str]]] = field(default_factory=list)
+
+
+GROUPS = [
+    Group("llama2_7b_fp8", 1, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, fp8=True),
+    Group("llama2_7b_bf16", 1, "llama2_7b_megatron_bf16_gbs256", "llama2_7b", 4096, 256),
+    # stock TorchTitan keeps fp32 params, grads and AdamW on one GPU (16 B a param: 120 GiB at 8B; its CPU offload
+    # needs FSDP over several GPUs): at 8B it fits only with full activation checkpointing
+    Group("llama3_8b_fp8", 1, "llama3_8b_megatron_fp8_gbs256", "llama3_8b", 4096, 256, fp8=True, titan_ac="full"),
+    Group("llama3_8b_bf16", 1, "llama3_8b_megatron_bf16_gbs256", "llama3_8b", 4096, 256, titan_ac="full"),
+    Group("deepseek_v2_lite", 2, "deepseek_v2_lite_megatron_fp8", "deepseek_v2_lite", 4096, 256, layers=10, fp8=True,
+          moe=True, reference=False),
+    Group("qwen3_30b_a3b", 2, "qwen3_30b_a3b_megatron_fp8", "qwen3_30b_a3b", 4096, 256, layers=8, fp8=True, moe=True,
+          reference=False),
+    # at 8B and seq 16k / 32k stock TorchTitan on one GPU plans 143.7 / 160.7 GiB of 139.8 even with full AC (its
+    # 120 GiB of fp32 state plus the compiled loss's 4 B per logit): the bench does not start a run that cannot fit
+    Group("llama3_8b_seq16k", 3, "llama3_8b_megatron_bf16_seq16k", "llama3_8b", 16384, 64, titan_ac="full",
+          reference=False, titan_fits=False),
+    Group("llama3_8b_seq32k", 3, "llama3_8b_megatron_bf16_seq32k", "llama3_8b", 32768, 32, titan_ac="full",
+          reference=False, titan_fits=False),
+    # the pick (micro batch 1, half of Adam offloaded, no recompute) against a larger micro batch with more offload,
+    # less offload (the estimate leaves under 10% free: the planner's margin tested), and the two recomputes
+    Group("llama2_7b_fp8_pick_a", 4, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, fp8=True,
+          reference=False, titan_fits=False,
+          variants=[("micro batch 2, offload 0.75",
+                     "training.micro_batch_size=2 memory.optimizer_offload_fraction=0.75"),
+                    ("offload 0.25", "memory.optimizer_offload_fraction=0.25")]),
+    Group("llama2_7b_fp8_pick_b", 4, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, fp8=True,
+          reference=False, titan_fits=False,
+          variants=[("selective recompute", "recompute=selective"),
+                    ("full recompute, micro batch 4", "recompute=full training.micro_batch_size=4")]),
+]
+
+
+def bench_batch(g: Group) -> int:
+    return g.global_batch if os.environ.get("FULL_BATCH") == "1" else max(1, g.global_batch // 4)
+
+
+def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
+    """The group's points as bench/e2e.py arguments: ('--extra'|'--peer', 'NAME=ARGV'). `check`: train.py points
+    as dry runs of the same command, the peers at the debug shape on a CPU (eager, no offload)."""
+    gbs = bench_batch(g)
+    steps = "training.train_iters=3 training.timing_warmup_steps=1 training.lr_warmup_iters=1"
+    batch = f"training.global_batch_size={gbs}"
+    out = []
+    dry = " dry_run=true" if check else ""
+    out.append(("--extra", f"{g.name} megatron preset=experiment={g.preset} {batch} {steps}{dry}"))
+    for label, ov in g.variants:
+        out.append(("--extra", f"{g.name} {label}=experiment={g.preset} {ov} {batch} {steps}{dry}"))
+    if g.moe:
+        out.append(("--extra", f"{g.name} megatron-core stock={STOCK_MEGATRON} model={g.shape} model.num_layers="
+                               f"{g.layers} training=bench training.micro_batch_size=1 {batch} {steps}{dry}"))
+    if check:  # the peers themselves, small enough for a CPU
+        shape = "debug_moe" if g.moe else "debug"
+        size = "--seq 64 --batch 2 --global-batch 4 --steps 1 --warmup 1"
+    else:
+        shape = g.shape + (f" --layers {g.layers}" if g.layers else "")
+        size = f"--seq {g.seq} --batch 1 --global-batch {gbs} --steps 2 --warmup 1"
+    if g.reference:
+        variant = "float8" if g.fp8 else "compile_fused"
+        ref = f"bench/reference.py --shape {shape} --variant {variant} {size}"
+        ref += " --no-compile" if check else " --offload"
+        out.append(("--peer", f"{g.name} reference={ref}"))
+    # (no --offload: TorchTitan offloads through FSDP2 only, which one GPU does not use)
+    titan = f"bench/torchtitan_stock.py --shape {shape} {size} --ac {g.titan_ac}"
+    titan += " --float8" if g.fp8 else ""
+    titan += "" if check else " --compile"
+    if not g.variants and (g.titan_fits or check or os.environ.get("ALL_PEERS") == "1"):
+        out.append(("--peer", f"{g.name} torchtitan stock={titan}"))
+    return out
+
+
+def parts() -> List[Tuple[Group, int]]:
+    """Part k (1-based): a group's repeat r, each group's repeats in consecutive parts."""
+    return [(g, r) for g in GROUPS for r in range(1, REPEATS + 1)]
+
+
+def e2e_cmd(g: Group, tag: str, check: bool, timeout: int, deadline: float) -> List[str]:
+    cmd = [PY, "bench/e2e.py", "--suite", "none", "--repeats", "1", "--tag", tag, "--timeout", str(timeout),
+           "--ref", f"{g.name} megatron preset"]
+    if deadline:
+        cmd += ["--deadline-s", str(deadline)]
+    for flag, spec in points(g, check):
+        cmd += [flag, spec]
+    return cmd
+
+
+def run(cmd: List[str]) -> int:
+    print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    return subprocess.call(cmd, cwd=ROOT)
+
+
+def tables(out: str) -> int:
+    rc = 0
+    for g in GROUPS:
+        # a finished part's bench_<tag>.json carries the measuring machine's versions; a killed part left its runs
+        files = []
+        for runs in sorted(glob.glob(os.path.join(out, f"bench_atscale_{g.name}_r*_runs.json"))):
+            full = runs[: -len("_runs.json")] + ".json"
+            files.append(full if os.path.exists(full) else runs)
+        if files:
+            rc |= run([PY, "bench/e2e.py", "--tag", f"atscale_{g.name}", "--ref", f"{g.name} megatron preset",
+                       "--merge", *files])
+        else:
+            ks = ", ".join(str(i + 1) for i, (h, _) in enumerate(parts()) if h is g)
+            print(f"[at_scale] {g.name}: no runs in {out} yet (parts {ks})")
+    return rc
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", nargs="?", default="list", help="a part number, 'list' or 'tables'")
+    ap.add_argument("--check", action="store_true", help="every group's entries on this CPU, at the debug shape")
+    ap.add_argument("--only", nargs="*", help="with --check: these groups only")
+    args = ap.parse_args(argv)
+    out = os.environ.get("OUT") or os.path.join(ROOT, "outputs", "bench")
+    os.makedirs(out, exist_ok=True)
+    env_ok = not args.check or not __import__("torch").cuda.is_available()
+    if args.check:
+        if not env_ok:
+            print("[at_scale] --check is the CPU check; on a GPU run the parts", file=sys.stderr)
+            return 2
+        names = {g.name for g in GROUPS}
+        bad = [n for n in (args.only or []) if n not in names]
+        if bad:
+            ap.error(f"--only {' '.join(bad)}: not a group; the groups are {', '.join(sorted(names))}")
+        rc = 0
+        for g in GROUPS:
+            if args.only and g.name not in args.only:
+                continue
+            tag = f"atscale_check_{g.name}"
+            rc |= run(e2e_cmd(g, tag, True, 900, 0))
+            with open(os.path.join(out, f"bench_{tag}.json")) as f:
+                failed = [r["name"] for r in json.load(f)["rows"] if r.get("status") != "ok"]
+            if failed:
+                print(f"[at_scale] check failed: {', '.join(failed)}", file=sys.stderr)
+                rc |= 1
+        return rc
+    if args.what == "list":
+        for i, (g, r) in enumerate(parts(), 1):
+            print(f"part {i}: row {g.row}, {g.name}, repeat {r}/{REPEATS}, global batch {bench_batch(g)} "
+                  f"(preset {g.global_batch}): " + "; ".join(s.split("=", 1)[0] for _, s in points(g)))
+        return 0
+    if args.what == "tables":
+        return tables(out)
+    try:
+        k = int(args.what)
+        g, r = parts()[k - 1]
+        if k < 1:
+            raise IndexError
+    except (ValueError, IndexError):
+        ap.error(f"{args.what!r}: a part 1-{len(parts())}, 'list' or 'tables'")
+    rc = run(e2e_cmd(g, f"atscale_{g.name}_r{r}", False, 420, 8 * 60))
+    tables(out)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""bench/at_scale.py: the at-scale rows' presets, their planner picks, the parts, and the CPU check of every entry."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import PY, ROOT, compose_cfg
+from primus.plan.advice import pick
+from primus.plan.gpus import resolve_gpu
+from primus.plan.memory import estimate_memory
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import at_scale  # noqa: E402
+
+H200 = resolve_gpu("H200", None)
+DENSE = [g for g in at_scale.GROUPS if not g.moe]
+MOE = [g for g in at_scale.GROUPS if g.moe]
+
+
+@pytest.mark.parametrize("g", [g for g in DENSE if not g.variants], ids=lambda g: g.name)
+def test_dense_presets_are_the_planners_pick(g):
+    """Each dense preset's micro batch, recompute and offload share are what `python -m primus.plan --pick` picks
+    for it, and its estimate leaves 10% of the H200 free."""
+    cfg = compose_cfg([f"experiment={g.preset}"])
+    assert (cfg.training.seq_length, cfg.training.global_batch_size) == (g.seq, g.global_batch)
+    assert cfg.plan.gpu == "H200"
+    v = pick(cfg, H200, 1)
+    m, r = cfg.memory, cfg.recompute
+    want = ["recompute=" + (r.recompute_granularity.value if r.recompute_granularity else "none")]
+    want += (["memory=offload", f"memory.optimizer_offload_fraction={m.optimizer_offload_fraction}"]
+             if m.optimizer_cpu_offload else ["memory.optimizer_cpu_offload=false"])
+    want += [f"training.micro_batch_size={cfg.training.micro_batch_size}"]
+    assert v.overrides == want
+    bd = estimate_memory(cfg, H200, 1)
+    assert bd.needed <= 0.9 * bd.capacity
+    if m.optimizer_cpu_offload:
+        assert m.overlap_cpu_optimizer_d2h_h2d  # the offloaded step's transfers overlap its CPU Adam
+
+
+@pytest.mark.parametrize("g", MOE, ids=lambda g: g.name)
+def test_moe_presets_have_the_most_layers_that_fit_without_offload(g):
+    """The MoE rows train every parameter: the layer count is the most whose pick needs no optimizer offload (the
+    peers do not offload on one GPU); one more layer needs some."""
+    cfg = compose_cfg([f"experiment={g.preset}"])
+    assert cfg.model.num_layers == g.layers
+    v = pick(cfg, H200, 1)
+    assert "memory.optimizer_cpu_offload=false" in v.overrides and "recompute=none" in v.overrides
+    more = compose_cfg([f"experiment={g.preset}", f"model.num_layers={g.layers + 1}"])
+    assert "memory=offload" in pick(more, H200, 1).overrides
+
+
+def test_stock_megatron_is_megatron_core_as_it_ships():
+    cfg = compose_cfg(at_scale.STOCK_MEGATRON.split() + ["model=qwen3_30b_a3b", "model.num_layers=8"])
+    assert cfg.backend.layer_spec.value == "local"
+    assert not cfg.turbo.enable_primus_turbo
+    assert cfg.moe.moe_token_dispatcher_type.value == "alltoall"
+    assert not (cfg.moe.moe_grouped_gemm or cfg.moe.moe_permute_fusion)
+    assert not (cfg.training.compile or cfg.model.cross_entropy_loss_fusion or cfg.model.apply_rope_fusion
+                or cfg.model.bias_activation_fusion)
+    assert cfg.precision.fp8 is None and not cfg.memory.optimizer_cpu_offload
+
+
+def test_parts_run_each_group_three_times_with_the_same_points():
+    parts = at_scale.parts()
+    assert len(parts) == 3 * len(at_scale.GROUPS) == 30
+    for g in at_scale.GROUPS:
+        assert [r for h, r in parts if h is g] == [1, 2, 3]
+        pts = at_scale.points(g)
+        names = [spec.split("=", 1)[0] for _, spec in pts]
+        assert names[0] == f"{g.name} megatron preset" and len(set(names)) == len(names)
+        assert any("torchtitan_stock.py" in spec for _, spec in pts) == g.titan_fits
+        assert not any("--offload" in spec for _, spec in pts if "torchtitan_stock.py" in spec)
+        assert ("megatron-core stock" in " ".join(names)) == g.moe
+        assert ("reference" in " ".join(names)) == g.reference
+        assert len(names) == 1 + len(g.variants) + g.moe + g.reference + g.titan_fits
+        for _, spec in pts:  # the bench batch is a whole number of micro batches at the preset's micro batch 1
+            assert f"--global-batch {at_scale.bench_batch(g)}" in spec or \
+                f"training.global_batch_size={at_scale.bench_batch(g)}" in spec
+        checks = at_scale.points(g, check=True)
+        assert all("dry_run=true" in s for f, s in checks if f == "--extra")
+        assert all("--shape debug" in s and "--offload" not in s and "--compile" not in s
+                   for f, s in checks if f == "--peer")
+
+
+def test_unknown_part_is_refused_with_the_range():
+    with pytest.raises(SystemExit):
+        at_scale.main(["99"])
+
+
+@pytest.mark.slow
+def test_cpu_check_runs_every_entry_of_a_dense_and_a_moe_group(tmp_path):
+    """`bench/at_scale.sh --check`: the presets' train.py commands as dry runs, the reference and stock TorchTitan
+    at the debug shapes (float8 included), stock megatron-core's command; every row ok."""
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=PY)
+    r = subprocess.run(["bash", "bench/at_scale.sh", "--check", "--only", "llama2_7b_fp8", "qwen3_30b_a3b"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for g in ("llama2_7b_fp8", "qwen3_30b_a3b"):
+        rows = json.load(open(tmp_path / f"bench_atscale_check_{g}.json"))["rows"]
+        assert len(rows) == 3 and all(row["status"] == "ok" for row in rows), rows
+        peers = [row for row in rows if row.get("tokens_per_s")]
+        assert peers and all(row["finite"] and row["tokens_per_s"] > 0 for row in peers)
+
+
+def test_long_sequence_peers_left_out_are_the_ones_the_planner_says_cannot_fit():
+    """Stock TorchTitan on one GPU is the planner's TorchTitan layout (fp32 params, grads, AdamW, bf16 autocast):
+    a group leaves its peer out exactly when that estimate does not fit the H200."""
+    for g in at_scale.GROUPS:
+        if g.moe or g.variants:
+            continue
+        ac = {"none": [], "full": ["recompute.activation_checkpoint_mode=full"]}[g.titan_ac]
+        cfg = compose_cfg(["backend=torchtitan", f"model={g.shape}", "training=bench", "training.compile=true",
+                           f"training.seq_length={g.seq}", f"model.max_position_embeddings={max(g.seq, 4096)}",
+                           "training.micro_batch_size=1", f"training.global_batch_size={at_scale.bench_batch(g)}"]
+                          + ac)
+        assert estimate_memory(cfg, H200, 1).fits == g.titan_fits, g.name
+
+
+def test_stock_torchtitan_refuses_offload_in_one_process(capsys):
+    """TorchTitan builds the model on the CPU under enable_cpu_offload and moves it with FSDP2 only: one process
+    would train on the CPU. The peer script says so before anything starts."""
+    import runpy
+
+    argv = sys.argv
+    sys.argv = ["torchtitan_stock.py", "--shape", "debug", "--offload"]
+    try:
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(os.path.join(ROOT, "bench", "torchtitan_stock.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--offload" in err and "FSDP2" in err and "Drop --offload" in err
+
+
+def test_pick_sweep_neighbours_are_valid_and_really_neighbours():
+    """Row 4: each variant composes onto the preset and changes the pick in micro batch, offload or recompute."""
+    pick_ov = pick(compose_cfg(["experiment=llama2_7b_megatron_fp8_gbs256"]), H200, 1).overrides
+    sweep = [g for g in at_scale.GROUPS if g.variants]
+    assert sweep and all(g.preset == "llama2_7b_megatron_fp8_gbs256" for g in sweep)
+    for g in sweep:
+        for label, ov in g.variants:
+            cfg = compose_cfg([f"experiment={g.preset}"] + ov.split())
+            bd = estimate_memory(cfg, H200, 1)
+            assert bd.needed < bd.capacity * 1.05, (label, bd.needed / 2 ** 30)  # each could run on the H200
+            assert pick(cfg, H200, 1).overrides == pick_ov  # the planner picks the preset's settings from each
