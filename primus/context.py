@@ -21,6 +21,14 @@ class RunContext:
     dist_backend: str = "gloo"  # gloo on CPU, nccl (RCCL on ROCm) on GPU
     env: dict = field(default_factory=dict)  # env vars this run sets (recorded in result.json)
     planned: bool = False  # True in a dry run judged for a GPU this machine does not have: skip hardware probes
+    # what validate() found besides errors (primus/config/errors.py): warnings (settings ignored where they do not
+    # apply), values implied by other settings or by the exported env, and, in a planned dry run, what the target
+    # machine needs installed
+    warnings: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    needed_on_target: list = field(default_factory=list)
+    # dotted keys set on the command line (hydra overrides): an exported variable does not override them
+    explicit: frozenset = frozenset()
 
     @property
     def is_rank0(self) -> bool:

@@ -71,7 +71,12 @@ def _run(dcfg: DictConfig):
         raise ConfigError(unknown)
     # merge onto the schema so a saved run config (`--config-dir <run>/.hydra`) is typed and checked as well
     cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
+    from primus.config.env import apply_env, describe, explicit_keys
+
+    explicit = explicit_keys(meta["overrides"])
+    env_decided, env_issues = apply_env(cfg, explicit)  # the guide's exported variables (primus/config/env.py)
     ctx = resolve(cfg, meta["run_dir"])
+    ctx.explicit = explicit
     describe_only = cfg.dry_run or cfg.mode == Mode.plan
     if describe_only and cfg.device != Device.cpu and not gpu_present():
         # a dry run describes the GPU run the config is meant for (nothing touches a GPU): judge it as one;
@@ -80,7 +85,25 @@ def _run(dcfg: DictConfig):
     elif cfg.device == Device.cuda and not gpu_present():
         raise ConfigError(ConfigIssue(["device"], "cuda", "no CUDA / ROCm GPU is visible on this machine",
                                       "use device=auto (CPU here) or device=cpu, or run where a GPU is"))
-    validate(cfg, ctx)  # raises ConfigError naming key, value, rule and fix
+    try:
+        validate(cfg, ctx)  # raises ConfigError naming key, value, rule and fix
+    except ConfigError as e:
+        if env_issues:
+            raise ConfigError(env_issues + e.issues) from None
+        raise
+    if env_issues:
+        raise ConfigError(env_issues)
+    findings = {"env": env_decided, "implied_settings": [i.as_ignored() for i in ctx.notes],
+                "ignored_settings": [i.as_ignored() for i in ctx.warnings]}
+    if ctx.needed_on_target:
+        findings["needed_on_target"] = [i.as_needed() for i in ctx.needed_on_target]
+    if ctx.is_rank0 and not cfg.dry_run:
+        for d in env_decided:
+            print("[primus] env: " + describe(d), flush=True)
+        for i in ctx.notes:
+            print(f"[primus] implied: {i}", flush=True)
+        for i in ctx.warnings:
+            print(f"[primus] WARNING: {i}; ignored. Fix: {i.fix}", flush=True)
     # validate() may normalise values (e.g. recompute_layer_ids sorted): workers get the normalised config
     cfg_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
@@ -92,8 +115,8 @@ def _run(dcfg: DictConfig):
     if cfg.dry_run:
         from primus.backends import backend_args
 
-        print(json.dumps({"resolved": resolved_summary(cfg, ctx), "backend_args": backend_args(cfg, ctx)},
-                         indent=2, default=str))
+        print(json.dumps({"resolved": resolved_summary(cfg, ctx), **findings,
+                          "backend_args": backend_args(cfg, ctx)}, indent=2, default=str))
         return 0
 
     summary = resolved_summary(cfg, ctx)
@@ -107,7 +130,9 @@ def _run(dcfg: DictConfig):
     # backend's settings require (e.g. CUDA_DEVICE_MAX_CONNECTIONS=1 for megatron's overlap)
     env = {**tuning_env(cfg, ctx.rocm), **cfg.launcher.env, **backend_env(cfg, ctx)}
     os.environ.update(env)
-    meta = {**meta, "resolved": summary, "env": env, "config": OmegaConf.to_container(OmegaConf.structured(cfg))}
+    meta = {**meta, "resolved": summary, "env": env, "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+            "env_settings": env_decided, "implied_settings": findings["implied_settings"],
+            "ignored_settings": findings["ignored_settings"]}
 
     if effective_stage(cfg) == 2:  # the guide: stage 2 tunes offline and does not train
         from primus.tuning_stage2 import run_stage2

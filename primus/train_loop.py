@@ -111,9 +111,26 @@ def _rocm_patches(ctx: RunContext) -> None:
                   "ops (docs/rocm-bufops.md)")
 
 
+def _evaluate(cfg: PrimusConfig, ctx: RunContext, trainer, step: int, sinks, result: Dict[str, Any]) -> None:
+    """The held-out loss after `step` (training.eval_interval): a step-log line, TensorBoard's val/loss, and
+    result.json's val_loss (the last) and val_losses ([step, loss] each)."""
+    from primus.metrics.sinks import VAL_LOSS_TAG
+
+    v = trainer.evaluate(step)
+    if v is None:
+        return
+    _say(ctx, f"step {step:>5}/{cfg.training.train_iters} | val_loss {v:.4f} "
+              f"({cfg.training.eval_iters} held-out batches)")
+    for sink in sinks:
+        sink.scalars({VAL_LOSS_TAG: v}, step)
+    result.setdefault("val_losses", []).append([step, v])
+    result["val_loss"] = v
+
+
 def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str, Any]:
     """Run the training steps on this rank; returns the result dict (rank 0 also writes it)."""
     from primus.backends import trainer_class
+    from primus.features.training import evaluates
 
     t = cfg.training
     meter = Meter(cfg, ctx)
@@ -190,6 +207,8 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
                 if step % t.log_interval == 0 or step == t.train_iters:
                     _say(ctx, line.format(t.train_iters))
                 result["last_step"] = step
+                if evaluates(cfg, step):
+                    _evaluate(cfg, ctx, trainer, step, sinks, result)
                 bad = [(n, v) for n, v in (("loss", r.loss), ("grad_norm", r.grad_norm)) if not is_finite(v)]
                 if bad:
                     what = ", ".join(f"{n}={v}" for n, v in bad)

@@ -23,6 +23,14 @@ class DataConfig:
     path: Optional[str] = None  # indexed prefix (no .bin/.idx) or jsonl file/folder
     tokenizer: Optional[str] = None  # local tokenizer folder (tokenizer.json) for jsonl data
     num_workers: int = 0  # dataloader workers
+    # leave the end-of-document token out of the loss (the token predicted after it belongs to another document);
+    # synthetic data's end-of-document id is vocab_size - 1 (megatron's null tokenizer), else the tokenizer's
+    eod_mask_loss: bool = False
+
+
+# With evaluation on (training.eval_interval), the held-out split: megatron's dataset split (train, valid, test
+# percentages) and TorchTitan's jsonl split; synthetic data on TorchTitan holds out a disjoint range of samples.
+EVAL_SPLIT = "98,2,0"
 
 
 @rule
@@ -48,24 +56,40 @@ def data_paths(cfg, ctx):
     return out
 
 
+def evaluating(cfg) -> bool:
+    return bool(cfg.training.eval_interval and cfg.training.eval_iters)
+
+
 def megatron(cfg, ctx) -> dict:
     d, t = cfg.data, cfg.training
+    ev = evaluating(cfg)
     return {"data": {"kind": d.kind.value, "path": d.path, "tokenizer": d.tokenizer, "seed": t.seed,
-                     "num_samples": t.train_iters * t.global_batch_size}}
+                     "num_samples": t.train_iters * t.global_batch_size, "eod_mask_loss": d.eod_mask_loss,
+                     "split": EVAL_SPLIT if ev else "100,0,0",
+                     "valid_samples": t.eval_iters * t.global_batch_size if ev else 0}}
 
 
-# TorchTitan dataset names primus/backends/torchtitan/data.py registers in TorchTitan's dataset table
+# TorchTitan dataset names primus/backends/torchtitan/data.py registers in TorchTitan's dataset table: the jsonl
+# file whole, or its first EVAL_SPLIT share (training) and the rest (validation) when evaluating
 SYNTHETIC_DATASET = "primus_synthetic"
 JSONL_DATASET = "primus_jsonl"
+JSONL_TRAIN_DATASET = "primus_jsonl_train"
+JSONL_HELDOUT_DATASET = "primus_jsonl_heldout"
 
 
 def torchtitan(cfg, ctx) -> dict:
     d = cfg.data
-    training = {"dataset": SYNTHETIC_DATASET if d.kind == DataKind.synthetic else JSONL_DATASET,
+    ev = evaluating(cfg)
+    jsonl = JSONL_TRAIN_DATASET if ev else JSONL_DATASET
+    training = {"dataset": SYNTHETIC_DATASET if d.kind == DataKind.synthetic else jsonl,
                 "dataloader": {"num_workers": d.num_workers}}
     if d.kind == DataKind.jsonl and d.path:
         training["dataset_path"] = os.path.abspath(d.path)
     out = {"training": training}
+    if ev:
+        out["validation"] = {"dataset": SYNTHETIC_DATASET if d.kind == DataKind.synthetic else JSONL_HELDOUT_DATASET}
+        if d.kind == DataKind.jsonl and d.path:
+            out["validation"]["dataset_path"] = os.path.abspath(d.path)
     if d.kind == DataKind.jsonl and d.tokenizer:
         out["model"] = {"hf_assets_path": os.path.abspath(d.tokenizer)}
     return out
