@@ -612,9 +612,7 @@ class CheckpointManager:
                      f"{meta.get('config_fingerprint')} vs {fp}): model/optimizer settings changed since")
         has = meta.get("contents") or {"optimizer": True, "rng": True}  # older checkpoints held everything
         if not has.get("optimizer", True) and not self.c.no_load_optim:
-            raise resume_error(path, f"checkpoint {path} holds weights only (saved with checkpoint.no_save_optim="
-                                     "true): it has no optimizer or LR scheduler state to resume",
-                               fix="set checkpoint.no_load_optim=true to start a fresh optimizer from its weights")
+            raise weights_only_error(path)
         self.trainer.load_checkpoint(path, meta)
         rf = _rng_file(path, rank)
         if os.path.isfile(rf) and not self.c.no_load_rng:
@@ -684,6 +682,12 @@ def resume_error(path: str, msg: str, fix: Optional[str] = None):
                                    if msg.startswith(f"checkpoint {path}: ") else msg,
                                    fix or "point checkpoint.resume at a complete checkpoint dir (step_N with "
                                    f"{META_FILE}), or use checkpoint.resume=auto to take the newest valid one"))
+
+
+def weights_only_error(path: str):
+    return resume_error(path, f"checkpoint {path} holds weights only (saved with checkpoint.no_save_optim=true): it "
+                              "has no optimizer or LR scheduler state to resume",
+                        fix="set checkpoint.no_load_optim=true to start a fresh optimizer from its weights")
 
 
 # ----------------------------------------------------------------------------------------------- test hooks

@@ -82,8 +82,16 @@ def resume_path(cfg, ctx):
     once the trainer was being built)."""
     from primus.checkpoint import resume_error, resume_path_problem
 
-    problem = resume_path_problem(cfg.checkpoint.resume, cfg.backend.name.value)
-    return resume_error(os.path.abspath(cfg.checkpoint.resume), problem).issues if problem else []
+    c = cfg.checkpoint
+    problem = resume_path_problem(c.resume, cfg.backend.name.value)
+    if problem:
+        return resume_error(os.path.abspath(c.resume), problem).issues
+    if c.resume not in (None, "", "auto") and not c.no_load_optim:
+        from primus.checkpoint import read_meta, weights_only_error
+
+        if not (read_meta(os.path.abspath(c.resume)).get("contents") or {}).get("optimizer", True):
+            return weights_only_error(os.path.abspath(c.resume)).issues
+    return []
 
 
 JOBS_DIR = "outputs/jobs"

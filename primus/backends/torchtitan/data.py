@@ -20,7 +20,9 @@ from primus.features.data import (
     EVAL_SPLIT, JSONL_DATASET, JSONL_HELDOUT_DATASET, JSONL_TRAIN_DATASET, SYNTHETIC_DATASET,
 )
 
-HELDOUT_FIRST_INDEX = 1 << 40  # synthetic validation samples: indices no training run reaches
+# synthetic validation samples: indices past what a training run reads (a billion samples); below 2^32, since the
+# CPU generator that makes each sample keeps 32 bits of its seed
+HELDOUT_FIRST_INDEX = 1 << 30
 
 
 class SyntheticTokens(IterableDataset, Stateful):
