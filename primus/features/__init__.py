@@ -103,7 +103,8 @@ def other_backend_issues(backend: str, cfg) -> List[Any]:
             default = default.default_factory() if callable(default.default_factory) else default.default
             if value != default:
                 shown = getattr(default, "value", default)
+                leave = "unset" if default is None else f"at its default ({shown!r})"
                 out.append(ConfigIssue([f"{group}.{k}"], getattr(value, "value", value),
                                        f"{other_lib} only: {this_lib} has no such setting",
-                                       f"leave {group}.{k} at its default ({shown!r}) or use backend={other}"))
+                                       f"leave {group}.{k} {leave} or use backend={other}"))
     return out
