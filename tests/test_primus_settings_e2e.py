@@ -77,3 +77,27 @@ def test_the_guides_tuning_exports_take_effect(tmp_path):
     assert p.returncode == 0 and '"won": "env"' in p.stdout and str(results) in p.stdout, tail(p)
     p = run_train(["dry_run=true", "tuning_stage=0", f"hydra.run.dir={tmp_path / 'c'}"], env=env)
     assert p.returncode == 0 and '"won": "config"' in p.stdout, tail(p)
+
+
+@pytest.mark.parametrize("backend", ["megatron", "torchtitan"])
+def test_evaluation_on_the_held_out_share_of_local_jsonl(tmp_path, backend):
+    """jsonl text with a local tokenizer: training reads the first 98%, evaluation the rest (megatron's dataset
+    split; TorchTitan's Validator over the file's held-out share), end-of-document labels masked."""
+    import json
+    import random
+
+    from test_torchtitan_e2e import _byte_bpe
+
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "omega", "train", "model", "token", "layer", "shard"]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 60))) for _ in range(300)]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    _byte_bpe(str(tmp_path / "tok"), texts)
+    run = tmp_path / "run"
+    p = run_train([f"backend={backend}", "data=jsonl", f"data.path={data}", f"data.tokenizer={tmp_path / 'tok'}",
+                   "data.eod_mask_loss=true", "training.train_iters=2", "training.lr_warmup_iters=0",
+                   "training.eval_interval=2", "training.eval_iters=1", f"hydra.run.dir={run}"])
+    assert p.returncode == 0, tail(p)
+    r = load(run / "result.json")
+    assert [s for s, _ in r["val_losses"]] == [2] and r["val_loss"] > 0

@@ -90,7 +90,13 @@ def moe_settings_on_dense_model(cfg, ctx):
     on += [f"turbo.{f}" for f in flags(moe_only=True) if f != "use_turbo_deepep" and getattr(cfg.turbo, f)]
     if on:
         # harmless, as in Primus: nothing maps them on a dense model; the run says so rather than failing
-        return [warning(on, True, f"MoE settings on a dense model ({cfg.model.name} has no experts): ignored",
+        values = {}
+        for k in on:
+            group, name = k.split(".")
+            v = getattr(getattr(cfg, group), name)
+            values[k] = getattr(v, "value", v)
+        return [warning(on, values[on[0]] if len(on) == 1 else values,
+                        f"MoE settings on a dense model ({cfg.model.name} has no experts): ignored",
                         "use moe=off and turbo without MoE flags, or choose a MoE model (e.g. model=debug_moe)")]
     return []
 
