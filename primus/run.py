@@ -71,7 +71,7 @@ def _run(dcfg: DictConfig):
         raise ConfigError(unknown)
     # merge onto the schema so a saved run config (`--config-dir <run>/.hydra`) is typed and checked as well
     cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
-    from primus.config.env import apply_env, describe, explicit_keys
+    from primus.config.env import apply_env, explicit_keys
 
     explicit = explicit_keys(meta["overrides"])
     env_decided, env_issues = apply_env(cfg, explicit)  # the guide's exported variables (primus/config/env.py)
@@ -97,13 +97,7 @@ def _run(dcfg: DictConfig):
                 "ignored_settings": [i.as_ignored() for i in ctx.warnings]}
     if ctx.needed_on_target:
         findings["needed_on_target"] = [i.as_needed() for i in ctx.needed_on_target]
-    if ctx.is_rank0 and not cfg.dry_run:
-        for d in env_decided:
-            print("[primus] env: " + describe(d), flush=True)
-        for i in ctx.notes:
-            print(f"[primus] implied: {i}", flush=True)
-        for i in ctx.warnings:
-            print(f"[primus] WARNING: {i}; ignored. Fix: {i.fix}", flush=True)
+    # a training run logs these (train_loop.py: console and train.log); a dry run prints them in its JSON
     # validate() may normalise values (e.g. recompute_layer_ids sorted): workers get the normalised config
     cfg_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
 

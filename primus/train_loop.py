@@ -111,6 +111,19 @@ def _rocm_patches(ctx: RunContext) -> None:
                   "ops (docs/rocm-bufops.md)")
 
 
+def _say_findings(ctx: RunContext, meta: Dict[str, Any]) -> None:
+    """What validation decided besides errors (primus/run.py): exported variables against config keys, values other
+    settings implied, settings ignored where they do not apply."""
+    from primus.config.env import describe
+
+    for d in meta.get("env_settings") or []:
+        _say(ctx, "[primus] env: " + describe(d))
+    for i in meta.get("implied_settings") or []:
+        _say(ctx, f"[primus] implied: {i['key']} = {i['value']!r}: {i['why']}")
+    for i in meta.get("ignored_settings") or []:
+        _say(ctx, f"[primus] WARNING: {i['key']} = {i['value']!r}: {i['why']}")
+
+
 def _evaluate(cfg: PrimusConfig, ctx: RunContext, trainer, step: int, sinks, result: Dict[str, Any]) -> None:
     """The held-out loss after `step` (training.eval_interval): a step-log line, TensorBoard's val/loss, and
     result.json's val_loss (the last) and val_losses ([step, loss] each)."""
@@ -171,6 +184,7 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         from primus.metrics.sinks import open_sinks
 
         sinks = open_sinks(cfg, ctx)
+        _say_findings(ctx, meta)
         prof = StepProfiler(cfg, ctx)
         gemm_recording = _tuning_hooks(cfg, ctx, result)
         _rocm_patches(ctx)

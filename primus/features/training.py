@@ -228,8 +228,12 @@ def torchtitan(cfg, ctx) -> dict:
     }
     if t.eval_interval and t.eval_iters:
         # TorchTitan's Validator (the data feature names its held-out dataset); the shared loop calls it at
-        # evaluates() steps, so freq is only its own bookkeeping
-        out["validation"] = {"enable": True, "freq": t.eval_interval, "steps": t.eval_iters,
+        # evaluates() steps, so freq is only its own bookkeeping. Its step is one local batch per dp rank: eval_iters
+        # global batches, as megatron counts them, are eval_iters x the batches a training step accumulates
+        from primus.features.parallel import _dp
+
+        accum = max(1, t.global_batch_size // (local_batch * (_dp(cfg, ctx.world_size) or 1)))
+        out["validation"] = {"enable": True, "freq": t.eval_interval, "steps": t.eval_iters * accum,
                              "local_batch_size": local_batch, "seq_len": t.seq_length}
     return out
 
