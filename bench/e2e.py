@@ -4,9 +4,12 @@
     python bench/e2e.py --suite presets       # the README's performance table: references + the experiment presets
     python bench/e2e.py --suite core --append results.md
 
-Each point runs in its own process (clean memory, own compile caches) with a time limit; a failed point is a row
-with its error. Prints a markdown table of tokens/s, TFLOP/s/GPU, MFU, peak memory and the ratio to the
-reference measured in the same run, and writes it (with date, GPU, versions and commands) to $OUT or --append.
+Each point runs in its own process (clean memory) with a time limit; a failed point is a row with its error. The
+points run `--repeats` times (default 3), interleaved (A B C, A B C, ...), so that a drift of the machine touches
+every point alike; each figure is the median of its repeats, with the min-max beside it. Prints a markdown table of
+tokens/s, TFLOP/s/GPU, MFU under three conventions (attention not causal-halved, on the bf16 peak: the README's; the
+same with causal-halved attention; on the fp8 peak), peak memory and the ratio of medians to the reference measured
+in the same run, and writes it (with date, commit, GPU, versions and commands) to $OUT or --append.
 """
 from __future__ import annotations
 
@@ -58,12 +61,12 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", name).strip("_")
 
 
-def run_point(name, argv, timeout, log_dir):
+def run_point(name, argv, timeout, log_dir, rep=0):
     cmd = [PY] + argv
     t0 = time.time()
     run_dir = None
     if argv[0] == "train.py":
-        run_dir = os.path.join(ROOT, "outputs", "bench", _slug(name))
+        run_dir = os.path.join(ROOT, "outputs", "bench", _slug(name) + (f"-r{rep}" if rep else ""))
         cmd += [f"hydra.run.dir={run_dir}"]
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -71,7 +74,7 @@ def run_point(name, argv, timeout, log_dir):
     except subprocess.TimeoutExpired as e:
         out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
     if log_dir:
-        with open(os.path.join(log_dir, _slug(name) + ".log"), "w") as f:
+        with open(os.path.join(log_dir, _slug(name) + (f"-r{rep}" if rep else "") + ".log"), "w") as f:
             f.write(" ".join(shlex.quote(c) for c in cmd) + "\n" + out)
     row = {"name": name, "cmd": " ".join(shlex.quote(c) for c in [os.path.basename(PY)] + cmd[1:]), "rc": rc,
            "wall_s": time.time() - t0}
@@ -79,7 +82,8 @@ def run_point(name, argv, timeout, log_dir):
         with open(os.path.join(run_dir, "result.json")) as f:
             res = json.load(f)
         row.update(status=res.get("status"), tokens_per_s=res.get("tokens_per_s"),
-                   tflops_per_gpu=res.get("tflops_per_gpu"), mfu=res.get("mfu"),
+                   tflops_per_gpu=res.get("tflops_per_gpu"), mfu=res.get("mfu"), mfu_causal=res.get("mfu_causal"),
+                   mfu_fp8_peak=res.get("mfu_fp8_peak"),
                    peak_memory_gib=(res.get("memory") or {}).get("max_allocated_gib", res.get("peak_memory_gib")),
                    step_time_s=(res.get("step_time_s") or {}).get("median"), error=res.get("error"),
                    backend_info=res.get("backend_info"))
@@ -93,17 +97,44 @@ def run_point(name, argv, timeout, log_dir):
     return row
 
 
+def combine(runs):
+    """One row per point from its repeats: the figures of the median run, with the min-max of tokens/s."""
+    ok = [r for r in runs if r.get("status") == "ok" and r.get("tokens_per_s")]
+    if not ok:
+        return dict(runs[-1], repeats=len(runs), ok_repeats=0)
+    ok.sort(key=lambda r: r["tokens_per_s"])
+    row = dict(ok[len(ok) // 2])
+    row.update(repeats=len(runs), ok_repeats=len(ok), tokens_per_s_all=[r["tokens_per_s"] for r in runs
+                                                                          if r.get("tokens_per_s")],
+               tokens_per_s_min=ok[0]["tokens_per_s"], tokens_per_s_max=ok[-1]["tokens_per_s"])
+    if len(ok) % 2 == 0:  # the median of an even count is the mean of the middle two
+        mid = ok[len(ok) // 2 - 1:len(ok) // 2 + 1]
+        scale = (mid[0]["tokens_per_s"] + mid[1]["tokens_per_s"]) / 2 / row["tokens_per_s"]
+        for k in ("tokens_per_s", "tflops_per_gpu", "mfu", "mfu_causal", "mfu_fp8_peak"):
+            if isinstance(row.get(k), (int, float)):
+                row[k] *= scale
+    return row
+
+
 def table(rows, ref_name):
     ref = next((r for r in rows if r["name"] == ref_name and r.get("tokens_per_s")), None)
-    lines = ["| run | status | tokens/s | TFLOP/s/GPU | MFU | peak mem (GiB) | vs " + ref_name + " |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| run | status | tokens/s, median (min-max) | TFLOP/s/GPU | MFU | MFU, causal | MFU, fp8 peak | "
+             "peak mem (GiB) | vs " + ref_name + " |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    f = lambda v, fmt: fmt.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
+    pct = lambda v: f(v and 100 * v, "{:.1f}%")  # noqa: E731
     for r in rows:
         tps = r.get("tokens_per_s")
         ratio = f"{tps / ref['tokens_per_s']:.3f}x" if ref and tps else "-"
-        f = lambda v, fmt: fmt.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
-        err = "" if r.get("status") == "ok" else f" ({(r.get('error') or '')[:80]})"
-        lines.append(f"| {r['name']} | {r.get('status')}{err} | {f(tps, '{:,.0f}')} | {f(r.get('tflops_per_gpu'), '{:.1f}')} | "
-                     f"{f(r.get('mfu') and 100 * r['mfu'], '{:.1f}%')} | {f(r.get('peak_memory_gib'), '{:.1f}')} | {ratio} |")
+        status = r.get("status")
+        if r.get("repeats", 1) > 1:
+            status = f"{status} ({r.get('ok_repeats')}/{r['repeats']})"
+        err = "" if r.get("status") == "ok" else f" ({(r.get('error') or '')[:300]})"
+        spread = (f" ({r['tokens_per_s_min']:,.0f}-{r['tokens_per_s_max']:,.0f})"
+                  if r.get("ok_repeats", 0) > 1 else "")
+        lines.append(f"| {r['name']} | {status}{err} | {f(tps, '{:,.0f}')}{spread} | "
+                     f"{f(r.get('tflops_per_gpu'), '{:.1f}')} | {pct(r.get('mfu'))} | {pct(r.get('mfu_causal'))} | "
+                     f"{pct(r.get('mfu_fp8_peak'))} | {f(r.get('peak_memory_gib'), '{:.1f}')} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -111,7 +142,15 @@ def environment():
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"  # a CPU run checks the script
-    vers = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": gpu}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or "unknown"
+        if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=10).stdout.strip():
+            commit += "+changes"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    vers = {"commit": commit, "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": gpu}
     for mod in ("megatron.core", "torchtitan", "torchao", "triton"):
         try:
             m = __import__(mod, fromlist=["x"])
@@ -128,6 +167,11 @@ def main():
     ap.add_argument("--extra", action="append", default=[], help="NAME=ARGV: an extra train.py point, e.g. "
                     "'mega mb16=backend=megatron training.micro_batch_size=16'")
     ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each point, interleaved; figures are medians")
+    ap.add_argument("--iters", type=int, help="steps per run, the first 4 untimed (default: each point's own: "
+                    "20 with 5 untimed)")
+    ap.add_argument("--deadline-s", type=float, help="start no run that the mean run time so far says would end "
+                    "after this many seconds; the table then holds the repeats that ran")
     ap.add_argument("--ref", default="reference/compile_fused")
     ap.add_argument("--append", help="markdown file to append the section to")
     ap.add_argument("--log-dir", help="per-point logs (default: $OUT, else outputs/bench)")
@@ -144,17 +188,41 @@ def main():
         # an experiment preset brings its own model and batch (a command-line model= would override it)
         base = QUIET if any(a.startswith("experiment=") for a in argv) else BENCH
         points.append((name, ["train.py", *base, *argv]))
+    if args.iters:
+        if args.iters < 6:
+            ap.error(f"--iters {args.iters}: at least 6 (4 untimed warm-up steps, then 2 timed)")
+        points = [(n, a + (["--steps", str(args.iters - 4), "--warmup", "4"] if a[0] != "train.py" else
+                           [f"training.train_iters={args.iters}", "training.timing_warmup_steps=4",
+                            "training.lr_warmup_iters=2"])) for n, a in points]
     out = os.environ.get("OUT")
     log_dir = args.log_dir or out or os.path.join(ROOT, "outputs", "bench")
     os.makedirs(log_dir, exist_ok=True)
-    rows = []
-    for i, (name, argv) in enumerate(points):
-        print(f"[bench {i + 1}/{len(points)}] {name} ...", flush=True)
-        rows.append(run_point(name, argv, args.timeout, log_dir))
-        r = rows[-1]
-        print(f"  -> {r.get('status')} tokens/s={r.get('tokens_per_s')} mfu={r.get('mfu')} ({r['wall_s']:.0f}s)", flush=True)
+    runs = {name: [] for name, _ in points}
+    total, done, t_start = len(points) * args.repeats, 0, time.time()
+    stop = False
+    for rep in range(args.repeats):
+        for name, argv in points:
+            if args.deadline_s and done and (time.time() - t_start) / done * (done + 1) > args.deadline_s:
+                print(f"[bench] deadline: {total - done} runs not started", flush=True)
+                stop = True
+                break
+            done += 1
+            print(f"[bench {done}/{total}] {name} (repeat {rep + 1}/{args.repeats}) ...", flush=True)
+            r = run_point(name, argv, args.timeout, log_dir, rep)
+            runs[name].append(r)
+            left = (time.time() - t_start) / done * (total - done)
+            print(f"  -> {r.get('status')} tokens/s={r.get('tokens_per_s')} mfu={r.get('mfu')} ({r['wall_s']:.0f}s; "
+                  f"about {left / 60:.0f} min left)", flush=True)
+            if out:  # what ran so far survives a killed bench
+                with open(os.path.join(out, f"bench_{args.tag or args.suite}_runs.json"), "w") as f:
+                    json.dump(runs, f, default=str)
+        if stop:
+            break
+    runs = {name: rs for name, rs in runs.items() if rs}
+    rows = [combine(runs[name]) for name, _ in points if name in runs]
     env = environment()
-    md = [f"### {args.suite}: {datetime.datetime.now():%Y-%m-%d %H:%M} on {env['gpu']}", "",
+    md = [f"### {args.suite}: {datetime.datetime.now():%Y-%m-%d %H:%M} on {env['gpu']}, commit {env['commit']}, "
+          f"{args.repeats} interleaved repeats", "",
           "Versions: " + ", ".join(f"{k} {v}" for k, v in env.items()), "", table(rows, args.ref), "", "Commands:", ""]
     md += [f"- `{r['name']}`: `{r['cmd']}`" for r in rows]
     text = "\n".join(md) + "\n"
@@ -163,7 +231,7 @@ def main():
         with open(os.path.join(out, f"bench_{args.tag or args.suite}.md"), "w") as f:
             f.write(text)
         with open(os.path.join(out, f"bench_{args.tag or args.suite}.json"), "w") as f:
-            json.dump({"env": env, "rows": rows}, f, indent=2, default=str)
+            json.dump({"env": env, "rows": rows, "runs": runs}, f, indent=2, default=str)
     if args.append:
         with open(args.append, "a") as f:
             f.write("\n" + text)

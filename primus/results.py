@@ -104,3 +104,23 @@ def write_result(run_dir: str, result: Dict[str, Any]) -> str:
 def read_result(run_dir: str) -> Dict[str, Any]:
     with open(os.path.join(run_dir, RESULT_FILE)) as f:
         return json.load(f)
+
+
+HYDRA_OWN = (".hydra", "train.log")  # what Hydra writes into a run dir before the job starts: config, job log
+
+
+def discard_described_run(run_dir: str) -> bool:
+    """Remove the run dir of a run that only described itself (dry run, mode=plan, a refused config): it printed
+    everything it found and trained nothing, so outputs/runs keeps only runs that ran. Removed only while it holds
+    nothing but Hydra's own files (a job dir with checkpoints or an earlier result.json stays). Returns whether
+    it removed it."""
+    import shutil
+
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return False
+    if any(n not in HYDRA_OWN for n in names):
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return not os.path.exists(run_dir)

@@ -25,10 +25,12 @@ def hydra_meta() -> Dict[str, Any]:
 
         hc = HydraConfig.get()
     except (ImportError, ValueError):
-        return {"choices": {}, "overrides": [], "run_dir": os.getcwd()}
+        return {"choices": {}, "overrides": [], "run_dir": os.getcwd(), "multirun": False}
+    from hydra.types import RunMode
+
     choices = {k: v for k, v in OmegaConf.to_container(hc.runtime.choices).items() if not k.startswith("hydra")}
     return {"choices": choices, "overrides": list(hc.overrides.task), "run_dir": hc.runtime.output_dir,
-            "job_num": hc.job.get("num")}
+            "job_num": hc.job.get("num"), "multirun": hc.mode == RunMode.MULTIRUN}
 
 
 def resolved_summary(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
@@ -59,7 +61,10 @@ def run(dcfg: DictConfig):
 
 
 def _run(dcfg: DictConfig):
+    from primus import warnings_filters
     from primus.launch.slurm import slurm_task_env
+
+    warnings_filters.install()
 
     os.environ.update(slurm_task_env() or {})  # a task of a multi-task Slurm job: rank + rendezvous from Slurm
     from primus.config.keys import non_bool_overrides, unknown_keys
@@ -102,15 +107,26 @@ def _run(dcfg: DictConfig):
     cfg_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
     if cfg.mode == Mode.plan:
-        from primus.plan import run_plan
+        from primus.plan import plan
 
-        return run_plan(cfg, ctx)
+        p = plan(cfg, ctx)
+        print(p.text, flush=True)
+        if meta["multirun"]:  # a sweep tabulates each point's estimate (primus/sweep.py)
+            G = float(1 << 30)
+            record_described(meta, "planned", resolved=resolved_summary(cfg, ctx), plan={
+                "gpu": p.breakdown.gpu, "fits": p.fits, "needed_gib": round(p.breakdown.needed / G, 2),
+                "capacity_gib": round(p.breakdown.capacity / G, 2),
+                "tokens_per_s_per_gpu": p.throughput.tokens_per_s_per_gpu})
+        return 0
 
     if cfg.dry_run:
         from primus.backends import backend_args
 
-        print(json.dumps({"resolved": resolved_summary(cfg, ctx), **findings,
-                          "backend_args": backend_args(cfg, ctx)}, indent=2, default=str))
+        summary = resolved_summary(cfg, ctx)
+        print(json.dumps({"resolved": summary, **findings, "backend_args": backend_args(cfg, ctx)}, indent=2,
+                         default=str))
+        if meta["multirun"]:
+            record_described(meta, "valid", resolved=summary)
         return 0
 
     summary = resolved_summary(cfg, ctx)
@@ -137,7 +153,9 @@ def _run(dcfg: DictConfig):
 
     issue = check_fits(cfg, ctx)
     if issue is not None:
-        raise ConfigError(issue)
+        from primus.features.plan import Pruned
+
+        raise Pruned(issue) if meta["multirun"] else ConfigError(issue)  # a sweep records the point as pruned
 
     locks = lock_run_dirs(cfg, meta["run_dir"])
     try:
@@ -159,6 +177,16 @@ def _run(dcfg: DictConfig):
     finally:
         for lock in locks:
             lock.release()
+
+
+def record_described(meta: Dict[str, Any], status: str, **found: Any) -> None:
+    """result.json of a describe-only sweep point (dry run: "valid"; plan: "planned" with the estimate), so the
+    sweep's table shows what each point would be. A single describe-only run prints and keeps nothing."""
+    from primus.results import RESULT_FILE, write_json_atomic
+
+    write_json_atomic(os.path.join(meta["run_dir"], RESULT_FILE), {
+        "status": status, "describe_only": True, "run_dir": meta["run_dir"], "job_num": meta.get("job_num"),
+        "overrides": meta["overrides"], "choices": meta["choices"], **found})
 
 
 def lock_run_dirs(cfg: PrimusConfig, run_dir: str) -> list:

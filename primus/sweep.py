@@ -10,14 +10,20 @@ and, with hydra.sweeper.max_batch_size set, later batches never run. Here:
 * on_job_end (runs where the job ran: in-process for the basic launcher, inside the Slurm task for submitit) records a
   failed point: when the job died before training wrote result.json (e.g. primus.config.errors.ConfigError from
   validation), it writes a result.json with status "invalid" (ConfigError), "oom" or "failed" and the error, plus
-  error.txt with the traceback; then it marks the JobReturn completed (return value: the status), so the sweep goes
-  on with the next point.
+  error.txt with the traceback; then it marks the JobReturn completed, with the objective's failure value as its
+  return value (primus/features/sweep.py), so the sweep goes on with the next point. A point the planner says cannot
+  fit is recorded as "pruned: needs X GiB of Y" without a run (primus/features/plan.py: Pruned).
+* every job returns a number, sweep.objective (train.py's main: job_objective below), so Hydra's Optuna, Nevergrad
+  and Ax sweepers optimise it; on_multirun_start refuses a sweeper whose direction contradicts sweep.direction.
 * on_multirun_end gathers every job's result.json into results.csv, results.md and throughput.png in the sweep dir
   (primus/report.py; `python -m primus.report SWEEP_DIR` prints the same table later) and, when a point did not end
-  "ok", exits with status 1 (exit_nonzero_on_failure) after writing the table: scripts see that something failed,
-  the table says what. If the sweep dies before on_multirun_end (a Slurm job killed by its time limit or the OOM
+  "ok" (nor "pruned", nor a dry run's "valid" or a plan's "planned"; in a dry-run or plan sweep an "invalid" point
+  is a finding too), exits with status 1 (exit_nonzero_on_failure) after writing the table: scripts see that
+  something failed, the table says what. If the sweep dies before on_multirun_end (a Slurm job killed by its time limit or the OOM
   killer makes the submitit launcher raise), an exit hook still writes the table of what finished.
-* one progress line per point: `[sweep 2/4 #####-----] job 1 precision=fp8: ok 1,234 tokens/s/GPU in 12.3s (ETA 25s)`.
+* one progress line per point: `[sweep 2/4 #####-----] job 1 precision=fp8: ok 1,234 tokens/s/GPU in 12.3s (ETA 25s)`;
+  the ETA is the mean duration of the finished points times the points left, shown only where both are known
+  (the submitting process of an in-process launcher).
   Under the submitit launcher the submitting process also prints each Slurm job id with its log files as the jobs
   are submitted, and a line as each one finishes.
 * in a task of a multi-task submitit Slurm job, on_job_start exports the task's rank and the rendezvous address
@@ -58,8 +64,19 @@ def _rank0() -> bool:
     return task_rank() == 0
 
 
+DONE_OK = ("ok", "pruned", "valid", "planned")  # statuses that are results, not failures
+
+
 def count_points(config: DictConfig) -> Optional[int]:
-    """Number of jobs the basic sweeper will run (product of the sweep overrides), or None when unknown."""
+    """Number of jobs the sweeper will run: n_trials for a sweeper that has it (Optuna), else the product of the
+    discrete sweep overrides (basic sweeper); None when unknown."""
+    n_trials = OmegaConf.select(config, "hydra.sweeper.n_trials", default=None)
+    if isinstance(n_trials, int):
+        return n_trials
+    target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
+    if target and not target.endswith("BasicSweeper"):
+        budget = OmegaConf.select(config, "hydra.sweeper.optim.budget", default=None)  # Nevergrad
+        return budget if isinstance(budget, int) else None
     try:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -81,13 +98,56 @@ def count_points(config: DictConfig) -> Optional[int]:
 
 def classify(exc: BaseException) -> str:
     from primus.config.errors import ConfigError
+    from primus.features.plan import Pruned
 
+    if isinstance(exc, Pruned):
+        return "pruned"
     if isinstance(exc, ConfigError):
         return "invalid"
     msg = str(exc).lower()
     if "out of memory" in msg or type(exc).__name__ == "OutOfMemoryError":
         return "oom"
     return "failed"
+
+
+def error_text(exc: BaseException) -> str:
+    from primus.features.plan import Pruned
+
+    return str(exc) if isinstance(exc, Pruned) else f"{type(exc).__name__}: {exc}"
+
+
+def job_objective(cfg: DictConfig, run_dir: str) -> float:
+    """What a sweep job returns to the sweeper: sweep.objective from the point's result.json, or the failure value
+    (with the reason, written into result.json as objective.error and printed). Also records the objective, its
+    direction and value in result.json, for the table."""
+    import math
+
+    from primus.features.sweep import direction_of, failure_value, objective_of, objective_value
+    from primus.report import _load_json
+
+    sweep = cfg.get("sweep")
+    if not _rank0():
+        return failure_value(direction_of(sweep))  # task 0 holds the job's result (submitit returns task 0's)
+    path = os.path.join(run_dir, RESULT_FILE)
+    res = _load_json(path) or {"status": "no_result"}
+    if res.get("status") == "planned" and isinstance(res.get("plan"), dict):
+        # a plan sweep optimises the estimate: its tokens/s/GPU where the point fits
+        p = res["plan"]
+        est = {"tokens_per_s_per_gpu": p.get("tokens_per_s_per_gpu")} if p.get("fits") else {}
+        value, why = objective_value({"status": "ok", **est}, sweep)
+        if not p.get("fits"):
+            why = f"the estimate does not fit: needs {p.get('needed_gib')} GiB of {p.get('capacity_gib')} GiB"
+    elif res.get("status") == "valid":
+        return failure_value(direction_of(sweep))  # a dry run measures nothing: the worst value, no objective
+    else:
+        value, why = objective_value(res, sweep)
+    if os.path.exists(path):
+        res["objective"] = {"name": objective_of(sweep).value, "direction": direction_of(sweep).value,
+                            "value": value if math.isfinite(value) else None, **({"error": why} if why else {})}
+        write_json_atomic(path, res)
+    if why and res.get("status") == "ok":
+        print(f"[sweep] objective: {why}", file=sys.stderr, flush=True)
+    return value
 
 
 def _fmt_s(s: float) -> str:
@@ -102,6 +162,7 @@ class SweepCallback(Callback):
         self.poll_s = poll_s
         self.total: Optional[int] = None
         self.done = 0
+        self.durations: list = []  # seconds of each finished point, for the ETA
         self.t0 = time.time()
         self.job_t0 = time.time()
         self._env: Optional[Dict[str, str]] = None
@@ -120,8 +181,10 @@ class SweepCallback(Callback):
     # ------------------------------------------------------------------ multirun (submitting process)
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.t0 = time.time()
+        self._check_direction(config)
         self.total = count_points(config)
         self.done = 0
+        self.durations = []
         self._env, self._env_pid = dict(os.environ), os.getpid()
         self._sweep_dir, self._ended = str(config.hydra.sweep.dir), False
         atexit.register(self._at_exit)
@@ -135,6 +198,22 @@ class SweepCallback(Callback):
             self._watch_stop = threading.Event()
             self._watch = threading.Thread(target=self._watch_jobs, args=(base,), daemon=True, name="primus-sweep")
             self._watch.start()
+
+    @staticmethod
+    def _check_direction(config: DictConfig) -> None:
+        from primus.features.sweep import sweeper_direction_issue
+
+        sweep = OmegaConf.select(config, "sweep")
+        sweeper = OmegaConf.select(config, "hydra.sweeper")
+        if sweep is None or sweeper is None:
+            return
+        try:
+            why = sweeper_direction_issue(sweeper, sweep)
+        except ValueError as e:  # not an objective / direction the schema knows: the job's validation names it
+            why = None if "is not a valid" in str(e) else str(e)
+        if why:
+            print(f"[sweep] {why}", file=sys.stderr, flush=True)
+            raise SystemExit(2)
 
     def _watch_jobs(self, base: str) -> None:
         """Print each submitit job as its folder appears (= submitted) and when its result file appears (= done)."""
@@ -164,7 +243,10 @@ class SweepCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._ended = True
-        bad = self._finish(str(config.hydra.sweep.dir))
+        mode = OmegaConf.select(config, "mode", default="train")
+        describe_only = bool(OmegaConf.select(config, "dry_run", default=False)) or \
+            getattr(mode, "value", mode) == "plan"
+        bad = self._finish(str(config.hydra.sweep.dir), also_ok=("invalid",) if describe_only else ())
         if bad and self.exit_nonzero_on_failure:
             print(f"[sweep] {bad} point(s) did not finish ok: exit status 1", file=sys.stderr, flush=True)
             # SystemExit is not an Exception: Hydra's callback runner and run_and_report let it through.
@@ -181,7 +263,7 @@ class SweepCallback(Callback):
         except Exception as e:  # noqa: BLE001 - never mask the sweep's own error
             print(f"[sweep] could not write the table: {e}", file=sys.stderr, flush=True)
 
-    def _finish(self, sweep_dir: str) -> int:
+    def _finish(self, sweep_dir: str, also_ok: tuple = ()) -> int:
         """Stop the job watcher, write results.csv/.md (+ PNG), print the table; returns the number of bad points."""
         if self._watch_stop is not None:
             self._watch_stop.set()
@@ -205,11 +287,12 @@ class SweepCallback(Callback):
         for r in rows:
             statuses[r["status"]] = statuses.get(r["status"], 0) + 1
         summary = ", ".join(f"{v} {k}" for k, v in sorted(statuses.items(), key=lambda kv: (kv[0] != "ok", kv[0])))
+        bad = sum(v for k, v in statuses.items() if k not in DONE_OK + tuple(also_ok))
         print("\n" + to_markdown(rows), flush=True)
         print(f"[sweep] {len(rows)} point(s): {summary}; {_fmt_s(time.time() - self.t0)}", flush=True)
         for k, p in paths.items():
             print(f"[sweep] {k}: {p}", flush=True)
-        return len(rows) - statuses.get("ok", 0)
+        return bad
 
     # ------------------------------------------------------------------ each job (where the job runs)
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -247,13 +330,19 @@ class SweepCallback(Callback):
         rank0 = _rank0()
         status, error = None, None
         if job_return.status == JobStatus.FAILED:
+            from primus.features.sweep import direction_of, failure_value
+
             exc = job_return._return_value
-            status, error = classify(exc), f"{type(exc).__name__}: {exc}"
+            status, error = classify(exc), error_text(exc)
             if rank0:
                 self._record_failure(config, job_dir, exc, status)
-            # the point is recorded: let the sweep go on (BasicSweeper would re-raise it after the batch)
+            # the point is recorded: let the sweep go on (BasicSweeper would re-raise it after the batch) with the
+            # worst value for the sweeper (a NaN makes optuna's tell() raise)
             job_return.status = JobStatus.COMPLETED
-            job_return.return_value = status
+            try:
+                job_return.return_value = failure_value(direction_of(OmegaConf.select(config, "sweep")))
+            except ValueError:
+                job_return.return_value = float("nan")
         self._restore_env()
         self.done += 1
         if not rank0:
@@ -268,14 +357,25 @@ class SweepCallback(Callback):
         if status == "ok" and isinstance(tps, (int, float)):
             mfu = res.get("mfu")
             what += f" {tps:,.0f} tokens/s/GPU" + (f" ({100 * mfu:.1f}% MFU)" if mfu else "")
+        elif status == "planned" and isinstance(res.get("plan"), dict):
+            p = res["plan"]
+            what += f": needs {p.get('needed_gib')} GiB of {p.get('capacity_gib')} ({p.get('gpu')})" + \
+                ("" if p.get("fits") else ", does not fit")
         elif error:
             what += f" ({' '.join(str(error).split())[:160]})"
+        obj = res.get("objective") or {}
+        if obj.get("value") is not None and obj.get("name") not in (None, "tokens_per_s_per_gpu", "mfu"):
+            what += f", {obj['name']} {obj['value']:.4g}"
+        took = time.time() - self.job_t0
         elapsed = time.time() - self.t0
         eta = ""
-        if self.total and self.done < self.total:
-            eta = f", ETA {_fmt_s(elapsed / self.done * (self.total - self.done))}"
+        if self._env_pid == os.getpid():  # the submitting process sees every point; a submitit task sees one
+            self.durations.append(took)
+            left = (self.total - self.done) if self.total else 0
+            if left > 0:
+                eta = f", ETA {_fmt_s(sum(self.durations) / len(self.durations) * left)} for {left} point(s) left"
         ovr = " ".join(OmegaConf.to_container(config.hydra.overrides.task)) or "(defaults)"
-        print(f"[sweep {self._pos(num)}{self._bar()}] job {num} {ovr}: {what} in {_fmt_s(time.time() - self.job_t0)}"
+        print(f"[sweep {self._pos(num)}{self._bar()}] job {num} {ovr}: {what} in {_fmt_s(took)}"
               f" (elapsed {_fmt_s(elapsed)}{eta})", flush=True)
 
     def _record_failure(self, config: DictConfig, job_dir: str, exc: BaseException, status: str) -> None:
@@ -295,7 +395,7 @@ class SweepCallback(Callback):
             choices = {}
         write_json_atomic(path, {
             "status": status,
-            "error": f"{type(exc).__name__}: {exc}",
+            "error": error_text(exc),
             "run_dir": job_dir,
             "job_num": OmegaConf.select(config, "hydra.job.num"),
             "overrides": list(OmegaConf.to_container(config.hydra.overrides.task)),

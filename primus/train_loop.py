@@ -142,8 +142,11 @@ def _evaluate(cfg: PrimusConfig, ctx: RunContext, trainer, step: int, sinks, res
 
 def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str, Any]:
     """Run the training steps on this rank; returns the result dict (rank 0 also writes it)."""
+    from primus import warnings_filters
     from primus.backends import trainer_class
     from primus.features.training import evaluates
+
+    warnings_filters.install()  # before the backend is imported (a spawned worker starts here)
 
     t = cfg.training
     meter = Meter(cfg, ctx)

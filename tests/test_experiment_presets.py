@@ -59,11 +59,14 @@ def test_preset_composes_validates_and_describes_its_backend_args(preset, tmp_pa
 @pytest.mark.e2e
 def test_every_preset_dry_runs_through_train_py(tmp_path):
     (tmp_path / "tuned.txt").write_text("")
-    # a dry run writes no result.json: the sweep table counts its points as no_result, which is no failure here
+    # a dry-run sweep records each point as valid (or invalid), tabulates them and exits 0
     p = subprocess.run([PY, "train.py", "-m", f"experiment={','.join(PRESETS)}", "dry_run=true",
-                        f"hydra.sweep.dir={tmp_path}", "hydra.callbacks.primus_sweep.exit_nonzero_on_failure=false"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                        f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={**os.environ, TUNED: str(tmp_path / "tuned.txt")})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    table = (tmp_path / "results.csv").read_text().splitlines()
+    assert table[0].startswith("experiment,status,") and len(table) == 1 + len(PRESETS)
+    assert all(",valid," in line for line in table[1:]), table
     outs = _jobs_json(p.stdout)
     assert len(outs) == len(PRESETS), [o["resolved"] for o in outs]
     for preset, out in zip(PRESETS, outs):

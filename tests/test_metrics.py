@@ -22,6 +22,8 @@ def test_reference_flops_formula_llama3_2_1b():
     n = param_counts(m).matmul_active
     assert n / 1e9 == pytest.approx(1.2357, abs=1e-3)
     assert flops_per_token(m, 4096) == pytest.approx(6 * n + 12 * 16 * 32 * 64 * 4096)
+    # the causal convention (PaLM, TorchTitan) counts half the score matrix
+    assert flops_per_token(m, 4096, causal=True) == pytest.approx(6 * n + 6 * 16 * 32 * 64 * 4096)
 
 
 def test_moe_active_params_count_topk_only():
@@ -50,3 +52,5 @@ def test_meter_mfu_and_summary_exclude_warmup():
     tokens = 8 * 4096
     assert s["tokens_per_s"] == tokens
     assert s["mfu"] == pytest.approx(tokens * flops_per_token(cfg.model, 4096) / 989.4e12)
+    assert s["mfu_causal"] == pytest.approx(tokens * flops_per_token(cfg.model, 4096, causal=True) / 989.4e12)
+    assert s["mfu_causal"] < s["mfu"] and s["mfu_fp8_peak"] == pytest.approx(s["mfu"] * 989.4 / 1978.9)

@@ -30,6 +30,7 @@ EXPECTED = {
     "torchtitan.cpu.pg_timeouts_barrier": ("torchtitan", PINNED_TORCHTITAN),
     "torchtitan.cpu.fsdp_sum_reduction": ("torchtitan", PINNED_TORCHTITAN),
     "torchtitan.cpu.moe_integer_histc": ("torchtitan", PINNED_TORCHTITAN),
+    "torchtitan.cpu.peak_flops": ("torchtitan", PINNED_TORCHTITAN),
     "triton.rocm.buffer_store_clobber": ("triton", "3.6"),
     "torch.compile.cache_key_tag": ("torch", "2.13"),
     "triton.interpreter.scalar_index": ("numpy", "2.4"),

@@ -68,8 +68,13 @@ def test_check_fits_on_cpu_sets_the_estimate_against_host_memory(monkeypatch):
     monkeypatch.setattr(P, "host_memory_bytes", lambda: 24.0 * GiB)
     issue = check_fits(big, cpu)
     assert issue is not None and issue.keys[0] == "model.name"
-    assert issue.value["model"] == "llama2_7b" and issue.value["host_memory_gib"] == 24.0
-    assert issue.value["estimated_gib_per_process"] > 24.0
+    assert issue.value["model"] == "llama2_7b" and issue.value["capacity_gib"] == 24.0
+    assert issue.value["estimated_gib_per_process"] > 24.0 and issue.value["needed_gib"] > 24.0
+    from primus.features.plan import Pruned
+
+    pruned = Pruned(issue)  # what a sweep records for this point instead of running it
+    assert pruned.summary == f"pruned: needs {issue.value['needed_gib']} GiB of 24.0 GiB (host memory)"
+    assert str(pruned).startswith(pruned.summary) and "plan.enforce=false" in str(pruned)
     assert "model=debug" in issue.fix and "plan.enforce=false" in issue.fix
     assert check_fits(compose_cfg(["model=debug"]), cpu) is None
     assert check_fits(compose_cfg(["model=llama2_7b", "plan.enforce=false"]), cpu) is None

@@ -151,6 +151,26 @@ def test_local_jsonl_with_local_tokenizer(tmp_path):
     assert out["losses"][-1] < out["losses"][0] - 1.0, out["losses"]
 
 
+def test_own_text_file_with_the_built_in_byte_tokenizer(tmp_path, caplog):
+    """data=jsonl data.path=<a text file>, nothing else: TorchTitan's text dataset through the byte tokenizer; the
+    run claims no A100 peak, runs no lspci and finds the HF assets it is pointed at (none of their warnings)."""
+    import glob
+    import logging
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(tmp_path / "docs.txt", "w", encoding="utf-8") as out:
+        for p in sorted(glob.glob(os.path.join(root, "docs", "*.md"))):
+            out.writelines(line for line in open(p, encoding="utf-8") if line.strip())
+    with caplog.at_level(logging.WARNING):
+        out = run_trainer(FP32 + ["data=jsonl", f"data.path={tmp_path / 'docs.txt'}", "training.seq_length=64",
+                                  "training.global_batch_size=4", "training.micro_batch_size=4",
+                                  "training.lr=1e-2", "training.train_iters=12"], str(tmp_path / "run"), 12)
+    assert out["losses"][0] > 7.0 and sum(out["losses"][-3:]) / 3 < 5.0, out["losses"]  # under ln(256) = 5.55
+    noise = [r.getMessage() for r in caplog.records
+             if any(s in r.getMessage() for s in ("Peak flops", "lspci", "HF assets path"))]
+    assert not noise, noise
+
+
 def test_activation_checkpointing_modes_run(tmp_path):
     for mode in ("full", "selective"):
         out = run_trainer([f"recompute.activation_checkpoint_mode={mode}", "training.train_iters=2",

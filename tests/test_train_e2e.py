@@ -28,6 +28,7 @@ def test_default_run_trains_debug_model_on_cpu(tmp_path):
     assert res["params"] > 0 and res["tokens_per_s"] > 0 and res["mfu"] is None  # CPU: no peak, MFU null
     assert res["versions"]["megatron-core"] == "0.16.1" and res["git_sha"]
     assert res["choices"]["model"] == "debug" and res["timed_steps"] == 30 - 3
+    assert p.stdout.splitlines()[-1] == f"[primus] ok: {os.path.relpath(tmp_path / 'result.json', ROOT)}"
     assert os.path.isdir(tmp_path / ".hydra") and os.listdir(tmp_path / "tensorboard")
 
 
@@ -42,6 +43,7 @@ def test_dry_run_user_example_prints_backend_args(tmp_path):
     assert tc["num_layers"] == 32 and tc["hidden_size"] == 4096 and tc["ffn_hidden_size"] == 11008
     assert tc["fp8"] == "hybrid" and tc["fp8_recipe"] == "tensorwise"
     assert time.time() - t0 < 30
+    assert not tmp_path.exists()  # a dry run printed everything it found: it keeps no run dir
 
 
 @pytest.mark.e2e
@@ -50,6 +52,7 @@ def test_invalid_config_exits_nonzero_before_any_work(tmp_path):
     assert p.returncode == 2
     assert "turbo.use_turbo_grouped_mlp" in p.stderr and "use_turbo_grouped_gemm" in p.stderr
     assert not os.path.exists(tmp_path / "result.json") and "step " not in p.stdout
+    assert not tmp_path.exists()  # nor a run dir of Hydra's files only
 
 
 @pytest.mark.e2e

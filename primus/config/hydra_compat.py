@@ -44,3 +44,45 @@ def is_saved_run_dir(argv: List[str]) -> bool:
         elif a.startswith("--config-name="):
             name = a.split("=", 1)[1]
     return bool(cdir and name and all(os.path.isfile(os.path.join(cdir, f"{n}.yaml")) for n in (name, "hydra", "overrides")))
+
+
+HELP_FLAGS = ("--help", "-h", "--hydra-help")
+
+
+def quick_group_listing(argv: List[str]) -> bool:
+    """Make Hydra 1.3's --help / --hydra-help list the config groups in well under a second. Returns whether it
+    applied.
+
+    Hydra's get_help() fills $APP_CONFIG_GROUPS and $HYDRA_CONFIG_GROUPS whatever the template uses, and each of
+    the ~120 group-option look-ups behind them (ConfigLoaderImpl.get_group_options) deep-copies the whole config
+    repository (ConfigStore with every group's schema) into a fresh CachingConfigRepository: 3 to 9 s of copying
+    for a listing that reads the same repository every time. During a help request nothing is added to the
+    repository, so one copy per (config name, overrides) serves every look-up. Only for the help flags; checked
+    against hydra-core 1.3 (the method and its signature are looked up before rebinding; otherwise Hydra's own
+    slow path runs)."""
+    if not any(a in HELP_FLAGS for a in argv):
+        return False
+    import inspect
+
+    import hydra
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    original = getattr(ConfigLoaderImpl, "get_group_options", None)
+    if not hydra.__version__.startswith("1.3") or original is None or getattr(original, "_primus_quick", False):
+        return False
+    if list(inspect.signature(original).parameters) != ["self", "group_name", "results_filter", "config_name",
+                                                         "overrides"]:
+        return False
+    from hydra.core.object_type import ObjectType
+
+    repos: dict = {}
+
+    def get_group_options(self, group_name, results_filter=ObjectType.CONFIG, config_name=None, overrides=None):
+        key = (id(self), config_name, tuple(overrides or ()))
+        if key not in repos:
+            repos[key] = self._parse_overrides_and_create_caching_repo(config_name, list(overrides or ()))[1]
+        return repos[key].get_group_options(group_name, results_filter)
+
+    get_group_options._primus_quick = True
+    ConfigLoaderImpl.get_group_options = get_group_options
+    return True

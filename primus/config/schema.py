@@ -27,6 +27,7 @@ from primus.features.parallel import ParallelConfig  # noqa: F401
 from primus.features.plan import PlanConfig  # noqa: F401
 from primus.features.precision import Dtype, FP4Format, FP4Recipe, FP8Format, FP8Recipe, PrecisionConfig  # noqa: F401
 from primus.features.recompute import ACMode, RecomputeConfig, RecomputeGranularity, RecomputeMethod  # noqa: F401
+from primus.features.sweep import Direction, Objective, SweepConfig  # noqa: F401
 from primus.features.training import LRDecay, NonFiniteAction, Optimizer, TrainingConfig  # noqa: F401
 from primus.features.tuning import TuningConfig  # noqa: F401
 from primus.features.turbo import TurboConfig  # noqa: F401
@@ -51,6 +52,7 @@ class PrimusConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     device: Device = Device.auto
     mode: Mode = Mode.train
     dry_run: bool = False  # validate and print the backend arguments as JSON, then exit
@@ -80,7 +82,7 @@ GROUPS: Dict[str, tuple] = {
     "launcher": ("launcher", LauncherConfig),
 }
 
-SCHEMA_NAME = "_schema"  # each group's schema is stored as `<group>/_schema`; YAML files list it in defaults
+SCHEMA_GROUP = "schema"  # each group's schema is stored as `schema/<group>` (not an option of the group itself); a group's YAML files extend it with `/schema/<group>@_here_` in their defaults
 
 
 def register() -> None:
@@ -90,7 +92,10 @@ def register() -> None:
     from primus.features.checkpoint import register_resolvers
 
     register_resolvers()  # conf/config.yaml's hydra.run.dir reads the job identity through it
+    from primus.config.help import register_resolver
+
+    register_resolver()  # conf/hydra/help/primus.yaml's generated listings
     cs = ConfigStore.instance()
     cs.store(name="primus_schema", node=PrimusConfig)
     for group, (package, node) in GROUPS.items():
-        cs.store(group=group, name=SCHEMA_NAME, node=node, package=package)
+        cs.store(group=SCHEMA_GROUP, name=group, node=node, package=package)

@@ -63,7 +63,8 @@ def counts_are_positive(cfg, ctx) -> List[ConfigIssue]:
 
 _NULL_MEANS = {"model.kv_channels": "hidden_size / heads", "model.num_experts": "a dense model",
                "model.moe_ffn_hidden_size": "ffn_hidden_size", "model.moe_shared_expert_intermediate_size":
-               "no shared experts", "model.q_lora_rank": "full-rank queries"}
+               "no shared experts", "model.q_lora_rank": "full-rank queries",
+               "training.lr_warmup_iters": "5% of train_iters, at most 2000"}
 
 
 # Float fields that may be infinite (none yet): every other number must be finite. The range rules compare with

@@ -1,10 +1,11 @@
 """Local text or jsonl -> a megatron-core indexed dataset (.bin/.idx), tokenised with a local tokenizer.
 
-    python -m primus.data.megatron_preprocess --input X.jsonl --tokenizer DIR --output-prefix P
+    python -m primus.data.megatron_preprocess --input X.jsonl [--tokenizer DIR] --output-prefix P
 
 Input: a .jsonl file (one document per line, text under --json-key, default "text"), a folder of .jsonl files, or
-a plain text file (one document per non-empty line). The tokenizer is DIR/tokenizer.json (the `tokenizers`
-library; nothing is downloaded). Each document gets the end-of-document token appended, as Megatron-LM's
+a plain text file (one document per non-empty line). The tokenizer is DIR/tokenizer.json, a tokenizer.json file, or
+`bytes`, the built-in byte-level tokenizer (primus/data/byte_tokenizer.py; the default). The `tokenizers` library
+reads it; nothing is downloaded. Each document gets the end-of-document token appended, as Megatron-LM's
 preprocess_data.py does with --append-eod, so GPTDataset can pack documents into fixed-length samples.
 """
 from __future__ import annotations
@@ -27,6 +28,15 @@ def eod_id(tokenizer, token: Optional[str] = None) -> int:
             return i
     raise ValueError(f"the tokenizer has none of {list(EOD_CANDIDATES)}; name its end-of-document token with "
                      "--eod-token")
+
+
+def tokenizer_file(tokenizer: str) -> str:
+    """`bytes`, a tokenizer.json file or the folder holding one -> the tokenizer.json path."""
+    if tokenizer == "bytes":
+        from primus.data.byte_tokenizer import FOLDER
+
+        tokenizer = FOLDER
+    return tokenizer if os.path.isfile(tokenizer) else os.path.join(tokenizer, "tokenizer.json")
 
 
 def documents(path: str, json_key: str = "text") -> Iterator[str]:
@@ -56,7 +66,7 @@ def preprocess(input_path: str, tokenizer_dir: str, output_prefix: str, json_key
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
+    tok = Tokenizer.from_file(tokenizer_file(tokenizer_dir))
     eod = eod_id(tok, eod_token)
     dtype = DType.optimal_dtype(tok.get_vocab_size())
     os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
@@ -89,7 +99,8 @@ def preprocess(input_path: str, tokenizer_dir: str, output_prefix: str, json_key
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--input", required=True, help="a .jsonl file, a folder of .jsonl files, or a text file")
-    p.add_argument("--tokenizer", required=True, help="local folder holding tokenizer.json")
+    p.add_argument("--tokenizer", default="bytes",
+                   help="tokenizer.json, the local folder holding it, or `bytes` (built-in byte-level; the default)")
     p.add_argument("--output-prefix", required=True, help="writes PREFIX.bin and PREFIX.idx")
     p.add_argument("--json-key", default="text")
     p.add_argument("--eod-token", default=None, help="end-of-document token (default: a common EOS spelling)")

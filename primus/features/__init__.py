@@ -43,7 +43,7 @@ def rule(fn: Rule) -> Rule:
 
 # Every feature module, in the order their rules run and their backend mappings merge.
 FEATURES = ("backend", "model", "precision", "recompute", "moe", "turbo", "tuning", "parallel", "overlap", "memory",
-            "training", "data", "launcher", "logging", "checkpoint", "plan")
+            "training", "data", "launcher", "logging", "checkpoint", "plan", "sweep")
 
 
 def modules():

@@ -1,7 +1,8 @@
 """The data feature: synthetic tokens, a megatron indexed dataset or local jsonl text (see
-primus/features/__init__.py). The loaders are primus/data/ and each backend's data.py."""
+primus/features/__init__.py). The loaders are primus/data/ and each backend's data.py; docs/data.md for users."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -14,14 +15,16 @@ from primus.features import rule
 class DataKind(str, Enum):
     synthetic = "synthetic"  # random tokens (megatron: MockGPTDataset; torchtitan: in-memory tokens)
     indexed = "indexed"  # megatron-core .bin/.idx prefix
-    jsonl = "jsonl"  # a local folder/file of jsonl with a `text` field, tokenised by a local tokenizer
+    jsonl = "jsonl"  # a local folder/file of jsonl with a `text` field (or plain text), tokenised locally
 
 
 @dataclass
 class DataConfig:
     kind: DataKind = DataKind.synthetic
     path: Optional[str] = None  # indexed prefix (no .bin/.idx) or jsonl file/folder
-    tokenizer: Optional[str] = None  # local tokenizer folder (tokenizer.json) for jsonl data
+    # `bytes` (the built-in byte-level tokenizer; jsonl's default), a tokenizer.json file or a local Hugging Face
+    # tokenizer folder holding one
+    tokenizer: Optional[str] = None
     num_workers: int = 0  # dataloader workers
     # leave the end-of-document token out of the loss (the token predicted after it belongs to another document);
     # synthetic data's end-of-document id is vocab_size - 1 (megatron's null tokenizer), else the tokenizer's
@@ -33,11 +36,45 @@ class DataConfig:
 EVAL_SPLIT = "98,2,0"
 
 
+BYTES = "bytes"  # data.tokenizer naming the built-in byte-level tokenizer (primus/data/byte_tokenizer.py)
+
+
+def tokenizer_dir(d: DataConfig) -> Optional[str]:
+    """The folder holding the tokenizer.json this data reads, None where none is read (synthetic, or an indexed
+    dataset without one). jsonl text with no tokenizer named gets the built-in byte-level one."""
+    if d.kind == DataKind.synthetic:
+        return None
+    t = d.tokenizer
+    if t == BYTES or (t is None and d.kind == DataKind.jsonl):
+        from primus.data.byte_tokenizer import FOLDER
+
+        return FOLDER
+    if t is None:
+        return None
+    t = os.path.abspath(t)
+    return os.path.dirname(t) if os.path.basename(t) == "tokenizer.json" else t
+
+
+def tokenizer_vocab_size(tokenizer_json: str) -> int:
+    """Ids a tokenizer.json can emit (model vocabulary plus added tokens), read as plain JSON: no tokenizer is
+    built, so validation stays fast even for a 100k-token vocabulary."""
+    with open(tokenizer_json, encoding="utf-8") as f:
+        spec = json.load(f)
+    vocab = (spec.get("model") or {}).get("vocab") or {}
+    ids = list(vocab.values()) if isinstance(vocab, dict) else [len(vocab) - 1]  # Unigram: a list of pieces
+    ids += [t["id"] for t in spec.get("added_tokens") or []]
+    return max(ids) + 1 if ids else 0
+
+
 @rule
 def data_paths(cfg, ctx):
     d, out = cfg.data, []
     kind = d.kind.value
     if kind == "synthetic":
+        extra = {k: v for k, v in (("data.path", d.path), ("data.tokenizer", d.tokenizer)) if v is not None}
+        if extra:
+            return [ConfigIssue(list(extra), extra, "synthetic data reads no file and no tokenizer",
+                                "drop them, or choose data=jsonl (text) or data=indexed")]
         return []
     if not d.path:
         return [ConfigIssue(["data.path"], d.path, f"data.kind={kind} reads a local path", "set data.path")]
@@ -48,11 +85,7 @@ def data_paths(cfg, ctx):
                                    "give the prefix without .bin/.idx (build one with python -m primus.data.megatron_preprocess)"))
     elif not os.path.exists(d.path):
         out.append(ConfigIssue(["data.path"], d.path, "does not exist", "point data.path at a local jsonl file or folder"))
-    if kind in ("jsonl", "indexed") and d.tokenizer and not os.path.isfile(os.path.join(d.tokenizer, "tokenizer.json")):
-        out.append(ConfigIssue(["data.tokenizer"], d.tokenizer, "no tokenizer.json in that folder",
-                               "point data.tokenizer at a local tokenizer folder"))
-    if kind == "jsonl" and not d.tokenizer:
-        out.append(ConfigIssue(["data.tokenizer"], None, "jsonl text needs a local tokenizer", "set data.tokenizer"))
+    out += _tokenizer_issues(cfg)
     return out
 
 
@@ -60,10 +93,42 @@ def evaluating(cfg) -> bool:
     return bool(cfg.training.eval_interval and cfg.training.eval_iters)
 
 
+def _tokenizer_issues(cfg) -> list:
+    d = cfg.data
+    folder = tokenizer_dir(d)
+    if folder is None:
+        return []
+    if d.tokenizer not in (None, BYTES):
+        if os.path.isfile(d.tokenizer) and os.path.basename(d.tokenizer) != "tokenizer.json":
+            return [ConfigIssue(["data.tokenizer"], d.tokenizer, "a tokenizer file must be named tokenizer.json "
+                                "(the backends read <folder>/tokenizer.json)",
+                                "give the tokenizer.json file, or the folder holding it")]
+        if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+            return [ConfigIssue(["data.tokenizer"], d.tokenizer, "no tokenizer.json there (a Hugging Face fast "
+                                "tokenizer, as `tokenizer.save_pretrained()` writes it)",
+                                f"point data.tokenizer at a local tokenizer.json or its folder, or use "
+                                f"data.tokenizer={BYTES} (the built-in byte-level tokenizer)")]
+    try:
+        size = tokenizer_vocab_size(os.path.join(folder, "tokenizer.json"))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return [ConfigIssue(["data.tokenizer"], d.tokenizer, f"cannot read its tokenizer.json ({e})",
+                            "point data.tokenizer at a valid tokenizer.json")]
+    if size > cfg.model.vocab_size:
+        # every id the tokenizer emits must have an embedding row (and a logit); the padding megatron adds to
+        # the embedding is never a target
+        return [ConfigIssue(["data.tokenizer", "model.vocab_size"], {"tokenizer_vocab": size,
+                                                                     "model.vocab_size": cfg.model.vocab_size},
+                            f"the tokenizer emits {size} ids, more than the model's vocabulary "
+                            f"({cfg.model.vocab_size})",
+                            f"set model.vocab_size={size} (or more), or use a tokenizer of at most "
+                            f"{cfg.model.vocab_size} tokens")]
+    return []
+
+
 def megatron(cfg, ctx) -> dict:
     d, t = cfg.data, cfg.training
     ev = evaluating(cfg)
-    return {"data": {"kind": d.kind.value, "path": d.path, "tokenizer": d.tokenizer, "seed": t.seed,
+    return {"data": {"kind": d.kind.value, "path": d.path, "tokenizer": tokenizer_dir(d), "seed": t.seed,
                      "num_samples": t.train_iters * t.global_batch_size, "eod_mask_loss": d.eod_mask_loss,
                      "split": EVAL_SPLIT if ev else "100,0,0",
                      "valid_samples": t.eval_iters * t.global_batch_size if ev else 0}}
@@ -90,8 +155,11 @@ def torchtitan(cfg, ctx) -> dict:
         out["validation"] = {"dataset": SYNTHETIC_DATASET if d.kind == DataKind.synthetic else JSONL_HELDOUT_DATASET}
         if d.kind == DataKind.jsonl and d.path:
             out["validation"]["dataset_path"] = os.path.abspath(d.path)
-    if d.kind == DataKind.jsonl and d.tokenizer:
-        out["model"] = {"hf_assets_path": os.path.abspath(d.tokenizer)}
+    # TorchTitan reads its tokenizer from model.hf_assets_path. A synthetic run reads no tokenizer and no HF
+    # weights: the run dir (which exists) keeps TorchTitan from warning that its default ./tests/assets/tokenizer
+    # does not.
+    folder = tokenizer_dir(d) if d.kind == DataKind.jsonl else None
+    out["model"] = {"hf_assets_path": folder or os.path.abspath(ctx.run_dir)}
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from primus.config.errors import ConfigIssue
+from primus.config.errors import ConfigError, ConfigIssue
 from primus.features import rule
 
 
@@ -70,6 +70,19 @@ def check_fits(cfg, ctx) -> Optional[ConfigIssue]:
         fix)
 
 
+class Pruned(ConfigError):
+    """A sweep point the memory estimate says cannot fit: the sweep records it as pruned and runs nothing."""
+
+    def __init__(self, issue: ConfigIssue):
+        super().__init__(issue)
+        v = issue.value if isinstance(issue.value, dict) else {}
+        where = v.get("gpu") or "host memory"
+        self.summary = f"pruned: needs {v.get('needed_gib')} GiB of {v.get('capacity_gib')} GiB ({where})"
+
+    def __str__(self) -> str:
+        return f"{self.summary}. {' '.join(str(self.issues[0]).split())}"
+
+
 def _check_fits_host(cfg, ctx) -> Optional[ConfigIssue]:
     """CPU: the GPU-shaped estimate (bf16 weights, fp32 optimizer states, activations) times the processes on this
     node against the host's memory. CPU runs keep weights in fp32 and host offload shares count too, so the
@@ -87,7 +100,7 @@ def _check_fits_host(cfg, ctx) -> Optional[ConfigIssue]:
     return ConfigIssue(
         ["model.name", "launcher.nproc_per_node", "plan.enforce"],
         {"model": cfg.model.name, "processes": procs, "estimated_gib_per_process": round(need / procs / G, 1),
-         "host_memory_gib": round(host / G, 1)},
+         "needed_gib": round(need / G, 1), "capacity_gib": round(host / G, 1)},
         f"on CPU this run needs at least {need / G:.1f} GiB of host memory ({procs} process(es) x "
         f"{need / procs / G:.1f} GiB: weights, gradients, optimizer states, activations), and this machine has "
         f"{host / G:.1f} GiB: it would be killed for memory after building the model",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from enum import Enum
+from typing import Optional
 
 from typing import Optional
 
@@ -38,7 +39,7 @@ class TrainingConfig:
     optimizer: Optimizer = Optimizer.adamw
     lr: float = 3e-3  # peak learning rate
     min_lr: float = 3e-4  # final learning rate of the decay
-    lr_warmup_iters: int = 2  # linear warm-up steps (0 or < train_iters)
+    lr_warmup_iters: Optional[int] = None  # linear warm-up steps (0 or < train_iters); None: warmup_iters()
     lr_decay_style: LRDecay = LRDecay.cosine
     lr_decay_iters: Optional[int] = None  # steps from the start to the end of the decay (then min_lr); null = train_iters
     weight_decay: float = 0.1
@@ -62,6 +63,19 @@ class TrainingConfig:
     gradient_accumulation_fusion: bool = False
 
 
+WARMUP_FRACTION = 0.05  # of train_iters, as Megatron-LM's --lr-warmup-fraction
+WARMUP_CAP = 2000  # the warm-up common in Megatron-LM pretraining configs (--lr-warmup-iters 2000)
+
+
+def warmup_iters(cfg) -> int:
+    """training.lr_warmup_iters, or by default 5% of train_iters (rounded down: runs under 20 steps get none, so a
+    2-step smoke run trains from its first step) and at most 2000."""
+    t = cfg.training
+    if t.lr_warmup_iters is not None:
+        return t.lr_warmup_iters
+    return min(WARMUP_CAP, int(t.train_iters * WARMUP_FRACTION))
+
+
 def deterministic_on(cfg) -> bool:
     return cfg.training.deterministic or os.environ.get("PRIMUS_DETERMINISTIC") == "1"
 
@@ -83,11 +97,12 @@ def training_values(cfg, ctx):
     if t.init_method_std <= 0:
         out.append(ConfigIssue(["training.init_method_std"], t.init_method_std, "a standard deviation must be > 0",
                                "e.g. 0.02"))
-    if t.lr_decay_iters is not None and not t.lr_warmup_iters < t.lr_decay_iters:
+    if t.lr_decay_iters is not None and not warmup_iters(cfg) < t.lr_decay_iters:
         # megatron's OptimizerParamScheduler asserts the warm-up ends before the decay does
+        w = warmup_iters(cfg)
         out.append(ConfigIssue(["training.lr_decay_iters", "training.lr_warmup_iters"], t.lr_decay_iters,
-                               f"the decay must end after the warm-up (lr_warmup_iters={t.lr_warmup_iters})",
-                               f"set training.lr_decay_iters > {t.lr_warmup_iters}, or null (= train_iters)"))
+                               f"the decay must end after the warm-up (lr_warmup_iters: {w})",
+                               f"set training.lr_decay_iters > {w}, or null (= train_iters)"))
     if t.eval_interval < 0 or t.eval_iters < 0:
         out.append(ConfigIssue(["training.eval_interval", "training.eval_iters"], [t.eval_interval, t.eval_iters],
                                "must be >= 0 (eval_interval 0 = no evaluation)", "set them to 0 or more"))
@@ -99,7 +114,8 @@ def training_values(cfg, ctx):
         # the schedulers need warm-up to end before the decay does (megatron asserts warmup < decay steps)
         out.append(ConfigIssue(["training.lr_warmup_iters", "training.train_iters"], t.lr_warmup_iters,
                                f"warm-up must be 0 or shorter than the run (train_iters={t.train_iters})",
-                               f"set training.lr_warmup_iters to 0..{max(t.train_iters - 1, 0)}"))
+                               f"set training.lr_warmup_iters to 0..{max(t.train_iters - 1, 0)}, or leave it "
+                               "unset (5% of train_iters)"))
     return out
 
 
@@ -144,7 +160,7 @@ def megatron(cfg, ctx) -> dict:
             "init_lr": 0.0,
             "max_lr": t.lr,
             "min_lr": t.min_lr,
-            "lr_warmup_steps": t.lr_warmup_iters,
+            "lr_warmup_steps": warmup_iters(cfg),
             "lr_decay_steps": decay_iters(cfg),
             "lr_decay_style": t.lr_decay_style.value,
             "start_wd": t.weight_decay,
@@ -219,7 +235,7 @@ def torchtitan(cfg, ctx) -> dict:
             "implementation": "fused" if ctx.device == "cuda" else "foreach",
         },
         "lr_scheduler": {
-            "warmup_steps": t.lr_warmup_iters,
+            "warmup_steps": warmup_iters(cfg),
             "decay_type": "cosine" if t.lr_decay_style == LRDecay.cosine else "linear",
             "min_lr_factor": lr_min_factor,
         },

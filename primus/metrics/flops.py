@@ -70,11 +70,16 @@ def param_counts(m: ModelConfig) -> ParamCounts:
     return ParamCounts(total=total, matmul_active=layer_active + m.vocab_size * h)
 
 
-def flops_per_token(m: ModelConfig, seq_length: int) -> float:
-    """Training FLOPs (forward + backward) per token."""
+def flops_per_token(m: ModelConfig, seq_length: int, causal: bool = False) -> float:
+    """Training FLOPs (forward + backward) per token.
+
+    The attention term counts the full S x S score matrix, as Megatron and the README do; `causal=True` halves it
+    (only the lower triangle is computed by a causal kernel), the convention of the PaLM paper and of TorchTitan.
+    """
     n = param_counts(m).matmul_active
     if m.multi_latent_attention:
         attn_dim = (m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim) / 2
     else:
         attn_dim = head_dim(m)
-    return 6.0 * n + 12.0 * m.num_layers * m.num_attention_heads * attn_dim * seq_length
+    attention = 12.0 * m.num_layers * m.num_attention_heads * attn_dim * seq_length
+    return 6.0 * n + (attention / 2 if causal else attention)

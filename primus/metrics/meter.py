@@ -56,6 +56,7 @@ class Meter:
         t = cfg.training
         self.tokens_per_step = t.global_batch_size * t.seq_length
         self.flops_per_token = flops_per_token(cfg.model, t.seq_length)
+        self.flops_per_token_causal = flops_per_token(cfg.model, t.seq_length, causal=True)
         peaks = peak_tflops(ctx.gpu_name)
         self.peak_bf16 = peaks[0] if peaks else None
         self.peak_fp8 = peaks[1] if peaks else None
@@ -95,6 +96,9 @@ class Meter:
             "flops_per_token": self.flops_per_token,
             "mfu": tflops / self.peak_bf16 if self.peak_bf16 else None,
             "mfu_formula": "tokens/s/gpu x (6 N + 12 L H Dh S) / bf16 dense peak",
+            # the same run under the other conventions people quote: causal-halved attention, and the fp8 peak
+            "mfu_causal": per_gpu * self.flops_per_token_causal / 1e12 / self.peak_bf16 if self.peak_bf16 else None,
+            "mfu_fp8_peak": tflops / self.peak_fp8 if self.peak_fp8 else None,
             "peak_tflops_bf16": self.peak_bf16,
             "peak_tflops_fp8": self.peak_fp8,
             "peak_memory_gib": max(l.mem_gib for l in self.lines),

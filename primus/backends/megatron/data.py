@@ -21,27 +21,30 @@ def _null_tokenizer(vocab_size: int):
     return MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=vocab_size - 1)
 
 
+PAD_CANDIDATES = ("<|pad|>", "<pad>", "[PAD]", "<|finetune_right_pad_id|>")
+
+
 class _HFTokenizerForMegatron:
-    """What megatron's GPTDataset needs from a tokenizer (eod, vocab size, an identity), over a local
+    """What megatron's GPTDataset needs from a tokenizer (eod, pad, vocab size, an identity), over a local
     tokenizers.Tokenizer."""
 
     def __init__(self, folder: str):
         from tokenizers import Tokenizer
 
-        self._tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
-        self.folder = folder
         from primus.data.megatron_preprocess import eod_id
 
+        self._tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+        self.folder = folder
         self.eod = eod_id(self._tok)
         self.vocab_size = self._tok.get_vocab_size()
         self.unique_identifiers = {"class": "primus-hf-tokenizer", "path": os.path.abspath(folder)}
+        pads = [i for i in (self._tok.token_to_id(t) for t in PAD_CANDIDATES) if i is not None]
+        # GPTDataset masks the loss where labels == pad. Without a pad token of its own, an id no token has
+        # (megatron's own fallback, -1): the eod as pad would mask every document end and megatron warns so.
+        self.pad = pads[0] if pads else -1
 
-    @property
-    def pad(self):
-        return self.eod
 
-
-def _ensure_indexed(cfg, ctx) -> str:
+def _ensure_indexed(cfg, ctx, tokenizer_dir: str) -> str:
     """data.path as an indexed prefix; a jsonl source is converted once into the run dir."""
     d = cfg.data
     if d.kind.value == "indexed":
@@ -50,7 +53,7 @@ def _ensure_indexed(cfg, ctx) -> str:
     if ctx.rank == 0 and not os.path.exists(prefix + ".idx"):
         from primus.data.megatron_preprocess import preprocess
 
-        preprocess(d.path, d.tokenizer, prefix)
+        preprocess(d.path, tokenizer_dir, prefix)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
     return prefix
@@ -81,8 +84,9 @@ def build_datasets(cfg, ctx, args: Dict, cache_dir: str):
         config = GPTDatasetConfig(tokenizer=_null_tokenizer(cfg.model.vocab_size), **common)
         cls = MockGPTDataset
     else:
-        prefix = _ensure_indexed(cfg, ctx)
-        tokenizer = _HFTokenizerForMegatron(cfg.data.tokenizer) if cfg.data.tokenizer else None
+        # the tokenizer folder the data feature resolved (the built-in byte-level one for jsonl by default)
+        prefix = _ensure_indexed(cfg, ctx, d["tokenizer"])
+        tokenizer = _HFTokenizerForMegatron(d["tokenizer"]) if d["tokenizer"] else None
         if tokenizer is not None and tokenizer.vocab_size > cfg.model.vocab_size:
             raise ValueError(f"data.tokenizer has {tokenizer.vocab_size} tokens, more than model.vocab_size "
                              f"({cfg.model.vocab_size}): raise model.vocab_size")

@@ -1,4 +1,5 @@
-"""Offline data for TorchTitan: a learnable synthetic token stream, and local jsonl with a local tokenizer.
+"""Offline data for TorchTitan: a learnable synthetic token stream, and local jsonl (or plain text) with a local
+tokenizer.
 
 Both plug into TorchTitan's own hooks: the synthetic stream is what our train specs' `build_dataloader_fn`
 returns for dataset `primus_synthetic`; jsonl is one more entry (`primus_jsonl`) in TorchTitan's dataset table,
@@ -76,22 +77,28 @@ def _jsonl_files(path: str):
 def _load_jsonl(path: str):
     from datasets import load_dataset
 
-    return load_dataset("json", data_files=_jsonl_files(path), split="train")
+    files = _jsonl_files(path)
+    if not files[0].endswith((".jsonl", ".json")):
+        # plain text: one document per line, as primus.data.megatron_preprocess reads it
+        return load_dataset("text", data_files=files, split="train").filter(lambda s: bool(s["text"].strip()))
+    return load_dataset("json", data_files=files, split="train")
 
 
 _TRAIN_PERCENT = int(EVAL_SPLIT.split(",")[0])
 
 
-def _load_jsonl_train(path: str):
-    from datasets import load_dataset
+def _cut(ds) -> int:
+    return len(ds) * _TRAIN_PERCENT // 100
 
-    return load_dataset("json", data_files=_jsonl_files(path), split=f"train[:{_TRAIN_PERCENT}%]")
+
+def _load_jsonl_train(path: str):
+    ds = _load_jsonl(path)
+    return ds.select(range(_cut(ds)))
 
 
 def _load_jsonl_heldout(path: str):
-    from datasets import load_dataset
-
-    return load_dataset("json", data_files=_jsonl_files(path), split=f"train[{_TRAIN_PERCENT}%:]")
+    ds = _load_jsonl(path)
+    return ds.select(range(_cut(ds), len(ds)))
 
 
 def register_jsonl_dataset() -> None:

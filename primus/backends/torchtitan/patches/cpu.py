@@ -19,6 +19,10 @@ worked around (each item is a registered workaround, `WORKAROUNDS`, applied by
 5. MoE token counts: TorchTitan's router and token reorderer count tokens per expert with `torch.histc` on the
    int64 expert indices; CPU histc has no integer kernel. Inside `torchtitan.models.moe.moe` only, histc of an
    integer tensor is computed on a float copy and cast back (counts are exact: far below 2**24).
+6. Peak FLOPS: `torchtitan.tools.utils.get_peak_flops` (called by the Trainer and its MetricsProcessor) runs
+   `lspci` to spot an H100, warns when lspci is missing, then warns "Peak flops undefined for: cpu, fallback to
+   A100" and computes MFU against an A100. A CPU has no such peak: ours returns NaN (TorchTitan's MFU is then
+   NaN, "unknown", as Primus' own meter reports "MFU n/a") without running lspci.
 
 All are applied on a version mismatch too (with the registry's warning): without them TorchTitan cannot train on
 CPU at all, and each one gives a CUDA-only call its CPU meaning.
@@ -144,6 +148,18 @@ def _integer_histc(_cond: Conditions) -> None:
     moe.torch = _TorchWithIntegerHistc()
 
 
+def _no_peak_flops(device_name: str) -> float:
+    """(6)"""
+    return float("nan")
+
+
+def _peak_flops(_cond: Conditions) -> None:
+    """(6)"""
+    import torchtitan.tools.utils as tt_utils
+
+    tt_utils.get_peak_flops = _no_peak_flops
+
+
 def after_parallelize(model: torch.nn.Module) -> torch.nn.Module:
     """(4) SUM instead of PREMUL_SUM for every FSDP unit; a no-op off CPU or without FSDP."""
     if not _SUM_REDUCTION:
@@ -190,4 +206,10 @@ WORKAROUNDS = (
         "torch.histc on int64 expert indices in torchtitan.models.moe.moe (router, token reorderer)",
         "CPU histc has no integer kernel (item 5)",
         (_TT, pin("torch", *TORCH)), "device is CPU", _cpu_run, _integer_histc),
+    Workaround(
+        "torchtitan.cpu.peak_flops",
+        "torchtitan.tools.utils.get_peak_flops (Trainer.__init__, MetricsProcessor.__init__)",
+        "runs lspci, then warns 'Peak flops undefined for: cpu, fallback to A100' and uses an A100's peak for "
+        "MFU (item 6)",
+        (_TT,), "device is CPU", _cpu_run, _peak_flops),
 )
