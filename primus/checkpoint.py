@@ -434,8 +434,9 @@ class CheckpointManager:
             extra = self.trainer.save_checkpoint(tmp, step) or {}
             import torch
 
-            os.makedirs(os.path.dirname(_rng_file(tmp, rank)), exist_ok=True)
-            torch.save(rng_state(), _rng_file(tmp, rank))
+            if not self.c.no_save_rng:
+                os.makedirs(os.path.dirname(_rng_file(tmp, rank)), exist_ok=True)
+                torch.save(rng_state(), _rng_file(tmp, rank))
             _maybe_fail_during_save(step)
         except BaseException as e:
             if not (is_out_of_space(e) or disk_nearly_full(self.root)):
@@ -459,6 +460,7 @@ class CheckpointManager:
                 "train_iters": self.cfg.training.train_iters,
                 "config_fingerprint": config_fingerprint(self.cfg),
                 "trainer_state": extra,
+                "contents": {"optimizer": not self.c.no_save_optim, "rng": not self.c.no_save_rng},
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "run_dir": os.path.abspath(self.ctx.run_dir),
                 "files": {rel: {"size": size, "crc32": crc} for rel, size, crc in sorted(recs)},
@@ -622,10 +624,18 @@ class CheckpointManager:
         if meta.get("config_fingerprint") != fp:
             self.say(f"[primus] warning: checkpoint {path} was written with a different config (fingerprint "
                      f"{meta.get('config_fingerprint')} vs {fp}): model/optimizer settings changed since")
+        has = meta.get("contents") or {"optimizer": True, "rng": True}  # older checkpoints held everything
+        if not has.get("optimizer", True) and not self.c.no_load_optim:
+            raise weights_only_error(path)
         self.trainer.load_checkpoint(path, meta)
         rf = _rng_file(path, rank)
-        if os.path.isfile(rf):
+        if os.path.isfile(rf) and not self.c.no_load_rng:
             set_rng_state(load_rng_file(rf))
+        kept = [w for w, off in (("optimizer and LR schedule", self.c.no_load_optim),
+                                 ("RNG states", self.c.no_load_rng or not has.get("rng", True))) if off]
+        if kept:
+            self.say(f"[primus] resume: weights loaded; fresh {' and '.join(kept)} (checkpoint.no_load_* / the "
+                     "checkpoint's contents)")
         self.ancestry = [entry(path, meta)] + list(meta.get("ancestry") or [])
         self.last_size = sum(int(f["size"]) for f in meta["files"].values())
         self._start_branch(self.ancestry[0])
@@ -708,13 +718,19 @@ def requeued_slurm_job() -> bool:
         return False
 
 
-def resume_error(path: str, msg: str):
+def resume_error(path: str, msg: str, fix: Optional[str] = None):
     from primus.config.errors import ConfigError, ConfigIssue
 
     return ConfigError(ConfigIssue(["checkpoint.resume"], path, msg.replace(f"checkpoint {path}: ", "", 1)
                                    if msg.startswith(f"checkpoint {path}: ") else msg,
-                                   "point checkpoint.resume at a complete checkpoint dir (step_N with "
+                                   fix or "point checkpoint.resume at a complete checkpoint dir (step_N with "
                                    f"{META_FILE}), or use checkpoint.resume=auto to take the newest valid one"))
+
+
+def weights_only_error(path: str):
+    return resume_error(path, f"checkpoint {path} holds weights only (saved with checkpoint.no_save_optim=true): it "
+                              "has no optimizer or LR scheduler state to resume",
+                        fix="set checkpoint.no_load_optim=true to start a fresh optimizer from its weights")
 
 
 # ----------------------------------------------------------------------------------------------- test hooks

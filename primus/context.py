@@ -24,6 +24,16 @@ class RunContext:
     # where world_size came from, in words (the dry run and result.json state it): the launcher's keys, torchrun's
     # WORLD_SIZE, or the Slurm job's tasks
     world_from: str = ""
+    # what validate() found besides errors (primus/config/errors.py): warnings (settings ignored where they do not
+    # apply), values implied by other settings or by the exported env, and, in a planned dry run, what the target
+    # machine needs installed
+    warnings: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    needed_on_target: list = field(default_factory=list)
+    # dotted keys set on the command line (hydra overrides): an exported variable does not override them
+    explicit: frozenset = frozenset()
+    # the guide's exported variables and what each decided (primus/config/env.py), for the dry run and result.json
+    env_decided: list = field(default_factory=list)
 
     @property
     def is_rank0(self) -> bool:

@@ -65,7 +65,12 @@ def checked(dcfg: DictConfig, overrides, run_dir: str = ".", world: Optional[Tup
         raise ConfigError(unknown)
     # merge onto the schema so a saved run config (`--config-dir <run>/.hydra`) is typed and checked as well
     cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
+    from primus.config.env import apply_env, explicit_keys
+
+    explicit = explicit_keys(overrides)
+    env_decided, env_issues = apply_env(cfg, explicit)  # the guide's exported variables (primus/config/env.py)
     ctx = resolve(cfg, run_dir)
+    ctx.explicit, ctx.env_decided = explicit, env_decided
     if world is not None:
         ctx.world_size, ctx.world_from = world
     describe_only = cfg.dry_run or cfg.mode == Mode.plan
@@ -81,7 +86,14 @@ def checked(dcfg: DictConfig, overrides, run_dir: str = ".", world: Optional[Tup
     elif cfg.device == Device.cuda and not gpu_present():
         raise ConfigError(ConfigIssue(["device"], "cuda", "no CUDA / ROCm GPU is visible on this machine",
                                       "use device=auto (CPU here) or device=cpu, or run where a GPU is"))
-    validate(cfg, ctx)  # raises ConfigError naming key, value, rule and fix
+    try:
+        validate(cfg, ctx)  # raises ConfigError naming key, value, rule and fix
+    except ConfigError as e:
+        if env_issues:  # one round: the exported variables' problems with the rest
+            raise ConfigError(env_issues + e.issues) from None
+        raise
+    if env_issues:
+        raise ConfigError(env_issues)
     return cfg, ctx
 
 
@@ -105,6 +117,12 @@ def _run(dcfg: DictConfig):
     os.environ.update(slurm_task_env() or {})  # a task of a multi-task Slurm job: rank + rendezvous from Slurm
     meta = hydra_meta()
     cfg, ctx = checked(dcfg, meta["overrides"], meta["run_dir"])
+    env_decided = ctx.env_decided
+    findings = {"env": env_decided, "implied_settings": [i.as_ignored() for i in ctx.notes],
+                "ignored_settings": [i.as_ignored() for i in ctx.warnings]}
+    if ctx.needed_on_target:
+        findings["needed_on_target"] = [i.as_needed() for i in ctx.needed_on_target]
+    # a training run logs these (train_loop.py: console and train.log); a dry run prints them in its JSON
     # validate() may normalise values (e.g. recompute_layer_ids sorted): workers get the normalised config
     cfg_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
@@ -125,7 +143,8 @@ def _run(dcfg: DictConfig):
         from primus.backends import backend_args
 
         summary = resolved_summary(cfg, ctx)
-        print(json.dumps({"resolved": summary, "backend_args": backend_args(cfg, ctx)}, indent=2, default=str))
+        print(json.dumps({"resolved": summary, **findings, "backend_args": backend_args(cfg, ctx)}, indent=2,
+                         default=str))
         if meta["multirun"]:
             record_described(meta, "valid", resolved=summary)
         return 0
@@ -141,7 +160,9 @@ def _run(dcfg: DictConfig):
     # backend's settings require (e.g. CUDA_DEVICE_MAX_CONNECTIONS=1 for megatron's overlap)
     env = {**tuning_env(cfg, ctx.rocm), **cfg.launcher.env, **backend_env(cfg, ctx)}
     os.environ.update(env)
-    meta = {**meta, "resolved": summary, "env": env, "config": OmegaConf.to_container(OmegaConf.structured(cfg))}
+    meta = {**meta, "resolved": summary, "env": env, "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+            "env_settings": env_decided, "implied_settings": findings["implied_settings"],
+            "ignored_settings": findings["ignored_settings"]}
 
     if effective_stage(cfg) == 2:  # the guide: stage 2 tunes offline and does not train
         from primus.tuning_stage2 import run_stage2

@@ -111,10 +111,40 @@ def _rocm_patches(ctx: RunContext) -> None:
                   "ops (docs/rocm-bufops.md)")
 
 
+def _say_findings(ctx: RunContext, meta: Dict[str, Any]) -> None:
+    """What validation decided besides errors (primus/run.py): exported variables against config keys, values other
+    settings implied, settings ignored where they do not apply."""
+    from primus.config.env import describe
+
+    for d in meta.get("env_settings") or []:
+        _say(ctx, "[primus] env: " + describe(d))
+    for i in meta.get("implied_settings") or []:
+        _say(ctx, f"[primus] implied: {i['key']} = {i['value']!r}: {i['why']}")
+    for i in meta.get("ignored_settings") or []:
+        _say(ctx, f"[primus] WARNING: {i['key']} = {i['value']!r}: {i['why']}")
+
+
+def _evaluate(cfg: PrimusConfig, ctx: RunContext, trainer, step: int, sinks, result: Dict[str, Any]) -> None:
+    """The held-out loss after `step` (training.eval_interval): a step-log line, TensorBoard's val/loss, and
+    result.json's val_loss (the last) and val_losses ([step, loss] each)."""
+    from primus.metrics.sinks import VAL_LOSS_TAG
+
+    v = trainer.evaluate(step)
+    if v is None:
+        return
+    _say(ctx, f"step {step:>5}/{cfg.training.train_iters} | val_loss {v:.4f} "
+              f"({cfg.training.eval_iters} held-out batches)")
+    for sink in sinks:
+        sink.scalars({VAL_LOSS_TAG: v}, step)
+    result.setdefault("val_losses", []).append([step, v])
+    result["val_loss"] = v
+
+
 def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str, Any]:
     """Run the training steps on this rank; returns the result dict (rank 0 also writes it)."""
     from primus import warnings_filters
     from primus.backends import trainer_class
+    from primus.features.training import evaluates
 
     warnings_filters.install()  # before the backend is imported (a spawned worker starts here)
 
@@ -157,6 +187,7 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         from primus.metrics.sinks import open_sinks
 
         sinks = open_sinks(cfg, ctx)
+        _say_findings(ctx, meta)
         prof = StepProfiler(cfg, ctx)
         gemm_recording = _tuning_hooks(cfg, ctx, result)
         _rocm_patches(ctx)
@@ -193,6 +224,8 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
                 if step % t.log_interval == 0 or step == t.train_iters:
                     _say(ctx, line.format(t.train_iters))
                 result["last_step"] = step
+                if evaluates(cfg, step):
+                    _evaluate(cfg, ctx, trainer, step, sinks, result)
                 bad = [(n, v) for n, v in (("loss", r.loss), ("grad_norm", r.grad_norm)) if not is_finite(v)]
                 if bad:
                     what = ", ".join(f"{n}={v}" for n, v in bad)

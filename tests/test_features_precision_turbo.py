@@ -17,8 +17,10 @@ from primus.turbo.providers import DeviceInfo, _enabled, device_info_for
 PLANNED = RunContext(device="cuda", world_size=1, run_dir="/tmp/r", planned=True)
 GPU = RunContext(device="cuda", world_size=1, run_dir="/tmp/r")
 
-# TurboConfig booleans that are not feature flags: the master switch, and an option of use_turbo_grouped_gemm
-NOT_FLAGS = {"enable_primus_turbo", "grouped_gemm_fp8"}
+# TurboConfig booleans that are not feature flags: the master switch, an option of use_turbo_grouped_gemm, the
+# alias of use_turbo_parallel_linear, the removed flag and a DeepEP setting
+NOT_FLAGS = {"enable_primus_turbo", "grouped_gemm_fp8", "use_turbo_gemm", "use_turbo_grouped_mlp",
+             "turbo_deepep_use_comm_stream"}
 
 
 # ------------------------------------------------------------------------------------------- turbo flags
@@ -26,7 +28,7 @@ NOT_FLAGS = {"enable_primus_turbo", "grouped_gemm_fp8"}
 
 def test_every_turbo_flag_has_one_row_and_every_row_a_flag():
     fields = {f.name for f in dataclasses.fields(turbo.TurboConfig)
-              if f.type in (bool, "bool") and f.name not in NOT_FLAGS}
+              if f.type in (bool, "bool", "Optional[bool]") and f.name not in NOT_FLAGS}
     assert fields == set(turbo.TURBO_FLAGS)
     for flag, (backends, moe_only, swap) in turbo.TURBO_FLAGS.items():
         assert backends and set(backends) <= {"megatron", "torchtitan"}, flag
@@ -52,8 +54,13 @@ def test_the_dense_model_rule_lists_the_moe_only_flags():
     on = [f"turbo.{f}=true" for f in turbo.flags(moe_only=True)]
     with pytest.raises(ConfigError) as e:
         validate(compose_cfg(["turbo.enable_primus_turbo=true"] + on), PLANNED)
+    # DeepEP on a dense model is an error (its own rule); the other MoE-only flags are a warning, listed together
     named = {k for i in e.value.issues for k in i.keys}
-    assert {f"turbo.{f}" for f in turbo.flags(moe_only=True)} <= named
+    assert "turbo.use_turbo_deepep" in named
+    ctx = RunContext(device="cuda", world_size=1, run_dir="/tmp/r", planned=True)
+    validate(compose_cfg(["turbo.enable_primus_turbo=true"] + [o for o in on if "deepep" not in o]), ctx)
+    warned = {k for i in ctx.warnings for k in i.keys}
+    assert {f"turbo.{f}" for f in turbo.flags(moe_only=True) if f != "use_turbo_deepep"} <= warned
 
 
 @pytest.mark.parametrize("stage", sorted(turbo.SYNC_FREE_STAGES))

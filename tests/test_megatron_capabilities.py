@@ -127,10 +127,12 @@ def test_deepep_missing_gives_one_fix_not_two_that_contradict():
     deepep = [i for i in e.value.issues if i.keys == ["turbo.use_turbo_deepep"]]
     assert deepep and "install DeepEP" in deepep[0].fix and "moe_token_dispatcher_type=alltoall" in deepep[0].fix
     assert not [i for i in e.value.issues if i.keys == ["moe.moe_token_dispatcher_type"]], e.value.issues
-    # flex without the DeepEP flag still gets megatron's own rule; a dry run planned for a GPU is not judged
+    # flex without the DeepEP flag still gets megatron's own rule; a dry run planned for a GPU lists DeepEP as
+    # needed on the target instead of refusing
     assert "moe.moe_token_dispatcher_type" in keys_of(issues("model=debug_moe", "moe.moe_token_dispatcher_type=flex",
                                                                ctx=GPU))
     planned = RunContext(device="cuda", world_size=1, planned=True)
-    assert "moe.moe_token_dispatcher_type" not in keys_of(issues("model=debug_moe", "moe.moe_token_dispatcher_type=flex",
-                                                                   ctx=planned))
+    cfg = validate(compose(["model=debug_moe", "moe.moe_token_dispatcher_type=flex"]), planned)
+    assert cfg.moe.moe_token_dispatcher_type.value == "flex"
+    assert [(i.keys, i.needs) for i in planned.needed_on_target] == [(["moe.moe_token_dispatcher_type"], "DeepEP")]
 

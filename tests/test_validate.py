@@ -170,9 +170,13 @@ def test_offload_overlap_without_offload_is_refused():
     assert "memory.overlap_cpu_optimizer_d2h_h2d" in msg and "memory=offload" in msg
 
 
-def test_moe_settings_on_dense_model():
-    msg = error_of(["moe=optimized"])
-    assert "MoE settings on a dense model" in msg and "moe.moe_permute_fusion" in msg
+def test_moe_settings_on_dense_model_are_a_warning():
+    """Harmless where they do not apply (Primus): the run goes on, the settings are listed as ignored."""
+    ctx = RunContext(device="cpu", world_size=1)
+    validate(compose_cfg(["moe=optimized"]), ctx, rules=RULES)
+    [w] = ctx.warnings
+    assert w.severity == "warning" and "moe.moe_permute_fusion" in w.keys and "dense model" in w.rule
+    assert w.as_ignored()["key"].startswith("moe.")
 
 
 def test_moe_settings_on_moe_model_ok():

@@ -37,6 +37,11 @@ class Trainer(abc.ABC):
     def train_step(self, step: int) -> StepResult:
         """Run one optimizer step (all micro batches) and return its metrics, synchronised with the device."""
 
+    def evaluate(self, step: int) -> Optional[float]:
+        """The mean loss over training.eval_iters global batches of held-out data, forward only, the same value on
+        every rank; None when the run does not evaluate (training.eval_interval=0)."""
+        return None
+
     # ------------------------------------------------------------------ checkpoints (primus/checkpoint.py)
     def save_checkpoint(self, path: str, step: int) -> Dict[str, Any]:
         """Write model, optimizer, LR scheduler and data position after `step` into the (temporary) directory

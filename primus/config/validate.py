@@ -4,7 +4,7 @@ Each rule is a small function returning ConfigIssues (key, value, rule, fix), re
 module of its feature (primus/features/<name>.py); `validate` checks the counts, runs them all and raises one
 ConfigError listing every problem. Rules that depend on the installed backend or the device are the backend's
 (`primus/backends/<name>/args.py: capability_issues`, which gathers each feature's `<backend>_issues`) and are run
-from here too. Normalisations the guide asks for (recompute_layer_ids deduplicated and sorted) happen in the rules,
+in the same round, so one error message lists the generic and the backend problems together. Normalisations the guide asks for (recompute_layer_ids deduplicated and sorted) happen in the rules,
 in place, so every consumer sees one form.
 """
 from __future__ import annotations
@@ -13,11 +13,11 @@ import dataclasses
 import math
 from typing import Callable, List, Optional
 
-from primus.config.errors import ConfigError, ConfigIssue
+from primus.config.errors import ERROR, NOTE, WARNING, ConfigError, ConfigIssue
 from primus.config.schema import PrimusConfig
 from primus.context import RunContext
 
-from primus.features import RULES, Rule, modules, rule  # noqa: F401 - the registry every feature module's rules join
+from primus.features import RESOLVERS, RULES, Rule, modules, rule  # noqa: F401 - the registry every feature module's rules join
 
 modules()  # importing each feature module registers its rules
 
@@ -94,16 +94,30 @@ def numbers_are_finite(cfg, ctx=None) -> List[ConfigIssue]:
 
 
 def validate(cfg: PrimusConfig, ctx: RunContext, rules: Optional[List[Rule]] = None) -> PrimusConfig:
-    """Run every rule (generic, then the backend's capability rules) and raise one ConfigError listing all issues."""
+    """Run the resolvers, every rule and the backend's capability rules, all in one round, and raise one
+    ConfigError listing every error. Warnings and notes go to ctx.warnings / ctx.notes; in a dry run judged for the
+    GPU target (ctx.planned) an error that only says a library is missing here goes to ctx.needed_on_target."""
     issues: List[ConfigIssue] = numbers_are_finite(cfg) + counts_are_positive(cfg, ctx)
     if issues:  # the other rules compare and divide by these: their verdicts would be noise
         raise ConfigError(issues)
+    for r in RESOLVERS:  # what settings imply, before any rule judges them
+        issues += r(cfg, ctx)
     for r in rules or RULES:
         issues += r(cfg, ctx)
-    if not issues and rules is None:
+    if rules is None:
         from primus.backends import capability_issues
 
-        issues += capability_issues(cfg, ctx)
-    if issues:
-        raise ConfigError(issues)
+        try:
+            issues += capability_issues(cfg, ctx)
+        except Exception:  # noqa: BLE001 - a capability rule tripped on a value the generic rules already refuse
+            if not any(i.severity == ERROR for i in issues):
+                raise
+    errors = [i for i in issues if i.severity == ERROR]
+    if ctx.planned:
+        ctx.needed_on_target = [i for i in errors if i.needs]
+        errors = [i for i in errors if not i.needs]
+    if errors:
+        raise ConfigError(errors)
+    ctx.warnings = [i for i in issues if i.severity == WARNING]
+    ctx.notes = [i for i in issues if i.severity == NOTE]
     return cfg

@@ -24,8 +24,19 @@ Rule = Callable[..., list]  # (cfg: PrimusConfig, ctx: RunContext) -> List[Confi
 RULES: List[Rule] = []  # every feature's rules, in import order; validate() runs them all
 
 
+RESOLVERS: List[Rule] = []  # run before every rule: settings that imply others (a sync-free stage, an alias)
+
+
+def resolver(fn: Rule) -> Rule:
+    """Register a resolver: it sets the values other settings imply, in place, before any rule judges the config,
+    and returns issues like a rule (a NOTE for each value it set, an error for a contradiction)."""
+    RESOLVERS.append(fn)
+    return fn
+
+
 def rule(fn: Rule) -> Rule:
-    """Register a cross-field rule. It returns ConfigIssues (keys, value, what is allowed, the fix), never raises."""
+    """Register a cross-field rule. It returns ConfigIssues (keys, value, what is allowed, the fix), never raises;
+    an issue of severity WARNING (primus.config.errors.warning) lets the run go on and is reported."""
     RULES.append(fn)
     return fn
 
@@ -65,7 +76,7 @@ def backend_mapping(backend: str, cfg, ctx) -> Dict[str, Any]:
 
 def backend_issues(backend: str, cfg, ctx) -> List[Any]:
     """Every feature's `<backend>_issues(cfg, ctx)`: what this backend, as installed, and this device cannot honour
-    (run by the backend's capability_issues, after the generic rules passed)."""
+    (run by the backend's capability_issues, together with the generic rules)."""
     return [i for m in modules() if hasattr(m, f"{backend}_issues") for i in getattr(m, f"{backend}_issues")(cfg, ctx)]
 
 
@@ -92,7 +103,8 @@ def other_backend_issues(backend: str, cfg) -> List[Any]:
             default = default.default_factory() if callable(default.default_factory) else default.default
             if value != default:
                 shown = getattr(default, "value", default)
+                leave = "unset" if default is None else f"at its default ({shown!r})"
                 out.append(ConfigIssue([f"{group}.{k}"], getattr(value, "value", value),
                                        f"{other_lib} only: {this_lib} has no such setting",
-                                       f"leave {group}.{k} at its default ({shown!r}) or use backend={other}"))
+                                       f"leave {group}.{k} {leave} or use backend={other}"))
     return out

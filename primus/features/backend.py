@@ -58,7 +58,8 @@ def megatron_issues(cfg, ctx) -> list:
                                f"pip install megatron-core=={PINNED_MCORE}"))
     if cfg.backend.layer_spec.value == "te" and not te:
         out.append(ConfigIssue(["backend.layer_spec"], "te", "Transformer Engine is not importable here",
-                               "use backend.layer_spec=auto (local fused spec) or install Transformer Engine"))
+                               "use backend.layer_spec=auto (local fused spec) or install Transformer Engine",
+                               needs="Transformer Engine"))
     if margs.resolved_layer_spec(cfg) == "te" and ctx.device == "cpu":
         out.append(ConfigIssue(["backend.layer_spec", "device"], "te", "Transformer Engine layers need a GPU",
                                "use backend.layer_spec=local on CPU"))

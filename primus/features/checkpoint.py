@@ -29,6 +29,46 @@ class CheckpointConfig:
     keep_last: int = 2  # checkpoints kept (older ones deleted); 0 = keep all
     dir: Optional[str] = None  # null = <run_dir>/checkpoints
     resume: Optional[str] = None  # null = fresh start; "auto" = latest valid in dir; or a checkpoint path
+    # what a checkpoint holds (Megatron-LM's switches): the weights always; the optimizer and LR scheduler state
+    # unless no_save_optim; every rank's RNG states unless no_save_rng. On resume, no_load_optim starts a fresh
+    # optimizer and schedule from the loaded weights, no_load_rng keeps this run's seeded RNGs
+    no_save_optim: bool = False
+    no_load_optim: bool = False
+    no_save_rng: bool = False
+    no_load_rng: bool = False
+    # megatron's checkpoint format: torch_dist (megatron.core.dist_checkpointing) is what is written; null = it
+    ckpt_format: Optional[str] = None
+
+
+CKPT_FORMATS = ("torch_dist",)  # megatron-core's formats this project writes and reads
+
+
+def contents(cfg) -> dict:
+    """What a checkpoint of this run holds besides the weights (primus_meta.json's `contents`)."""
+    return {"optimizer": not cfg.checkpoint.no_save_optim, "rng": not cfg.checkpoint.no_save_rng}
+
+
+@rule
+def checkpoint_format(cfg, ctx):
+    f = cfg.checkpoint.ckpt_format
+    if f is None or f in CKPT_FORMATS:
+        return []
+    return [ConfigIssue(["checkpoint.ckpt_format"], f,
+                        f"megatron checkpoints are written as {list(CKPT_FORMATS)} (megatron.core.dist_checkpointing, "
+                        "resharding across tp/pp/dp); megatron's legacy per-rank torch.save and zarr formats are not",
+                        "set checkpoint.ckpt_format=torch_dist, or drop it")]
+
+
+def megatron_only(cfg) -> tuple:
+    # TorchTitan's checkpoints are torch.distributed.checkpoint (DCP) folders: no format to choose
+    return ("ckpt_format",)
+
+
+def megatron(cfg, ctx) -> dict:
+    c = cfg.checkpoint
+    # read by primus/backends/megatron/checkpoint.py (Megatron-LM's argument names)
+    return {"checkpoint": {"no_save_optim": c.no_save_optim, "no_load_optim": c.no_load_optim,
+                           "ckpt_format": c.ckpt_format or CKPT_FORMATS[0]}}
 
 
 def torchtitan(cfg, ctx) -> dict:
@@ -42,11 +82,19 @@ def resume_path(cfg, ctx):
     once the trainer was being built)."""
     from primus.checkpoint import read_meta, reshard_problem, resume_error, resume_path_problem
 
-    problem = resume_path_problem(cfg.checkpoint.resume, cfg.backend.name.value)
-    if problem is None and cfg.checkpoint.resume not in (None, "", "auto"):
+    c = cfg.checkpoint
+    problem = resume_path_problem(c.resume, cfg.backend.name.value)
+    if problem is None and c.resume not in (None, "", "auto"):
         # written at a layout this backend cannot reshard to this run's: refused before anything is loaded
-        problem = reshard_problem(cfg, read_meta(os.path.abspath(cfg.checkpoint.resume)), ctx.world_size)
-    return resume_error(os.path.abspath(cfg.checkpoint.resume), problem).issues if problem else []
+        problem = reshard_problem(cfg, read_meta(os.path.abspath(c.resume)), ctx.world_size)
+    if problem:
+        return resume_error(os.path.abspath(c.resume), problem).issues
+    if c.resume not in (None, "", "auto") and not c.no_load_optim:
+        from primus.checkpoint import weights_only_error
+
+        if not (read_meta(os.path.abspath(c.resume)).get("contents") or {}).get("optimizer", True):
+            return weights_only_error(os.path.abspath(c.resume)).issues
+    return []
 
 
 JOBS_DIR = "outputs/jobs"

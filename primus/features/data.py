@@ -26,6 +26,14 @@ class DataConfig:
     # tokenizer folder holding one
     tokenizer: Optional[str] = None
     num_workers: int = 0  # dataloader workers
+    # leave the end-of-document token out of the loss (the token predicted after it belongs to another document);
+    # synthetic data's end-of-document id is vocab_size - 1 (megatron's null tokenizer), else the tokenizer's
+    eod_mask_loss: bool = False
+
+
+# With evaluation on (training.eval_interval), the held-out split: megatron's dataset split (train, valid, test
+# percentages) and TorchTitan's jsonl split; synthetic data on TorchTitan holds out a disjoint range of samples.
+EVAL_SPLIT = "98,2,0"
 
 
 BYTES = "bytes"  # data.tokenizer naming the built-in byte-level tokenizer (primus/data/byte_tokenizer.py)
@@ -81,6 +89,10 @@ def data_paths(cfg, ctx):
     return out
 
 
+def evaluating(cfg) -> bool:
+    return bool(cfg.training.eval_interval and cfg.training.eval_iters)
+
+
 def _tokenizer_issues(cfg) -> list:
     d = cfg.data
     folder = tokenizer_dir(d)
@@ -117,26 +129,40 @@ def megatron(cfg, ctx) -> dict:
     from primus.features.training import global_batch
 
     d, t = cfg.data, cfg.training
+    ev = evaluating(cfg)
     return {"data": {"kind": d.kind.value, "path": d.path, "tokenizer": tokenizer_dir(d), "seed": t.seed,
-                     "num_samples": t.train_iters * global_batch(cfg, ctx.world_size)}}
+                     "num_samples": t.train_iters * global_batch(cfg, ctx.world_size), "eod_mask_loss": d.eod_mask_loss,
+                     "split": EVAL_SPLIT if ev else "100,0,0",
+                     "valid_samples": t.eval_iters * global_batch(cfg, ctx.world_size) if ev else 0}}
 
 
-# TorchTitan dataset names primus/backends/torchtitan/data.py registers in TorchTitan's dataset table
+# TorchTitan dataset names primus/backends/torchtitan/data.py registers in TorchTitan's dataset table: the jsonl
+# file whole, or its first EVAL_SPLIT share (training) and the rest (validation) when evaluating
 SYNTHETIC_DATASET = "primus_synthetic"
 JSONL_DATASET = "primus_jsonl"
+JSONL_TRAIN_DATASET = "primus_jsonl_train"
+JSONL_HELDOUT_DATASET = "primus_jsonl_heldout"
 
 
 def torchtitan(cfg, ctx) -> dict:
     d = cfg.data
-    training = {"dataset": SYNTHETIC_DATASET if d.kind == DataKind.synthetic else JSONL_DATASET,
+    ev = evaluating(cfg)
+    jsonl = JSONL_TRAIN_DATASET if ev else JSONL_DATASET
+    training = {"dataset": SYNTHETIC_DATASET if d.kind == DataKind.synthetic else jsonl,
                 "dataloader": {"num_workers": d.num_workers}}
     if d.kind == DataKind.jsonl and d.path:
         training["dataset_path"] = os.path.abspath(d.path)
+    out = {"training": training}
+    if ev:
+        out["validation"] = {"dataset": SYNTHETIC_DATASET if d.kind == DataKind.synthetic else JSONL_HELDOUT_DATASET}
+        if d.kind == DataKind.jsonl and d.path:
+            out["validation"]["dataset_path"] = os.path.abspath(d.path)
     # TorchTitan reads its tokenizer from model.hf_assets_path. A synthetic run reads no tokenizer and no HF
     # weights: the run dir (which exists) keeps TorchTitan from warning that its default ./tests/assets/tokenizer
     # does not.
     folder = tokenizer_dir(d) if d.kind == DataKind.jsonl else None
-    return {"training": training, "model": {"hf_assets_path": folder or os.path.abspath(ctx.run_dir)}}
+    out["model"] = {"hf_assets_path": folder or os.path.abspath(ctx.run_dir)}
+    return out
 
 
 def torchtitan_issues(cfg, ctx) -> list:

@@ -84,7 +84,8 @@ def megatron_issues(cfg, ctx) -> list:
             # OptimizerConfig.__post_init__ checks the TE version before anything else, offload or not
             out.append(ConfigIssue(["memory.use_precision_aware_optimizer"], True,
                                    f"megatron-core {ver} implements it with Transformer Engine (FusedAdam), not installed",
-                                   "install Transformer Engine, or set memory.use_precision_aware_optimizer=false"))
+                                   "install Transformer Engine, or set memory.use_precision_aware_optimizer=false",
+                                   needs="Transformer Engine"))
     return out
 
 

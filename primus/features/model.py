@@ -265,7 +265,6 @@ def megatron(cfg, ctx) -> Dict[str, Any]:
         "apply_rope_fusion": rope == "te",
         "fused_single_qkv_rope": rope == "triton",
         "persist_layer_norm": False,
-        "gradient_accumulation_fusion": False,
         # impl=turbo: megatron computes the loss unfused and perf.turbo_loss replaces it (args["turbo_loss"])
         "cross_entropy_loss_fusion": m.cross_entropy_loss_fusion and not turbo_loss(cfg),
         "cross_entropy_fusion_impl": "native" if turbo_loss(cfg) else m.cross_entropy_fusion_impl.value,
@@ -320,6 +319,7 @@ def megatron(cfg, ctx) -> Dict[str, Any]:
 def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
     """What megatron-core 0.16.1 and this machine cannot honour of the model settings."""
     from primus.backends.megatron.args import resolved_layer_spec
+    from primus.features.precision import te_needed
 
     m, out = cfg.model, []
     spec, cpu = resolved_layer_spec(cfg), ctx.device == "cpu"
@@ -330,7 +330,7 @@ def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
                                    + "; ".join(why), "set model.apply_rope_fusion=null (use it where it applies) or false"))
     if spec == "local" and m.cross_entropy_loss_fusion and m.cross_entropy_fusion_impl.value == "te":
         out.append(ConfigIssue(["model.cross_entropy_fusion_impl"], "te", "the TE fused cross entropy needs TE",
-                               "set model.cross_entropy_fusion_impl=native"))
+                               "set model.cross_entropy_fusion_impl=native", needs=te_needed(cfg)))
     if m.cross_entropy_loss_fusion and cpu and not turbo_loss(cfg):  # turbo: turbo_loss_issues (the interpreter)
         out.append(ConfigIssue(["model.cross_entropy_loss_fusion", "device"], True,
                                "the fused cross entropy is a GPU kernel (torch.compile'd / TE)",

@@ -11,7 +11,7 @@ from enum import Enum
 import importlib.util
 from typing import Any, Dict, List, Optional
 
-from primus.config.errors import ConfigIssue
+from primus.config.errors import ConfigIssue, warning
 from primus.features import rule
 
 
@@ -28,6 +28,11 @@ class LoadBalancing(str, Enum):
     none = "none"
 
 
+class RouterDtype(str, Enum):  # megatron-core's moe_router_dtype
+    fp32 = "fp32"
+    fp64 = "fp64"
+
+
 class ScoreFunction(str, Enum):
     softmax = "softmax"
     sigmoid = "sigmoid"
@@ -35,7 +40,8 @@ class ScoreFunction(str, Enum):
 
 @dataclass
 class MoEConfig:
-    moe_permute_fusion: bool = False  # fused permute / unpermute of tokens
+    # fused permute / unpermute of tokens; null = off unless a sync-free stage turns it on (turbo feature)
+    moe_permute_fusion: Optional[bool] = None
     moe_grouped_gemm: bool = False  # one grouped GEMM over local experts
     moe_token_dispatcher_type: TokenDispatcher = TokenDispatcher.alltoall  # token dispatcher
     # the router and its balancing loss are the model's (model.<same name>, set by its preset); these override them
@@ -45,6 +51,10 @@ class MoEConfig:
     moe_router_pre_softmax: Optional[bool] = None  # softmax before top-k; null = the model's
     moe_z_loss_coeff: Optional[float] = None  # router z-loss weight
     overlap_moe_expert_parallel_comm: bool = False  # overlap EP all-to-all with compute
+    moe_router_dtype: Optional[RouterDtype] = None  # router math in fp32/fp64; null = the model's dtype
+    # route tokens uniformly at random (benchmarks: throughput without a trained router's imbalance)
+    moe_router_force_load_balancing: bool = False
+    moe_shared_expert_overlap: bool = False  # overlap the shared experts with the alltoall dispatch
 
 
 ROUTER = ("moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_router_score_function", "moe_router_pre_softmax")
@@ -57,7 +67,8 @@ def router(cfg, name: str):
 
 
 # ------------------------------------------------------------------------------------------- rules
-MOE_FLAGS = ("moe_permute_fusion", "moe_grouped_gemm", "overlap_moe_expert_parallel_comm")
+MOE_FLAGS = ("moe_permute_fusion", "moe_grouped_gemm", "overlap_moe_expert_parallel_comm", "moe_router_dtype",
+             "moe_router_force_load_balancing", "moe_shared_expert_overlap")
 
 
 @rule
@@ -89,9 +100,37 @@ def moe_settings_on_dense_model(cfg, ctx):
     # the MoE-only turbo flags; DeepEP's own rule (turbo.turbo_deepep) names it together with its dispatcher
     on += [f"turbo.{f}" for f in flags(moe_only=True) if f != "use_turbo_deepep" and getattr(cfg.turbo, f)]
     if on:
-        return [ConfigIssue(on, True, f"MoE settings on a dense model ({cfg.model.name} has no experts)",
-                            "use moe=off and turbo without MoE flags, or choose a MoE model (e.g. model=debug_moe)")]
+        # harmless, as in Primus: nothing maps them on a dense model; the run says so rather than failing
+        values = {}
+        for k in on:
+            group, name = k.split(".")
+            v = getattr(getattr(cfg, group), name)
+            values[k] = getattr(v, "value", v)
+        return [warning(on, values[on[0]] if len(on) == 1 else values,
+                        f"MoE settings on a dense model ({cfg.model.name} has no experts): ignored",
+                        "use moe=off and turbo without MoE flags, or choose a MoE model (e.g. model=debug_moe)")]
     return []
+
+
+@rule
+def moe_shared_expert_overlap_needs(cfg, ctx):
+    moe, out = cfg.moe, []
+    if not (moe.moe_shared_expert_overlap and cfg.model.num_experts):
+        return []
+    if not cfg.model.moe_shared_expert_intermediate_size:
+        out.append(ConfigIssue(["moe.moe_shared_expert_overlap", "model.moe_shared_expert_intermediate_size"], True,
+                               f"{cfg.model.name} has no shared experts to overlap",
+                               "set moe.moe_shared_expert_overlap=false"))
+    if moe.moe_token_dispatcher_type.value != "alltoall":
+        out.append(ConfigIssue(["moe.moe_shared_expert_overlap", "moe.moe_token_dispatcher_type"],
+                               moe.moe_token_dispatcher_type.value,
+                               "megatron-core overlaps the shared experts with the alltoall dispatcher only",
+                               "set moe.moe_token_dispatcher_type=alltoall, or moe.moe_shared_expert_overlap=false"))
+    if moe.overlap_moe_expert_parallel_comm:
+        out.append(ConfigIssue(["moe.moe_shared_expert_overlap", "moe.overlap_moe_expert_parallel_comm"], True,
+                               "megatron-core refuses the shared-expert overlap with the EP overlap",
+                               "turn one of them off"))
+    return out
 
 
 # ------------------------------------------------------------------------------------------- megatron
@@ -114,9 +153,18 @@ def megatron(cfg, ctx) -> Dict[str, Any]:
             t.enable_primus_turbo and (t.use_turbo_grouped_gemm or t.use_turbo_fused_act_with_probs)),
         "moe_token_dispatcher_type": moe.moe_token_dispatcher_type.value,
         # without TE megatron's fused permute is missing: megatron/turbo.py's Triton permute runs instead
-        "moe_permute_fusion": moe.moe_permute_fusion and not turbo_permute_fusion(cfg),
+        "moe_permute_fusion": bool(moe.moe_permute_fusion) and not turbo_permute_fusion(cfg),
         "overlap_moe_expert_parallel_comm": moe.overlap_moe_expert_parallel_comm,
+        "moe_router_dtype": None if moe.moe_router_dtype is None else moe.moe_router_dtype.value,
+        "moe_router_force_load_balancing": moe.moe_router_force_load_balancing,
+        "moe_shared_expert_overlap": moe.moe_shared_expert_overlap,
     }}
+
+
+def megatron_only(cfg) -> tuple:
+    """moe.* fields only megatron reads: TorchTitan 0.2.2's MoE routes in the model's dtype, has no forced
+    balancing and no shared-expert overlap."""
+    return ("moe_router_dtype", "moe_router_force_load_balancing", "moe_shared_expert_overlap")
 
 
 def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
@@ -135,11 +183,11 @@ def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
                                f"megatron-core {ver}'s GroupedMLP (the grouped-GEMM experts without TE) runs bf16 only",
                                "set precision=bf16, or moe.moe_grouped_gemm=false"))
     deepep_flag = cfg.turbo.enable_primus_turbo and cfg.turbo.use_turbo_deepep  # the provider rule names that fix
-    if moe.moe_token_dispatcher_type.value == "flex" and m.num_experts and not deepep_flag and not ctx.planned \
+    if moe.moe_token_dispatcher_type.value == "flex" and m.num_experts and not deepep_flag \
             and importlib.util.find_spec("deep_ep") is None:
         out.append(ConfigIssue(["moe.moe_token_dispatcher_type"], "flex",
                                f"megatron-core {ver}'s flex dispatcher needs DeepEP (deep_ep), which does not import",
-                               "use moe.moe_token_dispatcher_type=alltoall"))
+                               "install DeepEP, or use moe.moe_token_dispatcher_type=alltoall", needs="DeepEP"))
     if moe.overlap_moe_expert_parallel_comm and m.num_experts:
         if moe.moe_token_dispatcher_type.value not in ("alltoall", "flex"):
             out.append(ConfigIssue(["moe.overlap_moe_expert_parallel_comm", "moe.moe_token_dispatcher_type"],

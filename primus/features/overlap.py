@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from primus.config.errors import ConfigIssue
+from primus.config.errors import ConfigIssue, warning
 
 
 @dataclass
@@ -45,7 +45,9 @@ def megatron(cfg, ctx) -> dict:
     ov = cfg.overlap
     return {
         # pipeline communication: megatron refuses batched p2p together with the overlapped one
-        "transformer_config": {"overlap_p2p_comm": ov.overlap_p2p_comm, "batch_p2p_comm": not ov.overlap_p2p_comm},
+        "transformer_config": {"overlap_p2p_comm": ov.overlap_p2p_comm, "batch_p2p_comm": not ov.overlap_p2p_comm,
+                               # megatron-core's own field (its TP all-reduce overlaps without it: see the warning)
+                               "async_tensor_model_parallel_allreduce": ov.async_tensor_model_parallel_allreduce},
         "ddp_config": {"overlap_grad_reduce": ov.overlap_grad_reduce, "overlap_param_gather": ov.overlap_param_gather,
                        "align_param_gather": ov.align_param_gather, "bucket_size": ov.bucket_size},
         "optimizer_config": {"overlap_param_gather": ov.overlap_param_gather},
@@ -68,6 +70,13 @@ def megatron_issues(cfg, ctx) -> list:
         out.append(ConfigIssue(["overlap.align_param_gather", "overlap.overlap_param_gather"], True,
                                "aligning param all-gathers applies to overlapped gathers",
                                "set overlap.overlap_param_gather=true"))
+    if ov.async_tensor_model_parallel_allreduce:
+        what = ("here it sets CUDA_DEVICE_MAX_CONNECTIONS=1 on the GPU, which the overlap needs"
+                if par.tensor_model_parallel_size > 1 else "with tp=1 there is no TP all-reduce")
+        out.append(warning(["overlap.async_tensor_model_parallel_allreduce"], True,
+                           f"megatron-core {ver} takes it but marks it deprecated and ignores it (the TP all-reduce "
+                           f"of its linears is asynchronous already); {what}",
+                           "drop it"))
     if ov.overlap_p2p_comm and par.pipeline_model_parallel_size > 1 and not par.virtual_pipeline_model_parallel_size:
         out.append(ConfigIssue(["overlap.overlap_p2p_comm", "parallel.virtual_pipeline_model_parallel_size"], True,
                                f"megatron-core {ver} overlaps pipeline send/recv in the interleaved schedule only",

@@ -101,6 +101,10 @@ RECIPES = (
     ("fp8", "mxfp8", "megatron", "te", "mx"),
     ("fp8", "mxfp8", "torchtitan", "torchao", "mx"),
     ("fp4", "nvfp4", "megatron", "te", "nvfp4"),
+    # Primus Turbo's GEMM (turbo.use_turbo_parallel_linear / use_turbo_gemm): its fp8 scalings
+    ("fp8", "tensorwise", "megatron", "primus_turbo", "fp8"),
+    ("fp8", "blockwise", "megatron", "primus_turbo", "fp8"),
+    ("fp8", "mxfp8", "megatron", "primus_turbo", "mx"),
 )
 
 # GPU classes: NVIDIA compute capability at least this, or an AMD gcnArchName with one of these prefixes.
@@ -132,6 +136,7 @@ def recipe_gpus(fmt: str, recipe: str, backend: str, provider: str) -> Optional[
 
 
 PORTABLE_FP8_RECIPES = recipes(provider="portable")  # what primus/turbo/fp8_linear.py implements
+TURBO_GEMM_FP8_RECIPES = recipes(provider="primus_turbo")  # what fp8 through the turbo GEMM path may scale by
 PORTABLE_AMAX_ALGOS = ("max", "most_recent")  # the delayed recipe's precision.fp8_amax_compute_algo values
 
 
@@ -182,6 +187,13 @@ def dtype_name(cfg) -> str:
     """The model's compute dtype (megatron's params_dtype / pipeline_dtype)."""
     p = cfg.precision
     return "bfloat16" if p.bf16 else ("float16" if p.fp16 else "float32")
+
+
+def te_needed(cfg) -> Optional[str]:
+    """"Transformer Engine" when an issue is only that TE is missing here: backend.layer_spec=auto would take TE's
+    spec on a target that has it (a dry run judged for the target lists it as needed there); None when the user
+    chose the local spec."""
+    return "Transformer Engine" if cfg.backend.layer_spec.value in ("auto", "te") and not te_available() else None
 
 
 def fp8_backend(cfg) -> Optional[str]:
@@ -470,7 +482,7 @@ def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
                                "use precision=bf16 on CPU"))
     if spec == "local" and p.fp4 is not None:
         out.append(ConfigIssue(["precision.fp4"], p.fp4.value, f"megatron-core {ver} runs fp4 through TE only",
-                               "install Transformer Engine or drop fp4"))
+                               "install Transformer Engine or drop fp4", needs=te_needed(cfg)))
     if p.fp8 is not None:
         r = p.fp8_recipe.value
         if r not in recipes(backend="megatron"):

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
-from primus.config.errors import ConfigIssue
+from typing import Optional
+
+from primus.config.errors import ConfigIssue, warning
 from primus.features import rule
 
 
@@ -46,6 +48,7 @@ class TrainingConfig:
     min_lr: float = 3e-4  # final learning rate of the decay
     lr_warmup_iters: Optional[int] = None  # linear warm-up steps (0 or < train_iters); None: warmup_iters()
     lr_decay_style: LRDecay = LRDecay.cosine
+    lr_decay_iters: Optional[int] = None  # steps from the start to the end of the decay (then min_lr); null = train_iters
     weight_decay: float = 0.1
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
@@ -58,6 +61,13 @@ class TrainingConfig:
     log_interval: int = 1  # steps between log lines
     timing_warmup_steps: int = 3  # steps left out of step-time statistics
     on_nonfinite: NonFiniteAction = NonFiniteAction.stop  # loss or grad norm NaN/inf
+    # evaluation on held-out data: every eval_interval steps and after the last one, the mean loss of eval_iters
+    # global batches of the validation split (val_loss in the step log, TensorBoard and result.json); 0 = none
+    eval_interval: int = 0
+    eval_iters: int = 10
+    # megatron: fuse the weight-gradient GEMM with the fp32 main-grad accumulation (TE's linears, or apex's
+    # fused_weight_gradient_mlp_cuda with the local spec)
+    gradient_accumulation_fusion: bool = False
 
 
 WARMUP_FRACTION = 0.05  # of train_iters, as Megatron-LM's --lr-warmup-fraction
@@ -94,6 +104,19 @@ def training_values(cfg, ctx):
     if t.init_method_std <= 0:
         out.append(ConfigIssue(["training.init_method_std"], t.init_method_std, "a standard deviation must be > 0",
                                "e.g. 0.02"))
+    if t.lr_decay_iters is not None and not warmup_iters(cfg) < t.lr_decay_iters:
+        # megatron's OptimizerParamScheduler asserts the warm-up ends before the decay does
+        w = warmup_iters(cfg)
+        out.append(ConfigIssue(["training.lr_decay_iters", "training.lr_warmup_iters"], t.lr_decay_iters,
+                               f"the decay must end after the warm-up (lr_warmup_iters: {w})",
+                               f"set training.lr_decay_iters > {w}, or null (= train_iters)"))
+    if t.eval_interval < 0 or t.eval_iters < 0:
+        out.append(ConfigIssue(["training.eval_interval", "training.eval_iters"], [t.eval_interval, t.eval_iters],
+                               "must be >= 0 (eval_interval 0 = no evaluation)", "set them to 0 or more"))
+    elif t.eval_interval and not t.eval_iters:
+        # Megatron-LM's eval_iters=0 turns evaluation off: harmless, but said
+        out.append(warning(["training.eval_interval", "training.eval_iters"], [t.eval_interval, 0],
+                           "eval_iters=0 evaluates nothing: no validation loss", "set training.eval_iters > 0"))
     if t.lr_warmup_iters and t.lr_warmup_iters >= t.train_iters:
         # the schedulers need warm-up to end before the decay does (megatron asserts warmup < decay steps)
         out.append(ConfigIssue(["training.lr_warmup_iters", "training.train_iters"], t.lr_warmup_iters,
@@ -213,7 +236,8 @@ def megatron(cfg, ctx) -> dict:
         opt.update({"adam_beta1": t.adam_beta1, "adam_beta2": t.adam_beta2, "adam_eps": t.adam_eps,
                     "decoupled_weight_decay": True})
     return {
-        "transformer_config": {"init_method_std": t.init_method_std, "deterministic_mode": t.deterministic},
+        "transformer_config": {"init_method_std": t.init_method_std, "deterministic_mode": t.deterministic,
+                               "gradient_accumulation_fusion": t.gradient_accumulation_fusion},
         "ddp_config": {"check_for_nan_in_grad": False},  # the shared loop checks loss and grad norm itself
         "optimizer_config": opt,
         # megatron.core.optimizer_param_scheduler.OptimizerParamScheduler, counted in optimizer steps
@@ -222,7 +246,7 @@ def megatron(cfg, ctx) -> dict:
             "max_lr": t.lr,
             "min_lr": t.min_lr,
             "lr_warmup_steps": warmup_iters(cfg),
-            "lr_decay_steps": t.train_iters,
+            "lr_decay_steps": decay_iters(cfg),
             "lr_decay_style": t.lr_decay_style.value,
             "start_wd": t.weight_decay,
             "end_wd": t.weight_decay,
@@ -235,7 +259,42 @@ def megatron(cfg, ctx) -> dict:
         "compile": bool(t.compile),
         "fused_adamw": t.optimizer.value != "sgd" and not mem.use_precision_aware_optimizer,
         "seed": t.seed,
+        "eval": {"interval": t.eval_interval, "iters": t.eval_iters},
     }
+
+
+def decay_iters(cfg) -> int:
+    return cfg.training.train_iters if cfg.training.lr_decay_iters is None else cfg.training.lr_decay_iters
+
+
+def evaluates(cfg, step: int) -> bool:
+    """Whether the loop evaluates after `step`: every eval_interval steps and after the last step."""
+    t = cfg.training
+    return bool(t.eval_interval and t.eval_iters) and (step % t.eval_interval == 0 or step == t.train_iters)
+
+
+def megatron_issues(cfg, ctx) -> list:
+    from primus.backends.megatron.args import _importable, mcore_version, resolved_layer_spec
+
+    t, out = cfg.training, []
+    if t.gradient_accumulation_fusion and resolved_layer_spec(cfg) == "local":
+        if ctx.device == "cpu":
+            out.append(ConfigIssue(["training.gradient_accumulation_fusion", "device"], True,
+                                   "the fused weight-gradient accumulation is a GPU kernel",
+                                   "set training.gradient_accumulation_fusion=false on CPU"))
+        elif not _importable("fused_weight_gradient_mlp_cuda"):
+            te = cfg.backend.layer_spec.value == "auto"  # the target's TE spec would do it
+            out.append(ConfigIssue(["training.gradient_accumulation_fusion"], True,
+                                   f"megatron-core {mcore_version()} fuses it in Transformer Engine's linears, or "
+                                   "with apex's fused_weight_gradient_mlp_cuda in the local spec: neither is here",
+                                   "install Transformer Engine (or apex), or set "
+                                   "training.gradient_accumulation_fusion=false",
+                                   needs="Transformer Engine" if te else None))
+    return out
+
+
+def megatron_only(cfg) -> tuple:
+    return ("gradient_accumulation_fusion",)
 
 
 # ------------------------------------------------------------------------------------------- TorchTitan
@@ -249,7 +308,7 @@ def torchtitan(cfg, ctx) -> dict:
     t = cfg.training
     local_batch, _ = torchtitan_batches(cfg, ctx)
     lr_min_factor = 1.0 if t.lr_decay_style == LRDecay.constant else (t.min_lr / t.lr if t.lr else 0.0)
-    return {
+    out = {
         "training": {"local_batch_size": local_batch, "global_batch_size": global_batch(cfg, ctx.world_size),
                      "seq_len": t.seq_length, "max_norm": t.clip_grad if t.clip_grad > 0 else NO_CLIP,
                      "steps": t.train_iters},
@@ -268,6 +327,16 @@ def torchtitan(cfg, ctx) -> dict:
         "compile": {"enable": t.compile, "components": ["model", "loss"]},
         "debug": {"seed": t.seed, "deterministic": t.deterministic},
     }
+    if t.eval_interval and t.eval_iters:
+        # TorchTitan's Validator (the data feature names its held-out dataset); the shared loop calls it at
+        # evaluates() steps, so freq is only its own bookkeeping. Its step is one local batch per dp rank: eval_iters
+        # global batches, as megatron counts them, are eval_iters x the batches a training step accumulates
+        from primus.features.parallel import _dp
+
+        accum = max(1, t.global_batch_size // (local_batch * (_dp(cfg, ctx.world_size) or 1)))
+        out["validation"] = {"enable": True, "freq": t.eval_interval, "steps": t.eval_iters * accum,
+                             "local_batch_size": local_batch, "seq_len": t.seq_length}
+    return out
 
 
 def torchtitan_issues(cfg, ctx) -> list:
@@ -275,6 +344,11 @@ def torchtitan_issues(cfg, ctx) -> list:
     if t.optimizer == Optimizer.sgd:
         out.append(ConfigIssue(["training.optimizer"], "sgd", "torchtitan 0.2.2 builds Adam and AdamW only",
                                "use adamw"))
+    if t.lr_decay_iters is not None and t.lr_decay_iters != t.train_iters:
+        out.append(ConfigIssue(["training.lr_decay_iters", "training.train_iters"], t.lr_decay_iters,
+                               "torchtitan 0.2.2 decays the rate until the last step (its decay_ratio places the "
+                               "decay at the end of the run); it cannot reach min_lr earlier and hold it",
+                               f"set training.lr_decay_iters=null (or {t.train_iters}), or use backend=megatron"))
     if t.init_method_std != TrainingConfig.init_method_std:
         out.append(ConfigIssue(["training.init_method_std"], t.init_method_std,
                                "torchtitan's models fix their init (0.02, depth-scaled)", "leave it at 0.02"))

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from primus.config.errors import ConfigIssue
-from primus.features import rule
+from primus.config.errors import ConfigIssue, note, warning
+from primus.features import resolver, rule
 
 
 @dataclass
@@ -31,19 +31,27 @@ class TurboConfig:
     provider: str = "auto"  # auto: primus_turbo when it imports, else this project's Triton/torch kernels
     use_turbo_attention: bool = False  # fused attention kernels
     use_turbo_parallel_linear: bool = False  # turbo GEMM in column/row-parallel linears
-    use_turbo_grouped_gemm: bool = False  # grouped GEMM over MoE experts
+    # Primus's name for use_turbo_parallel_linear: one field (turbo_gemm_alias makes both read the same)
+    use_turbo_gemm: Optional[bool] = None
+    # The sync-free stage components are null = unset: turbo_sync_free_moe_stage sets them on, an explicit false
+    # under a stage that needs the flag is an error; null elsewhere is off
+    use_turbo_grouped_gemm: Optional[bool] = None  # grouped GEMM over MoE experts
     # ... and under precision.fp8 (portable path) in fp8 too: torch._scaled_grouped_mm (sm90, precision.fp8=e4m3;
     # H200: 1.11x bf16 at Mixtral's experts, 0.53-0.74x at many small ones, docs/benchmarks.md) else
     # primus' Triton fp8 grouped GEMM (primus/turbo/grouped_gemm_fp8.py decides).
     # Off by default: the Triton one measured 0.2x torch's bf16 grouped GEMM on the H200 (docs/benchmarks.md)
     grouped_gemm_fp8: bool = False
-    use_turbo_grouped_mlp: Optional[bool] = None  # REMOVED: use use_turbo_grouped_gemm (setting it is an error)
+    use_turbo_grouped_mlp: Optional[bool] = None  # REMOVED: use use_turbo_grouped_gemm (true is an error)
     use_turbo_rms_norm: bool = False  # fused RMSNorm
-    moe_use_fused_router_with_aux_score: bool = False  # fused router + aux-loss score
-    use_turbo_deepep: bool = False  # DeepEP token dispatcher
-    turbo_deepep_num_cu: int = 32  # compute units for DeepEP (64/80 for EP8, 32 for EP16-64)
+    moe_use_fused_router_with_aux_score: Optional[bool] = None  # fused router + aux-loss score
+    use_turbo_deepep: Optional[bool] = None  # DeepEP token dispatcher
+    # compute units for DeepEP (megatron's moe_deepep_num_sms): 64/80 for EP8, at most 32 for EP16-64
+    turbo_deepep_num_cu: int = 32
+    # DeepEP buffers on a separate comm stream (Primus Turbo's DeepEP); megatron-core 0.16.1's flex dispatcher
+    # fixes this itself, so only false is accepted here
+    turbo_deepep_use_comm_stream: bool = False
     turbo_sync_free_moe_stage: int = 0  # 0 off; 1 router+permute fusion; 2 +DeepEP +grouped GEMM; 3 +fused act
-    use_turbo_fused_act_with_probs: bool = False  # SwiGLU fused with router probabilities
+    use_turbo_fused_act_with_probs: Optional[bool] = None  # SwiGLU fused with router probabilities
     # TorchTitan
     use_turbo_async_tp: bool = False  # async TP through turbo kernels
     use_turbo_float8_linear: bool = False  # float8 linear through turbo kernels
@@ -116,13 +124,90 @@ def turbo_provider_known(cfg, ctx):
                         "set turbo.provider=auto (primus_turbo when it imports, else this project's kernels)")]
 
 
+@resolver
+def turbo_gemm_alias(cfg, ctx):
+    """turbo.use_turbo_gemm is Primus's name for turbo.use_turbo_parallel_linear: one field. Its value is folded
+    into use_turbo_parallel_linear (and the alias left unset), so every rule, mapping and dry run reads that one."""
+    t = cfg.turbo
+    g, t.use_turbo_gemm = t.use_turbo_gemm, None
+    if g is None:
+        return []
+    if g is False and t.use_turbo_parallel_linear:
+        return [ConfigIssue(["turbo.use_turbo_gemm", "turbo.use_turbo_parallel_linear"],
+                            {"use_turbo_gemm": False, "use_turbo_parallel_linear": True},
+                            "use_turbo_gemm is Primus's name for use_turbo_parallel_linear: the two disagree",
+                            "set only one of them")]
+    t.use_turbo_parallel_linear = g
+    return [note(["turbo.use_turbo_parallel_linear", "turbo.use_turbo_gemm"], g,
+                 "set by turbo.use_turbo_gemm (Primus's name for the same field)")]
+
+
+@resolver
+def turbo_sync_free_stage_sets_components(cfg, ctx):
+    """A sync-free stage sets its component flags (SYNC_FREE_STAGES), as Primus's stage does; an explicit false
+    for one of them contradicts the stage. DeepEP, whether a stage or the user turned it on, is the flex token
+    dispatcher with fp32 router probabilities: those are set too when left at their defaults (an explicit
+    alltoall on the command line stays, and turbo_deepep refuses it)."""
+    t, out = cfg.turbo, []
+    s = t.turbo_sync_free_moe_stage
+    if s in SYNC_FREE_STAGES and t.enable_primus_turbo and cfg.model.num_experts:
+        contra = []
+        for key, words in sync_free_components(s):
+            group, name = key.split(".", 1)
+            v = getattr(getattr(cfg, group), name)
+            if v is None:
+                setattr(getattr(cfg, group), name, True)
+                out.append(note([key, "turbo.turbo_sync_free_moe_stage"], True,
+                                f"set by sync-free MoE stage {s} ({words})"))
+            elif v is False:
+                contra.append(key)
+        if contra:
+            out.append(ConfigIssue(["turbo.turbo_sync_free_moe_stage"] + contra, s,
+                                   f"sync-free MoE stage {s} turns on " + ", ".join(contra) + ", set false here",
+                                   f"drop those keys (stage {s} sets them), or pick a lower stage"))
+    if t.enable_primus_turbo and t.use_turbo_deepep and cfg.model.num_experts:
+        from primus.features.moe import TokenDispatcher
+
+        m = cfg.moe
+        if m.moe_token_dispatcher_type == TokenDispatcher.alltoall and "moe.moe_token_dispatcher_type" not in ctx.explicit:
+            m.moe_token_dispatcher_type = TokenDispatcher.flex
+            out.append(note(["moe.moe_token_dispatcher_type", "turbo.use_turbo_deepep"], "flex",
+                            "set by DeepEP (it is the flex token dispatcher)"))
+        if m.moe_router_dtype is None:
+            from primus.features.moe import RouterDtype
+
+            m.moe_router_dtype = RouterDtype.fp32
+            out.append(note(["moe.moe_router_dtype", "turbo.use_turbo_deepep"], "fp32",
+                            "set by DeepEP (it dispatches fp32 router probabilities)"))
+    return out
+
+
 @rule
 def turbo_grouped_mlp_removed(cfg, ctx):
-    if cfg.turbo.use_turbo_grouped_mlp is not None:
+    # Primus's MI355X examples set it false: only true is the removed usage
+    if cfg.turbo.use_turbo_grouped_mlp:
         return [ConfigIssue(["turbo.use_turbo_grouped_mlp"], cfg.turbo.use_turbo_grouped_mlp,
                             "use_turbo_grouped_mlp was removed",
                             "delete it and set turbo.use_turbo_grouped_gemm=true instead")]
     return []
+
+
+@rule
+def turbo_gemm_fp8_recipe(cfg, ctx):
+    """fp8 through the turbo GEMM path scales tensorwise, blockwise or mxfp8 (precision.RECIPES, provider
+    primus_turbo), whoever serves the GEMM on this machine."""
+    from primus.features.precision import TURBO_GEMM_FP8_RECIPES, preset
+
+    t, p = cfg.turbo, cfg.precision
+    if not (t.enable_primus_turbo and t.use_turbo_parallel_linear and p.fp8 is not None):
+        return []
+    r = p.fp8_recipe.value
+    if r in TURBO_GEMM_FP8_RECIPES:
+        return []
+    return [ConfigIssue(["turbo.use_turbo_parallel_linear", "turbo.use_turbo_gemm", "precision.fp8_recipe"], r,
+                        f"fp8 through the turbo GEMM path must be one of {list(TURBO_GEMM_FP8_RECIPES)}",
+                        "use precision=" + " / ".join(preset(x) for x in TURBO_GEMM_FP8_RECIPES)
+                        + ", or turbo.use_turbo_parallel_linear=false")]
 
 
 @rule
@@ -147,12 +232,7 @@ def turbo_sync_free_stage(cfg, ctx):
     if s != 0 and s not in SYNC_FREE_STAGES:
         return [ConfigIssue(["turbo.turbo_sync_free_moe_stage"], s, "must be 0, 1, 2 or 3 (0 disables)",
                             "use turbo=sync_free_stage2 (recommended) or set the stage to 0..3")]
-    # The stages are cumulative (guide): each one needs the flags of the ones below it, set explicitly.
-    missing = [k for k, _ in sync_free_components(s) if not _get(cfg, k)]
-    if missing:
-        out.append(ConfigIssue(["turbo.turbo_sync_free_moe_stage"] + missing, s,
-                               f"sync-free MoE stage {s} needs " + ", ".join(missing) + " on",
-                               f"use the preset turbo=sync_free_stage{s}, or set those keys to true"))
+    # The stages are cumulative (guide): turbo_sync_free_stage_sets_components turned their flags on
     if s > 0 and not cfg.model.num_experts:
         out.append(ConfigIssue(["turbo.turbo_sync_free_moe_stage", "model.num_experts"], s,
                                "sync-free MoE stages apply to MoE models only", "choose a MoE model or set the stage to 0"))
@@ -173,6 +253,33 @@ def turbo_deepep(cfg, ctx):
         if not cfg.model.num_experts:
             out.append(ConfigIssue(["turbo.use_turbo_deepep", "model.num_experts"], None,
                                    "DeepEP dispatches MoE tokens: the model has no experts", "turn it off or pick a MoE model"))
+            return out
+        # Primus's rules: DeepEP dispatches fp32 router probabilities, and megatron's shared-expert overlap is the
+        # alltoall dispatcher's; past EP16 DeepEP's kernels want at most 32 CUs
+        rd = cfg.moe.moe_router_dtype
+        if rd is not None and rd.value != "fp32":
+            out.append(ConfigIssue(["turbo.use_turbo_deepep", "moe.moe_router_dtype"], rd.value,
+                                   "DeepEP needs fp32 router probabilities", "set moe.moe_router_dtype=fp32 (or leave "
+                                   "it unset: DeepEP sets it)"))
+        if cfg.moe.moe_shared_expert_overlap:
+            out.append(ConfigIssue(["turbo.use_turbo_deepep", "moe.moe_shared_expert_overlap"], True,
+                                   "DeepEP cannot overlap the shared experts with its dispatch",
+                                   "set moe.moe_shared_expert_overlap=false"))
+        ep = cfg.parallel.expert_model_parallel_size
+        if ep >= 16 and t.turbo_deepep_num_cu > 32:
+            out.append(ConfigIssue(["turbo.turbo_deepep_num_cu", "parallel.expert_model_parallel_size"],
+                                   {"turbo_deepep_num_cu": t.turbo_deepep_num_cu, "ep": ep},
+                                   "with ep >= 16 DeepEP runs on at most 32 CUs", "set turbo.turbo_deepep_num_cu=32"))
+    elif t.turbo_deepep_num_cu != TurboConfig.turbo_deepep_num_cu or t.turbo_deepep_use_comm_stream:
+        keys = [f"turbo.{k}" for k in ("turbo_deepep_num_cu", "turbo_deepep_use_comm_stream")
+                if getattr(t, k) != getattr(TurboConfig, k)]
+        out.append(warning(keys, {k: _get(cfg, k) for k in keys}, "DeepEP is off (turbo.use_turbo_deepep): "
+                           "its settings do not apply", "drop them, or turn DeepEP on"))
+    if t.turbo_deepep_use_comm_stream and t.use_turbo_deepep:
+        out.append(ConfigIssue(["turbo.turbo_deepep_use_comm_stream"], True,
+                               "megatron-core 0.16.1's flex dispatcher chooses DeepEP's streams itself "
+                               "(fused_a2a: allocate_on_comm_stream); there is no switch for it here",
+                               "set turbo.turbo_deepep_use_comm_stream=false"))
     return out
 
 
@@ -209,14 +316,19 @@ def turbo_args(cfg) -> Dict[str, Any]:
 
 
 def megatron(cfg, ctx) -> Dict[str, Any]:
-    return {"turbo": turbo_args(cfg)}
+    t = cfg.turbo
+    out: Dict[str, Any] = {"turbo": turbo_args(cfg)}
+    if t.enable_primus_turbo and t.use_turbo_deepep and cfg.model.num_experts:
+        # the flex dispatcher sizes DeepEP's kernels by it (megatron's set_deepep_num_sms)
+        out["transformer_config"] = {"moe_deepep_num_sms": t.turbo_deepep_num_cu}
+    return out
 
 
 def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
     """Turbo flags with backend=megatron: what they need, and (unless planned) a provider for each on this device
     (primus.turbo.providers names what to install)."""
     from primus.backends.megatron.args import resolved_layer_spec
-    from primus.features.precision import PORTABLE_FP8_RECIPES, fp8_backend
+    from primus.features.precision import PORTABLE_FP8_RECIPES, TURBO_GEMM_FP8_RECIPES, fp8_backend
 
     t, p, m = cfg.turbo, cfg.precision, cfg.model
     out: List[ConfigIssue] = []
@@ -249,10 +361,12 @@ def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
                                    "the megatron turbo swaps replace modules of the local spec; Transformer Engine's "
                                    "layers already fuse these", "set backend.layer_spec=local, or turbo=off"))
     if t.enable_primus_turbo and t.use_turbo_parallel_linear and p.fp8 is not None and spec == "local":
-        if p.fp8_recipe.value not in PORTABLE_FP8_RECIPES:  # the fp8 linear the turbo parallel linear runs
-            out.append(ConfigIssue(["turbo.use_turbo_parallel_linear", "precision.fp8_recipe"], p.fp8_recipe.value,
-                                   f"the turbo parallel linear runs fp8 recipes {list(PORTABLE_FP8_RECIPES)}",
-                                   "use precision=fp8 (tensorwise) or precision=fp8_delayed"))
+        r = p.fp8_recipe.value
+        if r in TURBO_GEMM_FP8_RECIPES and r not in PORTABLE_FP8_RECIPES:  # turbo_gemm_fp8_recipe judges the rest
+            out.append(ConfigIssue(["turbo.use_turbo_parallel_linear", "precision.fp8_recipe"], r,
+                                   f"without primus_turbo the turbo parallel linear runs fp8 recipes "
+                                   f"{[x for x in TURBO_GEMM_FP8_RECIPES if x in PORTABLE_FP8_RECIPES]}",
+                                   "install primus_turbo (AMD), or use precision=fp8 (tensorwise)", needs="primus_turbo"))
     if ctx.planned:
         return out
     from primus.turbo import providers

@@ -334,8 +334,8 @@ MEGATRON: Dict[str, Entry] = {
     "wandb_project": "logging.wandb_project",
     "disable_wandb": _not("logging.wandb"),
     "disable_tensorboard": _not("logging.tensorboard"),
-    "stderr_sink_level": "logging.stderr_sink_level",
-    "file_sink_level": "logging.file_sink_level",
+    "stderr_sink_level": No("console and train.log levels are fixed here (" + LOG_ONLY + ")"),
+    "file_sink_level": No("console and train.log levels are fixed here (" + LOG_ONLY + ")"),
     "tensorboard_dir": No("TensorBoard writes to <run dir>/tensorboard"),
     "log_avg_skip_iterations": No("timing warm-up is training.timing_warmup_steps (" + LOG_ONLY + ")"),
     "log_avg_reset_interval": No(LOG_ONLY),
@@ -494,8 +494,8 @@ TORCHTITAN: Dict[str, Entry] = {
 # both frameworks: Primus's own logging switches
 COMMON: Dict[str, Entry] = {
     "sink_level": No(LOG_ONLY),
-    "stderr_sink_level": "logging.stderr_sink_level",
-    "file_sink_level": "logging.file_sink_level",
+    "stderr_sink_level": No("console and train.log levels are fixed here (" + LOG_ONLY + ")"),
+    "file_sink_level": No("console and train.log levels are fixed here (" + LOG_ONLY + ")"),
 }
 
 TABLES = {"megatron": {**COMMON, **MEGATRON}, "torchtitan": {**COMMON, **TORCHTITAN}}

@@ -24,6 +24,7 @@ TAGS = {
     "memory/peak_gib": "mem_gib",
     "train/loss_scale": "loss_scale",  # fp16 only (None otherwise, not written)
 }
+VAL_LOSS_TAG = "val/loss"  # after each evaluation (training.eval_interval)
 
 
 class TensorBoardSink:
@@ -37,6 +38,11 @@ class TensorBoardSink:
             v = getattr(line, attr)
             if v is not None:
                 self.writer.add_scalar(tag, v, line.step)
+
+    def scalars(self, values, step: int) -> None:
+        """Metrics outside the step line (val/loss after an evaluation)."""
+        for tag, v in values.items():
+            self.writer.add_scalar(tag, v, step)
 
     def close(self) -> None:
         self.writer.flush()
@@ -53,6 +59,9 @@ class WandbSink:
 
     def write(self, line: StepLine) -> None:
         self.run.log({tag: getattr(line, a) for tag, a in TAGS.items() if getattr(line, a) is not None}, step=line.step)
+
+    def scalars(self, values, step: int) -> None:
+        self.run.log(dict(values), step=step)
 
     def close(self) -> None:
         self.run.finish()

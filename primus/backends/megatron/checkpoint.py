@@ -31,6 +31,10 @@ def _chunks(tr):
 
 
 def _sharded_state_dict(tr, is_loading: bool) -> Dict[str, Any]:
+    """The checkpoint's entries; without the optimizer and scheduler when checkpoint.no_save_optim (saving) or
+    checkpoint.no_load_optim (loading) says so, as Megatron-LM's switches of the same names."""
+    c = tr.args["checkpoint"]
+    with_optim = not (c["no_load_optim"] if is_loading else c["no_save_optim"])
     sd: Dict[str, Any] = {}
     chunks = _chunks(tr)
     if len(chunks) == 1:
@@ -38,8 +42,9 @@ def _sharded_state_dict(tr, is_loading: bool) -> Dict[str, Any]:
     else:
         for i, m in enumerate(chunks):
             sd[f"model{i}"] = m.sharded_state_dict()
-    sd["optimizer"] = tr.optimizer.sharded_state_dict(sd, is_loading=is_loading)
-    sd["scheduler"] = tr.scheduler.state_dict()
+    if with_optim:
+        sd["optimizer"] = tr.optimizer.sharded_state_dict(sd, is_loading=is_loading)
+        sd["scheduler"] = tr.scheduler.state_dict()
     # the position as samples consumed too: a rank's next_micro counts rows of micro_batch_size x dp samples, which
     # a resume at another dp (or micro batch) size must convert (MicroBatches reads rows in Megatron-LM's order)
     sd["data"] = {"next_micro": [it.next_micro for it in tr.iters],
@@ -83,7 +88,7 @@ def save(tr, path: str, step: int) -> Dict[str, Any]:
         dist_checkpointing.save(sd, d)
     rank = torch.distributed.get_rank()
     try:
-        states = tensor_parallel.get_cuda_rng_tracker().get_states()
+        states = None if tr.cfg.checkpoint.no_save_rng else tensor_parallel.get_cuda_rng_tracker().get_states()
     except Exception:  # noqa: BLE001 - no tracker state on this platform
         states = None
     if states:
@@ -92,7 +97,7 @@ def save(tr, path: str, step: int) -> Dict[str, Any]:
     return {"step": step, "next_micro": sd["data"]["next_micro"],
             "consumed_samples": sd["data"]["next_micro"][0] * tr.args["schedule"]["micro_batch_size"]
             * tr.ps.get_data_parallel_world_size(),
-            "scheduler_num_steps": sd["scheduler"].get("num_steps")}
+            "scheduler_num_steps": sd["scheduler"].get("num_steps") if "scheduler" in sd else None}
 
 
 def load(tr, path: str) -> Dict[str, Any]:
@@ -107,8 +112,10 @@ def load(tr, path: str) -> Dict[str, Any]:
     else:
         for i, m in enumerate(chunks):
             m.load_state_dict(state[f"model{i}"])
-    tr.optimizer.load_state_dict(state["optimizer"])
-    tr.scheduler.load_state_dict(state["scheduler"])
+    if "optimizer" in sd:
+        tr.optimizer.load_state_dict(state["optimizer"])
+        tr.scheduler.load_state_dict(state["scheduler"])
+    # else Megatron-LM's no_load_optim: a fresh optimizer and LR schedule (warm-up again) from the loaded weights
     consumed = state["data"].get("consumed_samples")
     for i, it in enumerate(tr.iters):
         if consumed is None:  # written before positions were kept as samples: same layout assumed
@@ -120,7 +127,7 @@ def load(tr, path: str) -> Dict[str, Any]:
                              f"micro_batch_size x dp = {row}: the data position cannot be resumed at this layout")
         it.next_micro = int(consumed[i]) // row
     rf = _rng_tracker_file(path, torch.distributed.get_rank())
-    if os.path.isfile(rf):
+    if os.path.isfile(rf) and not tr.cfg.checkpoint.no_load_rng:
         try:
             tensor_parallel.get_cuda_rng_tracker().set_states(torch.load(rf, weights_only=True))
         except Exception:  # noqa: BLE001 - trackers differ between platforms; torch RNGs are restored anyway

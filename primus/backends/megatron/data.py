@@ -60,6 +60,13 @@ def _ensure_indexed(cfg, ctx, tokenizer_dir: str) -> str:
 
 
 def build_dataset(cfg, ctx, args: Dict, cache_dir: str):
+    """The training split; build_datasets gives the held-out one too."""
+    return build_datasets(cfg, ctx, args, cache_dir)[0]
+
+
+def build_datasets(cfg, ctx, args: Dict, cache_dir: str):
+    """(train, validation): megatron's split of one source (data.EVAL_SPLIT when evaluating); validation is None
+    without evaluation."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
@@ -69,9 +76,9 @@ def build_dataset(cfg, ctx, args: Dict, cache_dir: str):
         sequence_length=cfg.training.seq_length,
         reset_position_ids=False,
         reset_attention_mask=False,
-        eod_mask_loss=False,
+        eod_mask_loss=d["eod_mask_loss"],
         create_attention_mask=False,  # causal attention builds its own mask (SDPA is_causal / TE)
-        split="100,0,0",
+        split=d["split"],
     )
     if d["kind"] == "synthetic":
         config = GPTDatasetConfig(tokenizer=_null_tokenizer(cfg.model.vocab_size), **common)
@@ -85,9 +92,9 @@ def build_dataset(cfg, ctx, args: Dict, cache_dir: str):
                              f"({cfg.model.vocab_size}): raise model.vocab_size")
         config = GPTDatasetConfig(tokenizer=tokenizer, blend=([prefix], None), path_to_cache=cache_dir, **common)
         cls = GPTDataset
-    sizes = [d["num_samples"], 0, 0]
-    train, _, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, config).build()
-    return train
+    sizes = [d["num_samples"], d["valid_samples"], 0]
+    train, valid, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, config).build()
+    return train, (valid if d["valid_samples"] else None)
 
 
 class MicroBatches:

@@ -193,8 +193,9 @@ class MegatronTrainer(Trainer):
             patches.refresh()  # modules megatron imported lazily while building
 
         dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-        dataset = mdata.build_dataset(cfg, ctx, a, cache_dir=os.path.join(ctx.run_dir, "data", "cache"))
-        device = "cpu" if cpu else f"cuda:{torch.cuda.current_device()}"
+        dataset, self.valid_dataset = mdata.build_datasets(cfg, ctx, a,
+                                                           cache_dir=os.path.join(ctx.run_dir, "data", "cache"))
+        self.data_device = device = "cpu" if cpu else f"cuda:{torch.cuda.current_device()}"
         # one iterator per model chunk: each chunk takes the same micro batches in the same order
         self.iters = [mdata.MicroBatches(dataset, a["schedule"]["micro_batch_size"], dp_rank, dp, device)
                       for _ in self.model]
@@ -428,6 +429,36 @@ class MegatronTrainer(Trainer):
         scale = float(self.optimizer.get_loss_scale()) if self.cfg.precision.fp16 else None
         return StepResult(loss=self._global_loss(losses), grad_norm=None if grad_norm is None else float(grad_norm),
                           lr=float(lr), skipped=not ok, loss_scale=scale)
+
+    def evaluate(self, step: int):
+        """Forward only over training.eval_iters global batches of the validation split, read from its start each
+        time (so evaluations at different steps compare the same batches); the mean of their global losses."""
+        if self.valid_dataset is None:
+            return None
+        from primus.backends.megatron import data as mdata
+
+        s, ps = self.args["schedule"], self.ps
+        iters = [mdata.MicroBatches(self.valid_dataset, s["micro_batch_size"], ps.get_data_parallel_rank(),
+                                    ps.get_data_parallel_world_size(), self.data_device) for _ in self.model]
+        self._nan_step = False
+        for m in self.model:
+            m.eval()
+        values = []
+        try:
+            with torch.no_grad():
+                for _ in range(self.args["eval"]["iters"]):
+                    losses = self.fb_func(
+                        forward_step_func=self._forward_step,
+                        data_iterator=iters if len(iters) > 1 else iters[0],
+                        model=self.model if len(self.model) > 1 else self.model[0],
+                        num_microbatches=s["num_microbatches"], seq_length=s["seq_length"],
+                        micro_batch_size=s["micro_batch_size"], decoder_seq_length=s["seq_length"],
+                        forward_only=True)
+                    values.append(self._global_loss(losses))
+        finally:
+            for m in self.model:
+                m.train()
+        return sum(values) / len(values)
 
     def _global_loss(self, losses) -> float:
         """Mean LM loss of the global batch, the same value on every rank (one all-reduce over the world)."""

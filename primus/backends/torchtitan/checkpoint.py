@@ -19,26 +19,31 @@ from typing import Any, Dict, Optional
 DCP_DIR = "dcp"
 
 
-def _states(tt) -> Dict[str, Any]:
+# TorchTitan's states that hold the optimizer and its LR schedule (checkpoint.no_save_optim / no_load_optim leave
+# them out, as TorchTitan's own checkpoint.exclude_from_loading does on loading)
+OPTIM_STATES = ("optimizer", "lr_scheduler")
+
+
+def _states(tt, with_optim: bool = True) -> Dict[str, Any]:
     """TorchTitan's checkpoint states, model flattened (CheckpointManager._flattened_model_states_sd)."""
     states = tt.checkpointer.states
-    sd = {k: v for k, v in states.items() if k != "model"}
+    sd = {k: v for k, v in states.items() if k != "model" and (with_optim or k not in OPTIM_STATES)}
     sd.update(states["model"].state_dict())
     return sd
 
 
-def save(tt, path: str, step: int) -> Dict[str, Any]:
+def save(tt, path: str, step: int, with_optim: bool = True) -> Dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
     assert tt.step == step, f"torchtitan trainer is at step {tt.step}, saving step {step}"
-    dcp.save(_states(tt), checkpoint_id=os.path.join(path, DCP_DIR))
+    dcp.save(_states(tt, with_optim), checkpoint_id=os.path.join(path, DCP_DIR))
     return {"step": tt.step, "ntokens_seen": int(tt.ntokens_seen)}
 
 
-def load(tt, path: str, saved_layout: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def load(tt, path: str, saved_layout: Optional[Dict[str, Any]] = None, with_optim: bool = True) -> Dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
-    sd = _states(tt)
+    sd = _states(tt, with_optim)
     dp_now = tt.parallel_dims.dp_replicate * tt.parallel_dims.dp_shard
     moved = saved_layout is not None and _dp(saved_layout) != dp_now
     if moved:

@@ -17,7 +17,13 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 
-from primus.features.data import JSONL_DATASET, SYNTHETIC_DATASET
+from primus.features.data import (
+    EVAL_SPLIT, JSONL_DATASET, JSONL_HELDOUT_DATASET, JSONL_TRAIN_DATASET, SYNTHETIC_DATASET,
+)
+
+# synthetic validation samples: indices past what a training run reads (a billion samples); below 2^32, since the
+# CPU generator that makes each sample keeps 32 bits of its seed
+HELDOUT_FIRST_INDEX = 1 << 30
 
 
 class SyntheticTokens(IterableDataset, Stateful):
@@ -28,9 +34,12 @@ class SyntheticTokens(IterableDataset, Stateful):
     """
 
     def __init__(self, vocab_size: int, seq_len: int, seed: int, dp_rank: int = 0, dp_world_size: int = 1,
-                 num_patterns: int = 64, pattern_len: int = 16):
+                 num_patterns: int = 64, pattern_len: int = 16, first_index: int = 0, restart: bool = False):
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        # held-out data: the same n-gram bank (the same distribution), samples from a range training never reads;
+        # restart=True reads them from the start on every pass, so each evaluation sees the same batches
+        self.first_index, self.restart = first_index, restart
         g = torch.Generator().manual_seed(seed)
         self.bank = torch.randint(0, vocab_size, (num_patterns, pattern_len), generator=g)
         self._next = 0  # samples this rank has yielded
@@ -42,8 +51,10 @@ class SyntheticTokens(IterableDataset, Stateful):
         return self.bank[picks].reshape(-1)[: self.seq_len + 1]
 
     def __iter__(self):
+        if self.restart:
+            self._next = 0
         while True:
-            x = self.sample(self.dp_rank + self._next * self.dp_world_size)
+            x = self.sample(self.first_index + self.dp_rank + self._next * self.dp_world_size)
             self._next += 1
             yield {"input": x[:-1]}, x[1:]
 
@@ -73,13 +84,32 @@ def _load_jsonl(path: str):
     return load_dataset("json", data_files=files, split="train")
 
 
+_TRAIN_PERCENT = int(EVAL_SPLIT.split(",")[0])
+
+
+def _cut(ds) -> int:
+    return len(ds) * _TRAIN_PERCENT // 100
+
+
+def _load_jsonl_train(path: str):
+    ds = _load_jsonl(path)
+    return ds.select(range(_cut(ds)))
+
+
+def _load_jsonl_heldout(path: str):
+    ds = _load_jsonl(path)
+    return ds.select(range(_cut(ds), len(ds)))
+
+
 def register_jsonl_dataset() -> None:
-    """Add `primus_jsonl` (a local jsonl file or folder, `text` field) to TorchTitan's dataset table."""
+    """Add `primus_jsonl` (a local jsonl file or folder, `text` field) to TorchTitan's dataset table, and its
+    training / held-out shares (EVAL_SPLIT) used when evaluating."""
     from torchtitan.hf_datasets import DatasetConfig
     from torchtitan.hf_datasets.text_datasets import DATASETS
 
-    DATASETS.setdefault(JSONL_DATASET, DatasetConfig(path="", loader=_load_jsonl,
-                                                     sample_processor=lambda sample: sample["text"]))
+    for name, loader in ((JSONL_DATASET, _load_jsonl), (JSONL_TRAIN_DATASET, _load_jsonl_train),
+                         (JSONL_HELDOUT_DATASET, _load_jsonl_heldout)):
+        DATASETS.setdefault(name, DatasetConfig(path="", loader=loader, sample_processor=lambda sample: sample["text"]))
 
 
 def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = True):
@@ -105,3 +135,65 @@ def build_tokenizer(job_config):
     from torchtitan.components.tokenizer import build_hf_tokenizer
 
     return build_hf_tokenizer(job_config)
+
+
+# ------------------------------------------------------------------------------------------- eod masking
+
+EOD_MASK: Dict[str, Any] = {"eod": None}  # data.eod_mask_loss: the end-of-document id masked out of the loss
+
+
+def configure(eod_id) -> None:
+    """Set before TorchTitan builds its trainer: the id whose label is left out of the loss, or None."""
+    EOD_MASK["eod"] = eod_id
+
+
+def mask_eod(labels: torch.Tensor) -> torch.Tensor:
+    """Labels equal to the end-of-document id become TorchTitan's IGNORE_INDEX: its loss sums the rest and divides
+    by the count of labels that are not ignored (train and validation alike)."""
+    eod = EOD_MASK["eod"]
+    if eod is None:
+        return labels
+    from torchtitan.components.loss import IGNORE_INDEX
+
+    return labels.masked_fill(labels == eod, IGNORE_INDEX)
+
+
+def masked_batches(batches):
+    """TorchTitan's batch generator, its labels eod-masked (data.eod_mask_loss)."""
+    for input_dict, labels in batches:
+        yield input_dict, mask_eod(labels)
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+
+def _synthetic_validation_dataloader(job_config, dp_world_size, dp_rank, tokenizer, infinite=True):
+    from torchtitan.components.dataloader import ParallelAwareDataloader
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    v = job_config.validation
+    vocab = get_train_spec(job_config.model.name).model_args[job_config.model.flavor].vocab_size
+    ds = SyntheticTokens(vocab, v.seq_len, job_config.debug.seed or 0, dp_rank, dp_world_size,
+                         first_index=HELDOUT_FIRST_INDEX, restart=True)
+    return ParallelAwareDataloader(ds, dp_rank=dp_rank, dp_world_size=dp_world_size,
+                                   **{**dataclasses.asdict(v.dataloader), "batch_size": v.local_batch_size})
+
+
+def build_validator(**kw):
+    """TrainSpec.build_validator_fn: TorchTitan's own Validator (its eval loop, loss and reduction), reading the
+    held-out data: synthetic samples training never reads, or the held-out share of the jsonl file; labels
+    eod-masked like training's."""
+    import unittest.mock
+
+    import torchtitan.components.validate as tv
+
+    class PrimusValidator(tv.Validator):
+        def post_dataloading_process(self, input_dict, labels, model_parts):
+            return super().post_dataloading_process(input_dict, mask_eod(labels), model_parts)
+
+    if kw["job_config"].validation.dataset == SYNTHETIC_DATASET:
+        # Validator.__init__ builds TorchTitan's text dataloader by this module-level name
+        with unittest.mock.patch.object(tv, "build_text_validation_dataloader", _synthetic_validation_dataloader):
+            return PrimusValidator(**kw)
+    register_jsonl_dataset()
+    return PrimusValidator(**kw)

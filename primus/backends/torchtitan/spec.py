@@ -80,6 +80,12 @@ class RecordingMetricsProcessor(MetricsProcessor):
         self.data_loading_times.clear()
         self.time_last_log = time.perf_counter()
 
+    last_validation: Optional[Dict[str, Any]] = None
+
+    def log_validation(self, loss, step, extra_metrics=None):
+        # the shared loop logs it (step log, TensorBoard, result.json)
+        self.last_validation = {"step": step, "loss": float(loss)}
+
 
 def _build_metrics(job_config, parallel_dims, model_args=None, tag=None):
     return RecordingMetricsProcessor(job_config, parallel_dims, tag)
@@ -133,7 +139,7 @@ def register(spec_name: str, flavor: str, flavor_args: Dict[str, Any]):
             build_dataloader_fn=data.build_dataloader,
             build_tokenizer_fn=data.build_tokenizer,
             build_metrics_processor_fn=_build_metrics,
-            build_validator_fn=None,
+            build_validator_fn=data.build_validator,
             state_dict_adapter=None,  # no HF checkpoint conversion for our custom shapes
         )
         spec.args_cls = args_cls  # remembered for later flavors

@@ -79,7 +79,7 @@ class TorchTitanTrainer(Trainer):
 
     def setup(self) -> Dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
-        issues = tt_args.capability_issues(cfg, ctx)
+        issues = [i for i in tt_args.capability_issues(cfg, ctx) if i.severity == "error"]
         if issues:
             raise ConfigError(issues)
         args = tt_args.build_args(cfg, ctx)
@@ -99,7 +99,7 @@ class TorchTitanTrainer(Trainer):
         from primus.backends.torchtitan import patches
 
         patches.apply(ctx.device)  # TorchTitan's upstream workarounds (patches/__init__.py)
-        from primus.backends.torchtitan import spec
+        from primus.backends.torchtitan import data as tt_data, spec
         from torchtitan.config import ConfigManager
         from torchtitan.train import Trainer as TTTrainer
 
@@ -116,11 +116,12 @@ class TorchTitanTrainer(Trainer):
         os.replace(self.toml_path + f".{ctx.rank}", self.toml_path)
         self.job_config = ConfigManager().parse_args(["--job.config_file", self.toml_path])
 
+        tt_data.configure(self._eod_id(cfg) if cfg.data.eod_mask_loss else None)
         with _quiet_torchtitan():
             self.tt = TTTrainer(self.job_config)
         self._check_built(cfg)
         self.tt.checkpointer.load(step=self.job_config.checkpoint.load_step)
-        self._data = self.tt.batch_generator(self.tt.dataloader)
+        self._data = self._batches()
         from primus.backends.torchtitan import checkpoint as tt_ckpt  # issue 9: NaN test hook, on_nonfinite=skip
 
         self._nan = tt_ckpt.NaNInjector(self.tt)
@@ -137,6 +138,31 @@ class TorchTitanTrainer(Trainer):
             "job_config_toml": self.toml_path,
             **self._turbo_built(turbo_info),
         }
+
+    def _eod_id(self, cfg) -> int:
+        """data.eod_mask_loss: the end-of-document id (the tokenizer's; synthetic data: vocab_size - 1, as
+        megatron's null tokenizer)."""
+        if cfg.data.kind.value == "synthetic":
+            return cfg.model.vocab_size - 1
+        from primus.backends.torchtitan import data as tt_data
+
+        tok = tt_data.build_tokenizer(self.job_config)
+        return tok.eos_id
+
+    def _batches(self):
+        from primus.backends.torchtitan import data as tt_data
+
+        return tt_data.masked_batches(self.tt.batch_generator(self.tt.dataloader))
+
+    def evaluate(self, step: int):
+        """TorchTitan's Validator over the held-out data (training.eval_iters batches); None when not evaluating."""
+        tt = self.tt
+        validator = getattr(tt, "validator", None)
+        if validator is None:
+            return None
+        with _quiet_torchtitan():
+            validator.validate(tt.model_parts, tt.step)
+        return tt.metrics_processor.last_validation["loss"]
 
     def _turbo_setup(self, args) -> Dict[str, Any]:
         """Who serves each enabled turbo flag (logged at start-up, kept in backend_info); our model converters
@@ -226,13 +252,13 @@ class TorchTitanTrainer(Trainer):
     def save_checkpoint(self, path: str, step: int) -> Dict[str, Any]:
         from primus.backends.torchtitan import checkpoint as tt_ckpt
 
-        return tt_ckpt.save(self.tt, path, step)
+        return tt_ckpt.save(self.tt, path, step, with_optim=not self.cfg.checkpoint.no_save_optim)
 
     def load_checkpoint(self, path: str, meta=None) -> Dict[str, Any]:
         from primus.backends.torchtitan import checkpoint as tt_ckpt
 
-        out = tt_ckpt.load(self.tt, path, (meta or {}).get("layout"))
-        self._data = self.tt.batch_generator(self.tt.dataloader)  # a fresh iterator from the restored position
+        out = tt_ckpt.load(self.tt, path, (meta or {}).get("layout"), with_optim=not self.cfg.checkpoint.no_load_optim)
+        self._data = self._batches()  # a fresh iterator from the restored position
         return out
 
     def close(self) -> None:
