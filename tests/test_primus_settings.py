@@ -221,11 +221,11 @@ def test_lr_decay_iters_rules():
 
 
 def test_evaluation_maps_to_both_backends():
-    a = megatron_args(["training.eval_interval=5", "training.eval_iters=3"])
+    a = megatron_args(["training.eval_interval=5", "training.eval_iters=3", "training.global_batch_size=8"])
     assert a["eval"] == {"interval": 5, "iters": 3}
     assert a["data"]["split"] == "98,2,0" and a["data"]["valid_samples"] == 3 * 8
     assert megatron_args([])["data"]["valid_samples"] == 0
-    t = torchtitan_args(["training.eval_interval=5", "training.eval_iters=3"])
+    t = torchtitan_args(["training.eval_interval=5", "training.eval_iters=3", "training.global_batch_size=8"])
     # a TorchTitan validation step is one micro batch per dp rank: 3 global batches of 8 = 3 x 2 batches of 4
     assert t["validation"]["enable"] is True and t["validation"]["steps"] == 3 * 2
     assert t["validation"]["dataset"] == "primus_synthetic"
