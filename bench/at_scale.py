@@ -27,6 +27,7 @@ the preset's tokens/s); FULL_BATCH=1 runs the presets' own global batch (about 4
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import glob
 import json
 import os
@@ -125,14 +126,16 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     else:
         shape = g.shape + (f" --layers {g.layers}" if g.layers else "")
         size = f"--seq {g.seq} --batch 1 --global-batch {gbs} --steps 2 --warmup 1"
+    # torchao makes the peers' float8; a CPU check without it checks their bf16 path (the GPU machine has it)
+    fp8 = g.fp8 and (not check or importlib.util.find_spec("torchao") is not None)
     if g.reference:
-        variant = "float8" if g.fp8 else "compile_fused"
+        variant = "float8" if fp8 else "compile_fused"
         ref = f"bench/reference.py --shape {shape} --variant {variant} {size}"
         ref += " --no-compile" if check else " --offload"
         out.append(("--peer", f"{g.name} reference={ref}"))
     # (no --offload: TorchTitan offloads through FSDP2 only, which one GPU does not use)
     titan = f"bench/torchtitan_stock.py --shape {shape} {size} --ac {g.titan_ac}"
-    titan += " --float8" if g.fp8 else ""
+    titan += " --float8" if fp8 else ""
     titan += "" if check else " --compile"
     if not g.variants and (g.titan_fits or check or os.environ.get("ALL_PEERS") == "1"):
         out.append(("--peer", f"{g.name} torchtitan stock={titan}"))
@@ -154,9 +157,9 @@ def e2e_cmd(g: Group, tag: str, check: bool, timeout: int, deadline: float) -> L
     return cmd
 
 
-def run(cmd: List[str]) -> int:
+def run(cmd: List[str], out: str = "") -> int:
     print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-    return subprocess.call(cmd, cwd=ROOT)
+    return subprocess.call(cmd, cwd=ROOT, env={**os.environ, **({"OUT": out} if out else {})})
 
 
 def tables(out: str) -> int:
@@ -169,7 +172,7 @@ def tables(out: str) -> int:
             files.append(full if os.path.exists(full) else runs)
         if files:
             rc |= run([PY, "bench/e2e.py", "--tag", f"atscale_{g.name}", "--ref", f"{g.name} megatron preset",
-                       "--merge", *files])
+                       "--merge", *files], out)
         else:
             ks = ", ".join(str(i + 1) for i, (h, _) in enumerate(parts()) if h is g)
             print(f"[at_scale] {g.name}: no runs in {out} yet (parts {ks})")
@@ -198,7 +201,7 @@ def main(argv=None) -> int:
             if args.only and g.name not in args.only:
                 continue
             tag = f"atscale_check_{g.name}"
-            rc |= run(e2e_cmd(g, tag, True, 900, 0))
+            rc |= run(e2e_cmd(g, tag, True, 900, 0), out)
             with open(os.path.join(out, f"bench_{tag}.json")) as f:
                 failed = [r["name"] for r in json.load(f)["rows"] if r.get("status") != "ok"]
             if failed:
@@ -219,7 +222,7 @@ def main(argv=None) -> int:
             raise IndexError
     except (ValueError, IndexError):
         ap.error(f"{args.what!r}: a part 1-{len(parts())}, 'list' or 'tables'")
-    rc = run(e2e_cmd(g, f"atscale_{g.name}_r{r}", False, 420, 8 * 60))
+    rc = run(e2e_cmd(g, f"atscale_{g.name}_r{r}", False, 420, 8 * 60), out)
     tables(out)
     return rc
 
