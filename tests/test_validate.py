@@ -240,6 +240,17 @@ def test_warmup_must_end_before_run_ends():
     check(["training.train_iters=1", "training.lr_warmup_iters=0"])
 
 
+def test_warmup_past_the_run_is_what_each_backend_can_do():
+    """Primus's benchmark examples run a few steps with a production warm-up. megatron asserts only that the
+    warm-up ends before the decay does; TorchTitan 0.2.2 shortens the warm-up to the run (said as a warning)."""
+    check(["training.train_iters=4", "training.lr_warmup_iters=10", "training.lr_decay_iters=100"])
+    ctx = RunContext(device="cpu", world_size=1)
+    validate(compose_cfg(["backend=torchtitan", "training.train_iters=4", "training.lr_warmup_iters=10"]), ctx,
+             rules=RULES)
+    [w] = [w for w in ctx.warnings if "training.lr_warmup_iters" in w.keys]
+    assert "shortens it to the run" in w.rule and "below 4" in w.fix
+
+
 def test_multi_node_needs_slurm(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)

@@ -118,11 +118,20 @@ def training_values(cfg, ctx):
         out.append(warning(["training.eval_interval", "training.eval_iters"], [t.eval_interval, 0],
                            "eval_iters=0 evaluates nothing: no validation loss", "set training.eval_iters > 0"))
     if t.lr_warmup_iters and t.lr_warmup_iters >= t.train_iters:
-        # the schedulers need warm-up to end before the decay does (megatron asserts warmup < decay steps)
-        out.append(ConfigIssue(["training.lr_warmup_iters", "training.train_iters"], t.lr_warmup_iters,
-                               f"warm-up must be 0 or shorter than the run (train_iters={t.train_iters})",
-                               f"set training.lr_warmup_iters to 0..{max(t.train_iters - 1, 0)}, or leave it "
-                               "unset (5% of train_iters)"))
+        if cfg.backend.name.value == "torchtitan":
+            # TorchTitan 0.2.2's scheduler clamps the warm-up to the run (a benchmark of a few steps with a production
+            # warm-up, as Primus's examples do): it runs, and is said
+            out.append(warning(["training.lr_warmup_iters", "training.train_iters"], t.lr_warmup_iters,
+                               f"the warm-up is as long as the run or longer (train_iters={t.train_iters}): "
+                               "TorchTitan shortens it to the run, so the LR reaches its peak at the last step",
+                               f"set training.lr_warmup_iters below {t.train_iters} for a warm-up that ends in the run"))
+        elif t.lr_decay_iters is None:
+            # megatron's OptimizerParamScheduler asserts the warm-up ends before the decay (train_iters by default)
+            out.append(ConfigIssue(["training.lr_warmup_iters", "training.train_iters"], t.lr_warmup_iters,
+                                   f"warm-up must be 0 or shorter than the decay, which ends at train_iters="
+                                   f"{t.train_iters} when training.lr_decay_iters is unset",
+                                   f"set training.lr_warmup_iters to 0..{max(t.train_iters - 1, 0)}, leave it unset "
+                                   "(5% of train_iters), or set training.lr_decay_iters beyond the warm-up"))
     return out
 
 
