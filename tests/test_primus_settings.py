@@ -165,11 +165,17 @@ def test_moe_shared_expert_overlap_needs_shared_experts():
     assert "model.moe_shared_expert_intermediate_size" in keys(found)
 
 
-@pytest.mark.parametrize("setting", ["moe.moe_router_dtype=fp32", "moe.moe_router_force_load_balancing=true",
-                                     "moe.moe_shared_expert_overlap=true"])
+@pytest.mark.parametrize("setting", ["moe.moe_router_dtype=fp32", "moe.moe_shared_expert_overlap=true"])
 def test_megatron_only_moe_settings_are_refused_on_torchtitan(setting):
     found = errors(["backend=torchtitan", "model=debug_moe", setting])
     assert setting.split("=")[0] in keys(found)
+
+
+def test_forced_load_balancing_reaches_torchtitans_debug_switch():
+    none = "moe.moe_router_load_balancing_type=none"  # TorchTitan balances with its aux-loss-free bias
+    assert torchtitan_args(["model=debug_moe", none, "moe.moe_router_force_load_balancing=true"])["debug"][
+        "moe_force_load_balance"] is True
+    assert "moe_force_load_balance" not in torchtitan_args(["model=debug_moe", none])["debug"]
 
 
 def test_moe_settings_on_a_dense_model_are_listed_as_ignored():

@@ -162,9 +162,17 @@ def megatron(cfg, ctx) -> Dict[str, Any]:
 
 
 def megatron_only(cfg) -> tuple:
-    """moe.* fields only megatron reads: TorchTitan 0.2.2's MoE routes in the model's dtype, has no forced
-    balancing and no shared-expert overlap."""
-    return ("moe_router_dtype", "moe_router_force_load_balancing", "moe_shared_expert_overlap")
+    """moe.* fields only megatron reads: TorchTitan 0.2.2's MoE routes in the model's dtype and has no shared-expert
+    overlap."""
+    return ("moe_router_dtype", "moe_shared_expert_overlap")
+
+
+def torchtitan(cfg, ctx) -> dict:
+    # TorchTitan 0.2.2's debug.moe_force_load_balance spreads tokens evenly over the experts, as megatron's forced
+    # balancing does (Primus's MoE throughput runs set it); its MoE models read it from the job config
+    if not cfg.moe.moe_router_force_load_balancing:
+        return {}
+    return {"debug": {"moe_force_load_balance": True}}
 
 
 def megatron_issues(cfg, ctx) -> List[ConfigIssue]:

@@ -320,7 +320,9 @@ MEGATRON: Dict[str, Entry] = {
     "disable_last_saving": Map(_save_at_end, "no effect: save is null, so Primus saves no checkpoint"),
     "load": Map(_resume, "null: a fresh start"),
     "auto_continue_train": Map(_resume),
-    "ckpt_format": "checkpoint.ckpt_format",
+    "ckpt_format": Map(lambda v, m: {"checkpoint.ckpt_format": v} if v in (None, "torch_dist") else {},
+                       idle="checkpoints here are always torch_dist (dist-checkpointing, which resumes at another "
+                            "layout); Primus's per-rank 'torch' and 'zarr' formats have no equivalent"),
     "no_save_optim": _if_set("checkpoint.no_save_optim"),
     "no_load_optim": _if_set("checkpoint.no_load_optim"),
     "no_save_rng": _if_set("checkpoint.no_save_rng"),
