@@ -278,3 +278,33 @@ def test_imported_preset_dry_runs_through_train_py(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert '"num_layers": 2' in r.stdout and '"hidden_size": 64' in r.stdout
+
+
+def test_a_sync_free_stage_overrides_primus_s_module_defaults_not_the_experiment(tmp_path):
+    """Primus's stage sets its flags over its module config's defaults (false there): the import leaves them to the
+    stage here too, and lists them; a false the experiment itself sets stays, and validation names the clash."""
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(PRIMUS_ROOT, root)
+    with open(root / "primus" / "configs" / "modules" / "megatron" / "trainer_base.yaml", "a") as f:
+        f.write("\nmoe_use_fused_router_with_aux_score: false\n")
+    src = yaml.safe_load(open(_f("moe.yaml")))
+    src["modules"]["pre_trainer"]["overrides"].update({"enable_primus_turbo": True, "turbo_sync_free_moe_stage": 1})
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(src))
+    imp = import_experiment(str(p), str(root))
+    assert "turbo.moe_use_fused_router_with_aux_score" not in imp.sets
+    reasons = {i.key: i.reason for i in imp.listed}
+    assert "turbo_sync_free_moe_stage=1" in reasons["moe_use_fused_router_with_aux_score"]
+    assert imp.sets["moe.moe_permute_fusion"] is False  # the experiment's own: the stage rule refuses it, named
+
+
+def test_a_torchtitan_moe_experiment_balances_as_torchtitan_does(tmp_path):
+    src = yaml.safe_load(open(_f("torchtitan.yaml")))
+    src["modules"]["pre_trainer"]["model"] = "deepseek_v2_lite.yaml"  # a preset here: no checkout needed
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(src))
+    imp = import_experiment(str(p))
+    assert imp.model_preset == "deepseek_v2_lite"
+    assert imp.sets["moe.moe_router_load_balancing_type"] == "none"  # the preset's seq_aux_loss is megatron's

@@ -331,6 +331,25 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
                 out.sets[target] = v
                 out.origin[target] = why.split(":")[0]
             out.notes.append(f"set {', '.join(f'{k}={v}' for k, v in settings.items())}: {why}")
+    stage = out.sets.get("turbo.turbo_sync_free_moe_stage") or 0
+    if stage:
+        # Primus's stage overrides its module's defaults for the stage's flags: here the stage sets them, and an
+        # explicit false would contradict it, so a false that only a module default gave is left to the stage
+        from primus.features.turbo import sync_free_components
+
+        for target, _ in sync_free_components(int(stage)):
+            key = out.origin.get(target)
+            if out.sets.get(target) is False and key and source.get(key, "").startswith("module"):
+                del out.sets[target]
+                out.listed.append(Listed(key, False, source[key], f"set by turbo_sync_free_moe_stage={stage} "
+                                                                  f"({target})"))
+    if framework == "torchtitan" and _is_moe(out, model_dir) and "moe.moe_router_load_balancing_type" not in out.sets:
+        # the model presets carry megatron's auxiliary balancing loss; TorchTitan 0.2.2's MoE has none (it balances
+        # with an aux-loss-free expert bias), which is how Primus's TorchTitan examples train
+        out.sets["moe.moe_router_load_balancing_type"] = "none"
+        out.origin["moe.moe_router_load_balancing_type"] = "TorchTitan's MoE"
+        out.notes.append("set moe.moe_router_load_balancing_type=none: TorchTitan 0.2.2's MoE balances with its "
+                         "aux-loss-free expert bias, not an auxiliary loss")
     for src, ks in defaults_unmapped.items():
         out.listed.append(Listed(", ".join(sorted(ks)), None, src,
                                  "Primus defaults with no equivalent here (this project's defaults apply)"))
