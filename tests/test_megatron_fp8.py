@@ -13,7 +13,7 @@ fp8 MLP.
 
 import pytest
 
-from rank_script import run_rank_configs, run_ranks
+from rank_script import run_rank_configs
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     __import__("importlib").util.find_spec("triton") is None, reason="primus.turbo.fp8_linear needs triton")]
@@ -112,17 +112,14 @@ def test_portable_fp8_delayed_gives_each_linear_its_own_amax_histories(wiring):
     assert {tuple(s[2:]) for s in r["states"]} == {(16, 1, "most_recent")}
 
 
-AOT_EAGER = "--compile-backend=aot_eager"  # argv of REAL: every torch.compile of the run uses this backend
+AOT_EAGER = "--compile-backend=aot_eager"  # in a configuration of REAL: its torch.compile calls use this backend
 
 REAL = r'''
 import json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
-argv = [a for a in sys.argv[2:] if not a.startswith("--compile-backend=")]
-for a in sys.argv[2:]:
-    if a.startswith("--compile-backend="):
-        _compile, _backend = torch.compile, a.split("=", 1)[1]
-        torch.compile = lambda *args, **kw: _compile(*args, **{**kw, "backend": _backend})
+import torch._dynamo
+import torch._dynamo.utils
 from primus.backends.megatron import args as margs
 margs.portable_fp8_available = lambda recipe=None: True  # a CPU has no fp8 GEMM check to pass; the kernels run
 from primus.backends.megatron import fp8 as mfp8
@@ -135,34 +132,70 @@ def apply(model, settings, config):  # records the delayed recipe's per-linear s
 mfp8.apply = apply
 from primus.backends.megatron.testing import train_steps
 from primus.train_loop import compile_stats
-ctx, info, losses = train_steps(argv, sys.argv[1], steps=2, check=False)
-hist = [[h.calls, h.amax_history.sum().item()] for s in states for h in (s.x, s.w, s.dy)]
 from primus.turbo.fp8_linear import WEIGHT_CASTS
-print("RESULT " + json.dumps({"rank": ctx.rank, "losses": losses, "compile": compile_stats(), "histories": hist,
-                              "converted": info.get("fp8_linears_on_this_rank", 0),
-                              "weight_cache": info.get("fp8_weight_cache"),
-                              "fused_mlps": info.get("fp8_fused_mlps"),
-                              "weight_casts": [WEIGHT_CASTS.misses, WEIGHT_CASTS.hits]}), flush=True)
+_compile = torch.compile
+if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    torch.distributed.init_process_group("gloo")  # one group for every configuration of this launch
+
+# several configurations, one after the other in this process; each starts from fresh dynamo caches and counters
+for i, argv in enumerate(json.loads(sys.argv[2])):
+    backend = [a.split("=", 1)[1] for a in argv if a.startswith("--compile-backend=")]
+    argv = [a for a in argv if not a.startswith("--compile-backend=")]
+    torch.compile = (lambda *a, _b=backend[0], **kw: _compile(*a, **{**kw, "backend": _b})) if backend else _compile
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    states.clear()
+    WEIGHT_CASTS.hits = WEIGHT_CASTS.misses = 0
+    ctx, info, losses = train_steps(argv, os.path.join(sys.argv[1], str(i)), steps=2, check=False)
+    hist = [[h.calls, h.amax_history.sum().item()] for s in states for h in (s.x, s.w, s.dy)]
+    print("RESULT " + json.dumps({"config": i, "rank": ctx.rank, "losses": losses, "compile": compile_stats(),
+                                  "histories": hist, "converted": info.get("fp8_linears_on_this_rank", 0),
+                                  "weight_cache": info.get("fp8_weight_cache"),
+                                  "fused_mlps": info.get("fp8_fused_mlps"),
+                                  "weight_casts": [WEIGHT_CASTS.misses, WEIGHT_CASTS.hits]}), flush=True)
 '''
 
 
-def real(tmp_path, argv, nproc=1):
-    return run_ranks(tmp_path, "fp8_real.py", REAL, argv, nproc)
+def real(tmp_path, configs, nproc=1):
+    """The real-kernel script over {tag: overrides} in one launch; per tag, its ranks' results."""
+    runs = run_rank_configs(tmp_path, "fp8_real.py", REAL, list(configs.values()), nproc, timeout=1500)
+    return dict(zip(configs, runs))
 
 
+L2 = [*BASE, "model.num_layers=2"]
+COMPILE = ["training.compile=true"]
+RECIPE = {r: [*L2, "precision=fp8", f"precision.fp8_recipe={r}", "precision.fp8=e4m3"]
+          for r in ("tensorwise", "blockwise", "delayed")}
+CACHE = [*BASE, "model.num_layers=1", "precision=fp8", "precision.fp8=e4m3"]
+# the 1-process runs of the fp8 linears' tests: the eager ones first (a compiled run leaves dynamo switched on in
+# the process); compiled with aot_eager, but tensorwise with inductor (with the weight cache and without)
+LINEARS = {
+    **RECIPE,
+    "recompute_full": [*L2, "precision=fp8_delayed", "precision.fp8=e4m3", "recompute=full"],
+    "cache_on": CACHE,
+    "cache_off": [*CACHE, "precision.fp8_weight_cache=false"],
+    "tensorwise_c": [*RECIPE["tensorwise"], *COMPILE],
+    "tensorwise_c_uncached": [*RECIPE["tensorwise"], *COMPILE, "precision.fp8_weight_cache=false"],
+    "blockwise_c": [*RECIPE["blockwise"], *COMPILE, AOT_EAGER],
+    "delayed_c": [*RECIPE["delayed"], *COMPILE, AOT_EAGER],
+}
+
+
+@pytest.fixture(scope="module")
+def linears(tmp_path_factory):
+    """LINEARS, in one launch (their tests share one pytest-xdist worker)."""
+    return {tag: r[0] for tag, r in real(tmp_path_factory.mktemp("linears"), LINEARS).items()}
+
+
+@pytest.mark.xdist_group("fp8_linears")
 @pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "delayed"])
-def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
+def test_portable_fp8_stays_inside_compiled_layers(linears, recipe):
     """precision=fp8 with training.compile at tp=1: the real fp8 linears (casts and GEMMs in Triton's interpreter /
     torch._scaled_mm) are custom ops dynamo keeps inside each compiled layer, so the run has no graph break (each
     was one before); the losses are the eager fp8 run's. delayed: its amax histories, updated in place by the ops
     (declared mutated), come out of the compiled run as out of the eager one. tensorwise compiles with inductor,
     the others with aot_eager (the same ops, the same trace)."""
-    over = [*BASE, "model.num_layers=2", "precision=fp8", f"precision.fp8_recipe={recipe}", "precision.fp8=e4m3"]
-    backend = [] if recipe == "tensorwise" else [AOT_EAGER]
-    (tmp_path / "eager").mkdir()
-    (tmp_path / "compiled").mkdir()
-    eager = real(tmp_path / "eager", over, 1)[0]
-    comp = real(tmp_path / "compiled", [*over, "training.compile=true", *backend], 1)[0]
+    eager, comp = linears[recipe], linears[f"{recipe}_c"]
     assert eager["converted"] == comp["converted"] == 8
     assert comp["compile"]["graph_breaks"] == 0, comp["compile"]
     assert comp["compile"]["unique_graphs"] >= 1
@@ -170,8 +203,7 @@ def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
     if recipe == "tensorwise":  # two micro batches: the fp8 weight cache is on. Inductor may reuse a backward's
         # saved tensors in place (donated buffers); the cached casts it saves must come out unchanged: the same
         # compiled run without the cache gives the same losses
-        (tmp_path / "uncached").mkdir()
-        off = real(tmp_path / "uncached", [*over, "training.compile=true", "precision.fp8_weight_cache=false"], 1)[0]
+        off = linears["tensorwise_c_uncached"]
         assert comp["weight_casts"][1] > 0 and off["weight_casts"] == [0, 0]
         assert comp["losses"] == pytest.approx(off["losses"], rel=2e-6, abs=0)
     if recipe == "delayed":  # 2 steps x 2 micro batches: 4 casts of every x and dy; the weight cast once a step
@@ -181,45 +213,59 @@ def test_portable_fp8_stays_inside_compiled_layers(tmp_path, recipe):
         assert [a for _, a in comp["histories"]] == pytest.approx([a for _, a in eager["histories"]], rel=0.05)
 
 
-def test_fused_fp8_mlp_gives_the_unfused_losses_eager_compiled_and_tensor_parallel(tmp_path):
+FUSED = [*L2, "precision=fp8", "precision.fp8=hybrid", "model.bias_activation_fusion=true"]
+UNFUSED = [*FUSED, "precision.fp8_fused_mlp=false"]
+# eager first, as LINEARS
+MLP = {"fused": FUSED, "unfused": UNFUSED, "fused_c": [*FUSED, *COMPILE, AOT_EAGER],
+       "unfused_c": [*UNFUSED, *COMPILE, AOT_EAGER], "fused_inductor": [*FUSED, *COMPILE]}
+# the 2-rank runs: the fused MLP at tp=2 (sequence parallel), the delayed recipe under pp=2's 1F1B schedule
+TWO_RANKS = {
+    "fused_tp": [*FUSED, "launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2",
+                 "parallel.sequence_parallel=true"],
+    "delayed_pp": [*L2, "precision=fp8_delayed", "precision.fp8=e4m3", "launcher.nproc_per_node=2",
+                   "parallel.pipeline_model_parallel_size=2", "training.global_batch_size=8"],
+}
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    return {tag: r[0] for tag, r in real(tmp_path_factory.mktemp("mlp"), MLP).items()}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return real(tmp_path_factory.mktemp("two_ranks"), TWO_RANKS, nproc=2)
+
+
+@pytest.mark.xdist_group("fp8_mlp")
+def test_fused_fp8_mlp_gives_the_unfused_losses_eager_compiled_and_tensor_parallel(mlp, two_ranks):
     """precision.fp8_fused_mlp (null: on here, with primus' Triton SwiGLU): each layer's MLP becomes a FusedFP8MLP,
     whose SwiGLU hands its outputs' amax to the casts. Real kernels (interpreter): the losses are the unfused run's
     (rel 2e-6: the CPU's run-to-run noise), eagerly and under training.compile (no graph break; the compiled run
     equals the compiled unfused one: both with aot_eager), and at tp=2 with sequence parallel (the linears' own
     communication around the op) they match one process as the unfused tp=2 run does. Under inductor the fused
     run has no graph break either, and gives the eager fused losses up to inductor's own rounding."""
-    over = [*BASE, "model.num_layers=2", "precision=fp8", "precision.fp8=hybrid", "model.bias_activation_fusion=true"]
-    runs = {}
-    for tag, extra, n in (("fused", [], 1), ("unfused", ["precision.fp8_fused_mlp=false"], 1),
-                          ("fused_c", ["training.compile=true", AOT_EAGER], 1),
-                          ("unfused_c", ["training.compile=true", "precision.fp8_fused_mlp=false", AOT_EAGER], 1),
-                          ("fused_inductor", ["training.compile=true"], 1),
-                          ("fused_tp", ["launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2",
-                                        "parallel.sequence_parallel=true"], 2)):
-        (tmp_path / tag).mkdir()
-        runs[tag] = real(tmp_path / tag, [*over, *extra], n)
-    fused, unfused = runs["fused"][0], runs["unfused"][0]
+    fused, unfused = mlp["fused"], mlp["unfused"]
     assert fused["fused_mlps"] == 2 and unfused["fused_mlps"] == 0 and fused["converted"] == 8
     assert fused["losses"] == pytest.approx(unfused["losses"], rel=2e-6, abs=0) and len(fused["losses"]) == 2
-    comp, comp_u = runs["fused_c"][0], runs["unfused_c"][0]
+    comp, comp_u = mlp["fused_c"], mlp["unfused_c"]
     assert comp["fused_mlps"] == 2 and comp["compile"]["graph_breaks"] == 0, comp["compile"]
     assert comp["losses"] == pytest.approx(comp_u["losses"], rel=2e-6, abs=0)
-    ind = runs["fused_inductor"][0]
+    ind = mlp["fused_inductor"]
     assert ind["fused_mlps"] == 2 and ind["compile"]["graph_breaks"] == 0, ind["compile"]
     assert ind["losses"] == pytest.approx(fused["losses"], abs=2e-2)
-    r0, r1 = runs["fused_tp"]
+    r0, r1 = two_ranks["fused_tp"]
     assert r0["fused_mlps"] == r1["fused_mlps"] == 2 and r0["losses"] == r1["losses"]
     assert r0["losses"] == pytest.approx(fused["losses"], rel=2e-2)  # tp splits the fp8 tensors' amaxes
 
 
-def test_delayed_custom_ops_under_the_pipeline_schedule(tmp_path):
+@pytest.mark.xdist_group("fp8_mlp")
+def test_delayed_custom_ops_under_the_pipeline_schedule(two_ranks):
     """pp=2, 4 micro batches per step (1F1B: a micro batch's backward runs between later forwards): the delayed
     recipe's custom ops (real kernels, interpreter) keep the dy state on the autograd ctx, not in save_for_backward,
     so the backwards that ran in between (they bump its version) raise nothing; every x / dy history counts its 8
     casts, every weight history 2 (the weight cast once a step: the fp8 weight cache)."""
-    over = [*BASE, "model.num_layers=2", "precision=fp8_delayed", "precision.fp8=e4m3", "launcher.nproc_per_node=2",
-            "parallel.pipeline_model_parallel_size=2", "training.global_batch_size=8"]
-    ranks = real(tmp_path, over, 2)
+    ranks = two_ranks["delayed_pp"]
     for r in ranks:
         assert r["converted"] == 4 and len(r["losses"]) == 2  # this stage's layer: 4 linears
         assert [c for c, _ in r["histories"]] == [8, 2, 8] * 4
@@ -227,29 +273,26 @@ def test_delayed_custom_ops_under_the_pipeline_schedule(tmp_path):
     assert ranks[0]["losses"] == ranks[1]["losses"]
 
 
-def test_delayed_histories_count_each_forward_once_under_full_recompute(tmp_path):
+@pytest.mark.xdist_group("fp8_linears")
+def test_delayed_histories_count_each_forward_once_under_full_recompute(linears):
     """recompute=full: megatron's CheckpointFunction replays every layer's forward inside the backward. The replayed
     casts record nothing, so each x / dy history counts one cast per micro batch (2 steps x 2), as without
     recompute (the code before counted 8 for x and the weight), and the weight one per step (the fp8 weight cache,
     which the replay reuses). Bit-identity of the replay: test_turbo_fp8."""
-    over = [*BASE, "model.num_layers=2", "precision=fp8_delayed", "precision.fp8=e4m3", "recompute=full"]
-    full = real(tmp_path, over, 1)[0]
+    full = linears["recompute_full"]
     assert full["converted"] == 8 and len(full["losses"]) == 2
     assert [c for c, _ in full["histories"]] == [4, 2, 4] * 8
     assert all(a > 0 for _, a in full["histories"])
 
 
-def test_fp8_weight_cache_keeps_the_losses_bit_for_bit(tmp_path):
+@pytest.mark.xdist_group("fp8_linears")
+def test_fp8_weight_cache_keeps_the_losses_bit_for_bit(linears):
     """Two micro batches per step turn the fp8 weight cache on (precision.fp8_weight_cache=null): each weight is
     cast by the step's first micro batch and reused by the second, and the trainer clears the casts around the
     optimizer step, so every step trains on its new weights: 4 linears x 2 steps casts, as many reuses. The losses
     are the uncached run's (bit for bit in practice; rel 2e-6 allows the 1e-6 run-to-run noise a CPU run once
     showed). A cache never cleared makes 4 casts and 12 reuses, and step 2 runs step 1's weights: 1.8e-5 off."""
-    over = [*BASE, "model.num_layers=1", "precision=fp8", "precision.fp8=e4m3"]
-    (tmp_path / "on").mkdir()
-    (tmp_path / "off").mkdir()
-    on = real(tmp_path / "on", over, 1)[0]
-    off = real(tmp_path / "off", [*over, "precision.fp8_weight_cache=false"], 1)[0]
+    on, off = linears["cache_on"], linears["cache_off"]
     assert on["weight_cache"] is True and on["weight_casts"] == [8, 8]
     assert off["weight_cache"] is False and off["weight_casts"] == [0, 0]
     assert on["losses"] == pytest.approx(off["losses"], rel=2e-6, abs=0) and len(on["losses"]) == 2

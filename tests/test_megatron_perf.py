@@ -94,8 +94,9 @@ def test_compile_with_turbo_kernels_trains(tmp_path):
     linears (two torch GEMMs each) all stay inside the compiled layers - no graph break; same losses as the eager
     plain run. (fp8 or tp > 1 linears run eagerly: Triton casts, TP collectives.)"""
     os.environ["TRITON_INTERPRET"] = "1"  # restored by conftest's autouse fixture
-    eager = train(tmp_path, "eager", [], steps=2)
-    both = train(tmp_path, "both", ["training.compile=true", "turbo=megatron"], steps=2)
+    short = ["training.seq_length=32"]  # the interpreter runs one program per token: keep the run small
+    eager = train(tmp_path, "eager", short, steps=2)
+    both = train(tmp_path, "both", ["training.compile=true", "turbo=megatron", *short], steps=2)
     assert both["backend_info"]["compiled_layers"] == 4
     swaps = both["backend_info"]["turbo_swaps"]
     assert (swaps["use_turbo_parallel_linear"], swaps["use_turbo_rms_norm"], swaps["use_turbo_attention"]) == (16, 9, 4)

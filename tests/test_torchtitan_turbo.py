@@ -480,9 +480,13 @@ _fake = providers.DeviceInfo(kind="cuda", name="CPU standing in for an fp8 GPU",
 providers.probe = providers.device_info_for = lambda device: _fake
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
 import test_torchtitan_e2e as E
-r = E.run_trainer(sys.argv[2:], sys.argv[1] + "/run", 2)
-print("RESULT " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "losses": r["losses"],
-                              "swaps": r["info"].get("turbo_swaps"), "tp": r["info"]["parallel_dims"]["tp"]}))
+import torch.distributed as dist
+dist.init_process_group("gloo")  # one group for every configuration of this launch
+for i, overrides in enumerate(json.loads(sys.argv[2])):
+    r = E.run_trainer(overrides, f"{sys.argv[1]}/run{i}", 2)
+    print("RESULT " + json.dumps({"config": i, "rank": int(os.environ.get("RANK", 0)), "losses": r["losses"],
+                                  "swaps": r["info"].get("turbo_swaps"), "tp": r["info"]["parallel_dims"]["tp"]}),
+          flush=True)
 '''
 
 
@@ -490,16 +494,13 @@ print("RESULT " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "losses": 
 def test_torchtitan_tp2_trains_with_the_turbo_fp8_linear(tmp_path):
     """TorchTitan's own trainer, tp=2 + sequence parallel over 2 CPU ranks (gloo), every decoder linear a
     TurboFP8Linear (tensorwise) inside TorchTitan's TP plan: it trains like the same run without fp8 (2 steps)."""
-    from rank_script import run_ranks
+    from rank_script import run_rank_configs
 
     tp2 = ["parallel=tp2", "parallel.sequence_parallel=true", "launcher.nproc_per_node=2",
            "model.tie_word_embeddings=false", "turbo.use_turbo_attention=false", "precision.bf16=false",
            "precision.mixed_precision_param=float32", "training.seq_length=64"]
-    for d in ("fp8", "fp32"):
-        (tmp_path / d).mkdir()
-    fp8 = run_ranks(tmp_path / "fp8", "tp_e2e.py", _TP_E2E, [*tp2, "turbo=torchtitan_fp8", "precision=fp8"], 2,
-                    timeout=400)
-    fp32 = run_ranks(tmp_path / "fp32", "tp_e2e.py", _TP_E2E, tp2, 2, timeout=400)
+    fp8, fp32 = run_rank_configs(tmp_path, "tp_e2e.py", _TP_E2E, [[*tp2, "turbo=torchtitan_fp8", "precision=fp8"],
+                                                                   tp2], 2, timeout=800)
     layers = compose_cfg(TT).model.num_layers
     assert fp8[0]["tp"] == 2 and fp8[0]["swaps"] == {"primus_turbo.float8_linear": 7 * layers}  # q k v o w1 w2 w3
     assert fp8[0]["losses"] == fp8[1]["losses"]
