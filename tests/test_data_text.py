@@ -186,15 +186,16 @@ def test_trains_on_its_own_text_with_one_command(tmp_path):
     p = run_train(["data=jsonl", f"data.path={tmp_path / 'corpus.txt'}", f"hydra.run.dir={run_dir}",
                    "training.train_iters=20", "training.seq_length=64", "training.micro_batch_size=4",
                    "training.global_batch_size=4", "training.lr=1e-2", "training.min_lr=1e-3",
-                   "logging.tensorboard=false"], timeout=300)
+                   "training.eval_interval=20", "training.eval_iters=4", "logging.tensorboard=false"], timeout=300)
     assert p.returncode == 0, p.stdout[-3000:]
     res = load(run_dir / "result.json")
     losses = res["losses"]
     assert len(losses) == 20 and all(math.isfinite(x) for x in losses)
     assert losses[0] > 7.0, losses  # it starts from nothing
     assert sum(losses[-5:]) / 5 < LOSS_BELOW, losses
-    if res.get("val_loss") is not None:  # held-out loss, where the run evaluates
-        assert res["val_loss"] < LOSS_BELOW + 0.3, res["val_loss"]
+    # the held-out 2% of the text (megatron's split 98,2,0): the byte statistics carry over, so the validation loss
+    # is held to the same bound
+    assert res["val_loss"] < LOSS_BELOW, (res["val_loss"], losses)
     assert os.path.isfile(run_dir / "data" / "megatron_indexed.idx")
     # quiet: no upstream warning reaches the user on this path (primus/warnings_filters.py)
     assert "Warning:" not in p.stdout, p.stdout[-3000:]

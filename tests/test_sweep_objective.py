@@ -8,6 +8,7 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
+from conftest import compose_cfg
 from test_launch_common import load, run_train, tail
 
 from primus.features.sweep import (Direction, Objective, SweepConfig, direction_of, failure_value, objective_value,
@@ -119,3 +120,15 @@ def test_a_point_that_cannot_fit_is_pruned_without_a_run(tmp_path):
     assert "plan.enforce=false" in r["error"] and "step " not in p.stdout
     row = _rows(d)[0]
     assert row["status"] == "pruned" and row["error"] == " ".join(r["error"].split())  # the whole message
+
+
+def test_val_loss_objective_without_evaluation_is_refused_before_the_run():
+    from primus.config.errors import ConfigError
+    from primus.config.validate import RULES, validate
+    from primus.context import RunContext
+
+    with pytest.raises(ConfigError) as e:
+        validate(compose_cfg(["sweep.objective=val_loss"]), RunContext(device="cpu", world_size=1), rules=RULES)
+    assert "sweep.objective" in str(e.value) and "training.eval_interval" in str(e.value)
+    validate(compose_cfg(["sweep.objective=val_loss", "training.eval_interval=5", "training.eval_iters=2"]),
+             RunContext(device="cpu", world_size=1), rules=RULES)

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Dict, Optional, Tuple
 
+from primus.config.errors import ConfigIssue
+from primus.features import rule
+
 
 class Objective(str, Enum):
     tokens_per_s_per_gpu = "tokens_per_s_per_gpu"  # result.json's throughput per GPU (the default)
@@ -34,6 +37,20 @@ DEFAULT_DIRECTION = {Objective.tokens_per_s_per_gpu: Direction.maximize, Objecti
 class SweepConfig:
     objective: Objective = Objective.tokens_per_s_per_gpu  # what a sweep job returns to the sweeper
     direction: Optional[Direction] = None  # null = the objective's own: maximize throughput / MFU, minimize losses
+
+
+@rule
+def objective_is_measured(cfg, ctx):
+    """val_loss is written only by a run that evaluates (training.eval_interval, training.eval_iters): without it
+    every point of the sweep would return the failure value after training."""
+    t = cfg.training
+    if objective_of(cfg.sweep) == Objective.val_loss and not (t.eval_interval and t.eval_iters):
+        return [ConfigIssue(["sweep.objective", "training.eval_interval", "training.eval_iters"],
+                            {"objective": "val_loss", "eval_interval": t.eval_interval, "eval_iters": t.eval_iters},
+                            "sweep.objective=val_loss needs a run that evaluates",
+                            "set training.eval_interval and training.eval_iters above 0 (e.g. eval_interval="
+                            f"{t.train_iters} eval_iters=10), or choose sweep.objective=final_loss")]
+    return []
 
 
 def _enum(cls, v):
