@@ -71,7 +71,8 @@ def launch(nproc, overrides, run_dir, steps, same_weights=False):
 
 def test_single_process_debug_model_loss_decreases(tmp_path):
     out = run_trainer(["training.train_iters=12", "training.lr=3e-3", "training.min_lr=3e-4",
-                       "training.lr_warmup_iters=3", "training.lr_decay_style=cosine"], str(tmp_path), 12)
+                       "training.lr_warmup_iters=3", "training.lr_decay_style=cosine",
+                       "training.global_batch_size=8"], str(tmp_path), 12)
     losses = out["losses"]
     assert abs(losses[0] - math.log(2048)) < 1.0, losses[0]  # starts near chance
     assert sum(losses[-3:]) / 3 < losses[0] - 1.0, losses  # learns the synthetic n-grams
