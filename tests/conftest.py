@@ -153,6 +153,14 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+def _read_durations() -> dict:
+    try:
+        with open(DURATIONS) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
 def _plain_id(nodeid: str) -> str:
     """The test's id without the `@<group>` suffix given below."""
     at = nodeid.rfind("@")
@@ -180,11 +188,7 @@ def pytest_collection_modifyitems(config, items):
     structured), so without this the groups split."""
     if not hasattr(config, "workerinput"):
         return
-    try:
-        with open(DURATIONS) as f:
-            table = json.load(f)
-    except FileNotFoundError:
-        table = {}
+    table = _read_durations()
     unit = {it.nodeid: _group_of(it) or it.nodeid for it in items}
     total, first = {}, {}
     for i, it in enumerate(items):
@@ -219,11 +223,7 @@ def pytest_sessionfinish(session):
     """--record-durations: the tests of this run replace their entries (the ones now under the floor leave)."""
     if not session.config.getoption("record_durations") or hasattr(session.config, "workerinput"):
         return
-    try:
-        with open(DURATIONS) as f:
-            table = json.load(f)
-    except FileNotFoundError:
-        table = {}
+    table = _read_durations()
     for key, seconds in _durations.items():
         table.pop(key, None)
         if seconds >= DURATION_FLOOR:

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from conftest import CONF, PY, ROOT, compose_cfg
+from test_launch_common import dry_run_jobs
 from primus import run as primus_run
 from primus.backends import backend_args
 from primus.config.schema import Device, PrimusConfig
@@ -20,20 +21,6 @@ PRESETS = sorted(n[:-5] for n in os.listdir(os.path.join(CONF, "experiment")) if
 
 def test_there_are_presets():
     assert len(PRESETS) >= 5, PRESETS
-
-
-def _jobs_json(stdout):
-    """The JSON object each job of a multirun prints (indented: it starts with a "{" line, ends with a "}" one)."""
-    outs, block = [], None
-    for line in stdout.splitlines():
-        if line == "{":
-            block = [line]
-        elif block is not None:
-            block.append(line)
-            if line == "}":
-                outs.append(json.loads("\n".join(block)))
-                block = None
-    return outs
 
 
 def _dry_run_context(cfg, run_dir):
@@ -67,7 +54,7 @@ def test_every_preset_dry_runs_through_train_py(tmp_path):
     table = (tmp_path / "results.csv").read_text().splitlines()
     assert table[0].startswith("experiment,status,") and len(table) == 1 + len(PRESETS)
     assert all(",valid," in line for line in table[1:]), table
-    outs = _jobs_json(p.stdout)
+    outs = dry_run_jobs(p.stdout)
     assert len(outs) == len(PRESETS), [o["resolved"] for o in outs]
     for preset, out in zip(PRESETS, outs):
         assert out["backend_args"], preset

@@ -48,3 +48,17 @@ def result_files(d):
     for root, _, files in os.walk(d):
         out += [os.path.join(root, f) for f in files if f == "result.json"]
     return sorted(out)
+
+
+def dry_run_jobs(stdout):
+    """The JSON object each dry-run job of a multirun prints (indented: from a "{" line to a "}" line)."""
+    out, block = [], None
+    for line in stdout.splitlines():
+        if line == "{":
+            block = [line]
+        elif block is not None:
+            block.append(line)
+            if line == "}":
+                out.append(json.loads("\n".join(block)))
+                block = None
+    return out

@@ -1,12 +1,11 @@
 """The Slurm launcher's checks in the submitting process, on a machine without Slurm: `python train.py -m
 hydra/launcher=slurm ...` without sbatch/srun on PATH exits 2 naming them, and queues nothing; a dry_run=true sweep
 needs no Slurm at all: it answers here. (A bad sweep on the real cluster: tests/test_slurm.py.)"""
-import json
 import os
 
 import pytest
 
-from test_launch_common import PY, SHORT, run_train, tail
+from test_launch_common import PY, SHORT, dry_run_jobs, run_train, tail
 
 pytestmark = pytest.mark.e2e
 
@@ -23,20 +22,6 @@ def test_without_slurm_commands_exit_2_and_nothing_submitted(tmp_path):
     assert "Traceback" not in p.stdout and not (sweep / ".submitit").exists()
 
 
-def json_blocks(stdout):
-    """The JSON object each dry-run job prints (indented: from a "{" line to a "}" line)."""
-    out, block = [], None
-    for line in stdout.splitlines():
-        if line == "{":
-            block = [line]
-        elif block is not None:
-            block.append(line)
-            if line == "}":
-                out.append(json.loads("\n".join(block)))
-                block = None
-    return out
-
-
 def test_dry_run_sweep_answers_locally(tmp_path):
     sweep = tmp_path / "sweep"
     p = run_train(["-m", "hydra/launcher=slurm", "+cluster=h200", "launcher.nnodes=2", "launcher.nproc_per_node=8",
@@ -46,7 +31,7 @@ def test_dry_run_sweep_answers_locally(tmp_path):
                   env=NO_SLURM, timeout=300)
     assert p.returncode == 0, tail(p)
     assert "answered here, nothing queued (2 point(s))" in p.stdout
-    blocks = json_blocks(p.stdout)
+    blocks = dry_run_jobs(p.stdout)
     assert [(b["resolved"]["world_size"], b["resolved"]["dp"], b["resolved"]["global_batch_size"]) for b in blocks] \
         == [(16, 16, 64), (16, 8, 32)], blocks
     assert all(b["resolved"]["world_size_from"] == "launcher.nnodes x launcher.nproc_per_node = 2 x 8" for b in blocks)
