@@ -88,7 +88,8 @@ def run_point(name, argv, timeout, log_dir, rep=0):
                    tflops_per_gpu=res.get("tflops_per_gpu"), mfu=res.get("mfu"), mfu_causal=res.get("mfu_causal"),
                    mfu_fp8_peak=res.get("mfu_fp8_peak"),
                    peak_memory_gib=(res.get("memory") or {}).get("max_allocated_gib", res.get("peak_memory_gib")),
-                   step_time_s=(res.get("step_time_s") or {}).get("median"), error=res.get("error"),
+                   step_time_s=(res.get("step_time_s") or {}).get("median"), step_split_s=res.get("step_split_s"),
+                   error=res.get("error"),
                    backend_info=res.get("backend_info"), planned_gib=planned_gib(res))
     else:
         for line in reversed(out.splitlines()):
@@ -134,8 +135,8 @@ def combine(runs):
 def table(rows, ref_name):
     ref = next((r for r in rows if r["name"] == ref_name and r.get("tokens_per_s")), None)
     lines = ["| run | status | tokens/s, median (min-max) | TFLOP/s/GPU | MFU | MFU, causal | MFU, fp8 peak | "
-             "peak mem (GiB) | planned (GiB) | vs " + ref_name + " |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "peak mem (GiB) | planned (GiB) | step (s): forward+backward / optimizer | vs " + ref_name + " |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     f = lambda v, fmt: fmt.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
     pct = lambda v: f(v and 100 * v, "{:.1f}%")  # noqa: E731
     for r in rows:
@@ -150,8 +151,16 @@ def table(rows, ref_name):
         lines.append(f"| {r['name']} | {status}{err} | {f(tps, '{:,.0f}')}{spread} | "
                      f"{f(r.get('tflops_per_gpu'), '{:.1f}')} | {pct(r.get('mfu'))} | {pct(r.get('mfu_causal'))} | "
                      f"{pct(r.get('mfu_fp8_peak'))} | {f(r.get('peak_memory_gib'), '{:.1f}')} | "
-                     f"{f(r.get('planned_gib'), '{:.1f}')} | {ratio} |")
+                     f"{f(r.get('planned_gib'), '{:.1f}')} | {split(r)} | {ratio} |")
     return "\n".join(lines)
+
+
+def split(r):
+    """A train.py run's step time and the backend's split of it (result.json's step_split_s), median run."""
+    sp, st = r.get("step_split_s"), r.get("step_time_s")
+    if not sp or not st:
+        return "-"
+    return f"{st:.2f}: {sp.get('forward_backward_s', 0):.2f} / {sp.get('optimizer_s', 0):.2f}"
 
 
 def environment():

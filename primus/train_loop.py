@@ -218,7 +218,7 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
                 r = trainer.train_step(step)
                 dt = time.perf_counter() - t0
                 prof.after_step(step)
-                line = meter.step(step, r.loss, r.grad_norm, r.lr, dt, r.skipped, r.loss_scale)
+                line = meter.step(step, r.loss, r.grad_norm, r.lr, dt, r.skipped, r.loss_scale, r.phases)
                 for sink in sinks:
                     sink.write(line)
                 if step % t.log_interval == 0 or step == t.train_iters:

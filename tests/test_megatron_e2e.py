@@ -32,6 +32,10 @@ def test_one_process_trains_and_loss_decreases(tmp_path):
     assert sum(losses[-3:]) / 3 < losses[0] - 1.0, losses  # the mock data (counting sequences) is learnable
     assert "local spec + torch SDPA core attention" in out  # the log says which layer spec runs
     assert res["params"] == 1_311_872  # counted on the real model; matches primus.metrics.flops.param_counts
+    split = res["step_split_s"]  # the trainer's split of the step, each part timed inside it
+    assert set(split) == {"forward_backward_s", "optimizer_s", "other_s"}
+    assert split["forward_backward_s"] > 0 and split["optimizer_s"] > 0
+    assert max(split.values()) <= res["step_time_s"]["max"]
 
 
 @pytest.mark.parametrize("layout", [

@@ -54,3 +54,17 @@ def test_meter_mfu_and_summary_exclude_warmup():
     assert s["mfu"] == pytest.approx(tokens * flops_per_token(cfg.model, 4096) / 989.4e12)
     assert s["mfu_causal"] == pytest.approx(tokens * flops_per_token(cfg.model, 4096, causal=True) / 989.4e12)
     assert s["mfu_causal"] < s["mfu"] and s["mfu_fp8_peak"] == pytest.approx(s["mfu"] * 989.4 / 1978.9)
+
+
+def test_meter_splits_the_timed_steps_where_the_backend_times_their_parts():
+    cfg = compose_cfg(["model=debug", "training.timing_warmup_steps=1"])
+    meter = Meter(cfg, RunContext(device="cpu", world_size=1))
+    for i, (t, fb, opt) in enumerate([(9.0, 8.0, 0.5), (2.0, 1.5, 0.25), (2.2, 1.5, 0.5), (2.0, 1.25, 0.5)]):
+        meter.step(i + 1, 2.0, 1.0, 1e-4, t, phases={"forward_backward_s": fb, "optimizer_s": opt})
+    split = meter.summary()["step_split_s"]  # the warm-up step (8 s of compilation) is not in it
+    assert split["forward_backward_s"] == 1.5 and split["optimizer_s"] == 0.5
+    assert split["other_s"] == pytest.approx(0.25)  # the median of the steps' rest: 0.25, 0.2, 0.25
+    plain = Meter(cfg, RunContext(device="cpu", world_size=1))
+    plain.step(1, 2.0, 1.0, 1e-4, 1.0)
+    plain.step(2, 2.0, 1.0, 1e-4, 1.0)
+    assert "step_split_s" not in plain.summary()  # a backend that does not time its parts gets no split

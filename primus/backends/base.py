@@ -17,6 +17,9 @@ class StepResult:
     skipped: bool = False  # the optimizer skipped the update (fp16 overflow, non-finite guard)
     loss_scale: Optional[float] = None  # fp16: the dynamic loss scale after this step (None: no scaling)
     extra: Dict[str, float] = field(default_factory=dict)  # e.g. MoE aux loss
+    # seconds of the step's parts where the backend can tell them apart (forward_backward_s, optimizer_s): with an
+    # offloaded optimizer the second is the CPU step plus its transfers, the figure that global batch amortises
+    phases: Dict[str, float] = field(default_factory=dict)
 
 
 class Trainer(abc.ABC):

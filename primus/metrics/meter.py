@@ -36,6 +36,7 @@ class StepLine:
     mem_gib: float
     skipped: bool = False  # the optimizer did not apply this step's update
     loss_scale: Optional[float] = None  # fp16's loss scale after the step
+    phases: Optional[Dict[str, float]] = None  # the backend's split of step_time_s (StepResult.phases)
 
     def format(self, total_steps: int) -> str:
         gn = "n/a" if self.grad_norm is None else f"{self.grad_norm:.3f}"
@@ -65,13 +66,14 @@ class Meter:
         self.lines: List[StepLine] = []
 
     def step(self, step: int, loss: float, grad_norm: Optional[float], lr: float, step_time_s: float,
-             skipped: bool = False, loss_scale: Optional[float] = None) -> StepLine:
+             skipped: bool = False, loss_scale: Optional[float] = None,
+             phases: Optional[Dict[str, float]] = None) -> StepLine:
         tps = self.tokens_per_step / step_time_s
         per_gpu = tps / self.ctx.world_size
         tflops = per_gpu * self.flops_per_token / 1e12
         mfu = tflops / self.peak_bf16 if self.peak_bf16 else None
         line = StepLine(step, loss, grad_norm, lr, step_time_s, tps, per_gpu, tflops, mfu, peak_memory_gib(self.ctx.device),
-                        skipped, loss_scale)
+                        skipped, loss_scale, phases or None)
         self.lines.append(line)
         return line
 
@@ -109,7 +111,18 @@ class Meter:
             "losses": [l.loss for l in self.lines],
             "skipped_steps": [l.step for l in self.lines if l.skipped],
             **({"loss_scale": self.lines[-1].loss_scale} if self.lines[-1].loss_scale is not None else {}),
+            **self._split(timed),
         }
+
+    @staticmethod
+    def _split(timed: List[StepLine]) -> Dict:
+        """The median seconds of each part of the timed steps, and what the step spent outside them (the loop, the
+        loss reduction), where the backend times its parts."""
+        if not all(l.phases for l in timed):
+            return {}
+        split = {k: statistics.median(l.phases[k] for l in timed) for k in timed[0].phases}
+        split["other_s"] = max(0.0, statistics.median(l.step_time_s - sum(l.phases.values()) for l in timed))
+        return {"step_split_s": split}
 
 
 def is_finite(x: Optional[float]) -> bool:

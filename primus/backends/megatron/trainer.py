@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from functools import partial
 from typing import Any, Dict, List
 
@@ -400,6 +401,10 @@ class MegatronTrainer(Trainer):
         from primus import fault_injection
 
         self._nan_step = fault_injection.nan_at(step)
+        # the optimizer step's first device read waits for the backward anyway: a sync on each side of it costs
+        # nothing and splits the step into its GPU part and its optimizer part (CPU Adam and transfers if offloaded)
+        sync = torch.cuda.synchronize if self.ctx.device == "cuda" else (lambda: None)
+        t0 = time.perf_counter()
         for m in self.model:
             m.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -419,7 +424,11 @@ class MegatronTrainer(Trainer):
         level = a["empty_unused_memory_level"]
         if level >= 2 and self.ctx.device == "cuda":
             torch.cuda.empty_cache()
+        sync()
+        t1 = time.perf_counter()
         ok, grad_norm, _ = self.optimizer.step()
+        sync()
+        phases = {"forward_backward_s": t1 - t0, "optimizer_s": time.perf_counter() - t1}
         if not ok and grad_norm is None and getattr(self, "_guard", None) is not None:
             grad_norm = self._guard.last_norm  # skipped by the non-finite guard: report the norm it saw
         if ok:
@@ -428,7 +437,7 @@ class MegatronTrainer(Trainer):
             torch.cuda.empty_cache()
         scale = float(self.optimizer.get_loss_scale()) if self.cfg.precision.fp16 else None
         return StepResult(loss=self._global_loss(losses), grad_norm=None if grad_norm is None else float(grad_norm),
-                          lr=float(lr), skipped=not ok, loss_scale=scale)
+                          lr=float(lr), skipped=not ok, loss_scale=scale, phases=phases)
 
     def evaluate(self, step: int):
         """Forward only over training.eval_iters global batches of the validation split, read from its start each
