@@ -102,6 +102,12 @@ GROUPS = [
 ]
 
 
+def timed_steps() -> int:
+    """Timed steps per run after the one compiling step (TIMED_STEPS, default 2; 1 fits a 7B group's three points
+    in one part on an H200)."""
+    return max(1, int(os.environ.get("TIMED_STEPS", "2")))
+
+
 def bench_batch(g: Group) -> int:
     return g.global_batch if os.environ.get("FULL_BATCH") == "1" else max(1, g.global_batch // 4)
 
@@ -110,7 +116,8 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     """The group's points as bench/e2e.py arguments: ('--extra'|'--peer', 'NAME=ARGV'). `check`: train.py points
     as dry runs of the same command, the peers at the debug shape on a CPU (eager, no offload)."""
     gbs = bench_batch(g)
-    steps = "training.train_iters=3 training.timing_warmup_steps=1 training.lr_warmup_iters=1"
+    n = timed_steps()
+    steps = f"training.train_iters={n + 1} training.timing_warmup_steps=1 training.lr_warmup_iters=1"
     batch = f"training.global_batch_size={gbs}"
     out = []
     dry = " dry_run=true" if check else ""
@@ -125,7 +132,7 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
         size = "--seq 64 --batch 2 --global-batch 4 --steps 1 --warmup 1"
     else:
         shape = g.shape + (f" --layers {g.layers}" if g.layers else "")
-        size = f"--seq {g.seq} --batch 1 --global-batch {gbs} --steps 2 --warmup 1"
+        size = f"--seq {g.seq} --batch 1 --global-batch {gbs} --steps {n} --warmup 1"
     # torchao makes the peers' float8; a CPU check without it checks their bf16 path (the GPU machine has it)
     fp8 = g.fp8 and (not check or importlib.util.find_spec("torchao") is not None)
     if g.reference:
@@ -222,7 +229,8 @@ def main(argv=None) -> int:
             raise IndexError
     except (ValueError, IndexError):
         ap.error(f"{args.what!r}: a part 1-{len(parts())}, 'list' or 'tables'")
-    rc = run(e2e_cmd(g, f"atscale_{g.name}_r{r}", False, 420, 8 * 60), out)
+    # DEADLINE_S: start no point that the part's pace says would end after it (default 8 min: a part per call)
+    rc = run(e2e_cmd(g, f"atscale_{g.name}_r{r}", False, 420, float(os.environ.get("DEADLINE_S", 8 * 60))), out)
     tables(out)
     return rc
 
