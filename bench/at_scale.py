@@ -18,6 +18,8 @@ planner's estimate beside each megatron run's measured peak. The bench runs each
 preset's global batch (seq 4096: 64), 1 untimed step (compilation) + 2 timed: the same micro batch and the same
 per-micro-batch work, with the offloaded optimizer step spread over 4x fewer tokens than the preset's (a floor for
 the preset's tokens/s); FULL_BATCH=1 runs the presets' own global batch (about 4x the time: split the part).
+TIMED_STEPS=1 times one step instead of two (a 7B group's three points then fit one part on an H200); DEADLINE_S sets
+the part's deadline (default 480 s): a point the pace so far says would end after it is not started.
 
     bash bench/at_scale.sh list          # the parts and their points
     bash bench/at_scale.sh 1             # part 1 (GPU), tables to $OUT
