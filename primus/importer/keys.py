@@ -260,7 +260,7 @@ MEGATRON: Dict[str, Entry] = {
     "attention_dropout": Map(_no_dropout),
     "attention_softmax_in_fp32": No(NO_EQUIV + ": attention kernels accumulate softmax in fp32"),
     "position_embedding_type": No(NO_EQUIV + ": models here use RoPE (MLA: its own)"),
-    "add_qkv_bias": No(NO_EQUIV + ": models here have no biases"),
+    "add_qkv_bias": "model.add_qkv_bias",
     "activation_func": No(NO_EQUIV + ": models here use SwiGLU"),
     "spec": No(NO_EQUIV + ": backend.layer_spec picks the TE or the local layer spec"),
     # loss and fusions
