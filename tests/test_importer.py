@@ -326,3 +326,41 @@ def test_a_torchtitan_moe_experiment_balances_as_torchtitan_does(tmp_path):
     imp = import_experiment(str(p))
     assert imp.model_preset == "deepseek_v2_lite"
     assert imp.sets["moe.moe_router_load_balancing_type"] == "none"  # the preset's seq_aux_loss is megatron's
+
+
+def test_kimi_k2_without_a_context_length_in_primus_s_config_takes_the_published_one(monkeypatch):
+    monkeypatch.setenv("PRIMUS_MODEL", "kimi_k2")
+    imp = import_experiment(_f("dense.yaml"), PRIMUS_ROOT)
+    assert imp.model_preset == "kimi_k2" and imp.new_model["multi_latent_attention"] is True
+    assert imp.new_model["max_position_embeddings"] == 131072
+    assert any("gives no max_position_embeddings" in n and "131072" in n for n in imp.notes), imp.notes
+    # another zoo model without one is still refused, naming the key
+    monkeypatch.setattr("primus.importer.models.PUBLISHED_CONTEXT", {})
+    with pytest.raises(CannotImport, match="gives no max_position_embeddings"):
+        import_experiment(_f("dense.yaml"), PRIMUS_ROOT)
+
+
+def test_a_torchtitan_deepseek_experiment_drops_the_mtp_layers_torchtitan_cannot_build(tmp_path):
+    src = yaml.safe_load(open(_f("torchtitan.yaml")))
+    src["modules"]["pre_trainer"]["model"] = "deepseek_v3_671b.yaml"  # TorchTitan's name for DeepSeek-V3's shape
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(src))
+    imp = import_experiment(str(p))
+    assert imp.model_preset == "deepseek_v3" and compose_cfg(["model=deepseek_v3"]).model.mtp_num_layers == 1
+    assert imp.sets["model.mtp_num_layers"] == 0
+    assert any(n.startswith("set model.mtp_num_layers=0") and "TorchTitan" in n for n in imp.notes)
+    # the TorchTitan refusal of the preset's MTP layer is what the setting removes
+    from primus.config.errors import ConfigError
+    from primus.config.validate import validate
+    from primus.context import RunContext
+
+    def mtp_issues(extra):
+        cfg = compose_cfg(["backend=torchtitan", "model=deepseek_v3", "moe.moe_router_load_balancing_type=none"]
+                          + extra)
+        try:
+            validate(cfg, RunContext(device="cuda", world_size=8, dist_backend="nccl", planned=True))
+        except ConfigError as e:
+            return [i for i in e.issues if "model.mtp_num_layers" in i.keys]
+        return []
+
+    assert mtp_issues([]) and mtp_issues(["model.mtp_num_layers=0"]) == []
