@@ -34,11 +34,33 @@ def test_apply_levels_sets_the_console_and_file_handlers(tmp_path):
         apply_levels(compose_cfg(["logging.console_level=ERROR", "logging.file_level=DEBUG"]))
         assert console.level == logging.ERROR and file.level == logging.DEBUG
         assert logging.getLogger("primus").level == logging.DEBUG  # emits what the more verbose sink shows
+        apply_levels(compose_cfg(["logging.console_level=WARNING"]))
+        assert console.level == logging.WARNING and file.level == logging.INFO
+        assert logging.getLogger("primus").level == logging.NOTSET  # back to the root's level
     finally:
         root.removeHandler(console)
         root.removeHandler(file)
         file.close()
         logging.getLogger("primus").setLevel(before)
+
+
+def test_each_sink_of_the_run_log_keeps_its_own_level(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from primus import train_loop
+
+    ctx = SimpleNamespace(is_rank0=True, run_dir=str(tmp_path))
+    train_loop._LEVELS[ctx.run_dir] = (logging.INFO, logging.WARNING)  # as train() sets them
+    try:
+        train_loop._say(ctx, "step     1/3 | loss 7.6")
+        train_loop._say(ctx, "[primus] WARNING: a.b = 1: ignored", logging.WARNING)
+    finally:
+        train_loop._close_log(ctx)
+    out = capsys.readouterr().out
+    assert "step     1/3" in out and "WARNING: a.b" in out
+    log = (tmp_path / "train.log").read_text()
+    assert "step" not in log and "[primus][WARNING] - [primus] WARNING: a.b = 1: ignored" in log
+    assert ctx.run_dir not in train_loop._LEVELS  # forgotten with the run's log
 
 
 def test_importer_maps_primus_s_sink_levels(tmp_path):

@@ -102,11 +102,13 @@ def levels(cfg) -> Tuple[int, int]:
 
 def apply_levels(cfg) -> None:
     """The levels on the run's Python logging: Hydra's job logging gives the root logger a console and a
-    train.log handler (in the launching process); the `primus` logger emits down to the lower of the two."""
+    train.log handler (in the launching process). DEBUG on either sink lets the `primus` loggers emit their DEBUG
+    records (other libraries' stay at their own level); otherwise they inherit the root's level, as before."""
     console, file = levels(cfg)
     for h in logging.getLogger().handlers:
         if isinstance(h, logging.FileHandler):
             h.setLevel(file)
         elif isinstance(h, logging.StreamHandler):
             h.setLevel(console)
-    logging.getLogger("primus").setLevel(min(console, file))
+    low = min(console, file)
+    logging.getLogger("primus").setLevel(low if low < logging.INFO else logging.NOTSET)
