@@ -6,6 +6,7 @@ second, not a GPU allocation.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from typing import Any, Dict, Optional, Tuple
@@ -149,8 +150,11 @@ def _run(dcfg: DictConfig):
             record_described(meta, "valid", resolved=summary)
         return 0
 
+    from primus.features.logging import apply_levels, levels
+
+    apply_levels(cfg)  # Hydra's console and train.log handlers, in this (launching) process
     summary = resolved_summary(cfg, ctx)
-    if ctx.is_rank0:
+    if ctx.is_rank0 and levels(cfg)[0] <= logging.INFO:
         print("[primus] resolved: " + ", ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
 
     from primus.backends import backend_env

@@ -48,26 +48,34 @@ LOG_FILE = "train.log"  # Hydra's job log (${hydra.job.name}.log); the loop's ow
 
 
 _LOGS: Dict[str, Any] = {}  # run dir -> its train.log, open in append mode for the run (rank 0)
+_LEVELS: Dict[str, Any] = {}  # run dir -> (console, file) levels (logging.console_level / file_level)
 
 
-def _say(ctx: RunContext, msg: str) -> None:
+def _say(ctx: RunContext, msg: str, level: int = logging.INFO) -> None:
     """Rank 0's run lines (steps, checkpoints, resume) go to the console and to <run_dir>/train.log, so the loss
     history survives a SIGKILL without TensorBoard. Written by this process, line-buffered: in a multi-process run
-    Hydra's file handler lives in the launching process, not in this one."""
+    Hydra's file handler lives in the launching process, not in this one. Each sink shows the lines at or above its
+    level (logging.console_level, logging.file_level)."""
     if not ctx.is_rank0:
         return
-    print(msg, flush=True)
+    console, file = _LEVELS.get(ctx.run_dir, (logging.INFO, logging.INFO))
+    if level >= console:
+        print(msg, flush=True)
+    if level < file:
+        return
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    name = logging.getLevelName(level)
     try:
         f = _LOGS.get(ctx.run_dir)
         if f is None:
             f = _LOGS[ctx.run_dir] = open(os.path.join(ctx.run_dir, LOG_FILE), "a", buffering=1)
-        f.write("".join(f"[{stamp}][primus][INFO] - {line}\n" for line in msg.splitlines()))
+        f.write("".join(f"[{stamp}][primus][{name}] - {line}\n" for line in msg.splitlines()))
     except OSError:
         pass  # a full or read-only run dir: the console still has the line
 
 
 def _close_log(ctx: RunContext) -> None:
+    _LEVELS.pop(ctx.run_dir, None)
     f = _LOGS.pop(ctx.run_dir, None)
     if f is not None:
         try:
@@ -121,7 +129,7 @@ def _say_findings(ctx: RunContext, meta: Dict[str, Any]) -> None:
     for i in meta.get("implied_settings") or []:
         _say(ctx, f"[primus] implied: {i['key']} = {i['value']!r}: {i['why']}")
     for i in meta.get("ignored_settings") or []:
-        _say(ctx, f"[primus] WARNING: {i['key']} = {i['value']!r}: {i['why']}")
+        _say(ctx, f"[primus] WARNING: {i['key']} = {i['value']!r}: {i['why']}", logging.WARNING)
 
 
 def _evaluate(cfg: PrimusConfig, ctx: RunContext, trainer, step: int, sinks, result: Dict[str, Any]) -> None:
@@ -148,6 +156,10 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
 
     warnings_filters.install()  # before the backend is imported (a spawned worker starts here)
 
+    from primus.features.logging import apply_levels, levels
+
+    _LEVELS[ctx.run_dir] = levels(cfg)
+    apply_levels(cfg)
     t = cfg.training
     meter = Meter(cfg, ctx)
     result: Dict[str, Any] = {
@@ -232,7 +244,8 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
                     if cfg.training.on_nonfinite.value == "stop":
                         raise NonFiniteError(f"non-finite {what} at step {step}; stopping (training.on_nonfinite=stop)")
                     done = "update skipped" if r.skipped else "the backend did NOT skip the update"
-                    _say(ctx, f"[primus] non-finite {what} at step {step}: {done} (training.on_nonfinite=skip)")
+                    _say(ctx, f"[primus] non-finite {what} at step {step}: {done} (training.on_nonfinite=skip)",
+                         logging.WARNING)
                     result.setdefault("nonfinite_steps", []).append(
                         {"step": step, **{n: str(v) for n, v in bad}, "skipped": r.skipped})
                 last = step == t.train_iters

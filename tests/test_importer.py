@@ -163,7 +163,8 @@ def test_torchtitan_experiment_maps_sections_and_the_fp8_converter():
     assert s["training.lr"] == 0.0008  # Primus's torchtitan pre_trainer.yaml
     assert s["precision.fp8"] == "hybrid" and s["turbo.enable_primus_turbo"] is True
     reasons = {i.key: i.reason for i in imp.listed}
-    assert reasons["training.gc_freq"].startswith(K.NO_EQUIV) and reasons["sink_level"] == K.LOG_ONLY
+    assert reasons["training.gc_freq"].startswith(K.NO_EQUIV)
+    assert reasons["sink_level"] == "null: stderr_sink_level and file_sink_level decide"
 
 
 def test_write_experiment_and_model_presets(tmp_path):
@@ -204,12 +205,30 @@ def test_this_project_s_own_preset_is_not_a_primus_experiment(capsys):
     assert "no `modules:` mapping" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name,missing", [("bias.yaml", "q/k/v projection biases"),
+@pytest.mark.parametrize("name,missing", [("bias.yaml", "biases in the linear layers (add_bias_linear: True)"),
                                           ("mamba.yaml", "Mamba"),
                                           ("sft.yaml", "post-training")])
 def test_what_cannot_be_built_is_named(capsys, name, missing):
     assert main([_f(name), "--primus-root", PRIMUS_ROOT]) == 1
     assert missing in capsys.readouterr().err
+
+
+def test_qwen2_5_maps_to_its_preset_and_the_missing_biases_in_primus_s_config_are_noted():
+    imp = import_experiment(_f("qwen2_5.yaml"), PRIMUS_ROOT)
+    assert imp.model_preset == "qwen2_5_7b" and imp.new_model is None
+    assert compose_cfg([f"model={imp.model_preset}"]).model.add_qkv_bias is True
+    (note,) = [n for n in imp.notes if "differs from Primus's qwen2_5_7b" in n]
+    assert "add_qkv_bias: Primus False, here True" in note
+    assert imp.sets["training.seq_length"] == 2048 and imp.sets["model.max_position_embeddings"] == 131072
+    # the preset is this project's: no Primus checkout needed to import it
+    assert import_experiment(_f("qwen2_5.yaml")).model_preset == "qwen2_5_7b"
+
+
+def test_a_zoo_model_with_qkv_biases_becomes_a_preset_with_them(monkeypatch):
+    monkeypatch.setenv("PRIMUS_MODEL", "tinyqwen_2L")
+    imp = import_experiment(_f("dense.yaml"), PRIMUS_ROOT)
+    assert imp.model_preset == "tinyqwen_2l"
+    assert imp.new_model["add_qkv_bias"] is True and imp.new_model["rotary_base"] == 1000000
 
 
 def test_zoo_model_without_a_primus_checkout_asks_for_one():
@@ -268,8 +287,8 @@ def test_model_presets_written_have_only_model_fields():
 def test_imported_preset_dry_runs_through_train_py(tmp_path):
     conf = tmp_path / "conf"
     out = conf / "experiment" / "tiny_primus.yaml"
-    # one rank, as Primus's launch scripts read it (GPUS_PER_NODE, NNODES)
-    env = {**os.environ, "GPUS_PER_NODE": "1", "NNODES": "1"}
+    # one rank, as Primus's launch scripts read it (GPUS_PER_NODE, NNODES); a Qwen2-style zoo model (q/k/v biases)
+    env = {**os.environ, "GPUS_PER_NODE": "1", "NNODES": "1", "PRIMUS_MODEL": "tinyqwen_2L"}
     r = subprocess.run([PY, "-m", "primus.importer", _f("dense.yaml"), "--primus-root", PRIMUS_ROOT, "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
@@ -277,7 +296,7 @@ def test_imported_preset_dry_runs_through_train_py(tmp_path):
                         "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert '"num_layers": 2' in r.stdout and '"hidden_size": 64' in r.stdout
+    assert '"num_layers": 2' in r.stdout and '"hidden_size": 64' in r.stdout and '"add_qkv_bias": true' in r.stdout
 
 
 def test_a_sync_free_stage_overrides_primus_s_module_defaults_not_the_experiment(tmp_path):
@@ -308,3 +327,41 @@ def test_a_torchtitan_moe_experiment_balances_as_torchtitan_does(tmp_path):
     imp = import_experiment(str(p))
     assert imp.model_preset == "deepseek_v2_lite"
     assert imp.sets["moe.moe_router_load_balancing_type"] == "none"  # the preset's seq_aux_loss is megatron's
+
+
+def test_kimi_k2_without_a_context_length_in_primus_s_config_takes_the_published_one(monkeypatch):
+    monkeypatch.setenv("PRIMUS_MODEL", "kimi_k2")
+    imp = import_experiment(_f("dense.yaml"), PRIMUS_ROOT)
+    assert imp.model_preset == "kimi_k2" and imp.new_model["multi_latent_attention"] is True
+    assert imp.new_model["max_position_embeddings"] == 131072
+    assert any("gives no max_position_embeddings" in n and "131072" in n for n in imp.notes), imp.notes
+    # another zoo model without one is still refused, naming the key
+    monkeypatch.setattr("primus.importer.models.PUBLISHED_CONTEXT", {})
+    with pytest.raises(CannotImport, match="gives no max_position_embeddings"):
+        import_experiment(_f("dense.yaml"), PRIMUS_ROOT)
+
+
+def test_a_torchtitan_deepseek_experiment_drops_the_mtp_layers_torchtitan_cannot_build(tmp_path):
+    src = yaml.safe_load(open(_f("torchtitan.yaml")))
+    src["modules"]["pre_trainer"]["model"] = "deepseek_v3_671b.yaml"  # TorchTitan's name for DeepSeek-V3's shape
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(src))
+    imp = import_experiment(str(p))
+    assert imp.model_preset == "deepseek_v3" and compose_cfg(["model=deepseek_v3"]).model.mtp_num_layers == 1
+    assert imp.sets["model.mtp_num_layers"] == 0
+    assert any(n.startswith("set model.mtp_num_layers=0") and "TorchTitan" in n for n in imp.notes)
+    # the TorchTitan refusal of the preset's MTP layer is what the setting removes
+    from primus.config.errors import ConfigError
+    from primus.config.validate import validate
+    from primus.context import RunContext
+
+    def mtp_issues(extra):
+        cfg = compose_cfg(["backend=torchtitan", "model=deepseek_v3", "moe.moe_router_load_balancing_type=none"]
+                          + extra)
+        try:
+            validate(cfg, RunContext(device="cuda", world_size=8, dist_backend="nccl", planned=True))
+        except ConfigError as e:
+            return [i for i in e.issues if "model.mtp_num_layers" in i.keys]
+        return []
+
+    assert mtp_issues([]) and mtp_issues(["model.mtp_num_layers=0"]) == []

@@ -90,6 +90,14 @@ def test_megatron_param_and_adam_counts_exact(tmp_path, model):
     assert bd.optimizer_state_numel == states == 2 * params  # Adam exp_avg + exp_avg_sq
 
 
+def test_megatron_qkv_biases_counted_exactly(tmp_path):
+    ov = MEGATRON + ["model=debug", "model.add_qkv_bias=true"]
+    _, bd = _estimate(ov)
+    params, main, states = _megatron_counts(ov, str(tmp_path))
+    assert bd.params_numel == params == 1_311_872 + 4 * (4 + 2 * 2) * 32  # debug + one q/k/v bias per layer
+    assert bd.main_params_numel == main and bd.optimizer_state_numel == states == 2 * params
+
+
 def test_megatron_tied_embeddings_counted_once(tmp_path):
     ov = MEGATRON + ["model=debug", "model.tie_word_embeddings=true"]
     _, bd = _estimate(ov)

@@ -1,10 +1,22 @@
-"""The logging feature (observability): metric sinks and the profiler window (the `profile` group), see
-primus/features/__init__.py. The sinks are primus/metrics/; the shared loop records every step itself, so each
-backend's own logging is turned down to what the loop needs."""
+"""The logging feature (observability): metric sinks, the levels of the run log's two sinks (console and
+<run_dir>/train.log) and the profiler window (the `profile` group), see primus/features/__init__.py. The sinks are
+primus/metrics/; the shared loop records every step itself, so each backend's own logging is turned down to what the
+loop needs."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import List
+from enum import Enum
+from typing import List, Tuple
+
+
+class LogLevel(str, Enum):
+    # Python's logging levels; the run's own lines are INFO (steps, checkpoints, findings) or WARNING
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+    CRITICAL = "CRITICAL"
 
 from primus.config.errors import ConfigIssue
 from primus.features import rule
@@ -15,6 +27,9 @@ class LoggingConfig:
     tensorboard: bool = True  # event files in <run_dir>/tensorboard (rank 0)
     wandb: bool = False  # Weights & Biases, offline mode (needs the wandb package)
     wandb_project: str = "primus-hydra"
+    # the least severe line each sink shows: WARNING keeps the console to warnings while train.log keeps every step
+    console_level: LogLevel = LogLevel.INFO
+    file_level: LogLevel = LogLevel.INFO
 
 
 @dataclass
@@ -77,3 +92,23 @@ def torchtitan(cfg, ctx) -> dict:
         },
         "comm": {"trace_buf_size": 0},  # no flight-recorder files in the run dir
     }
+
+
+def levels(cfg) -> Tuple[int, int]:
+    """(console, file) as Python logging levels."""
+    lg = cfg.logging
+    return logging.getLevelName(lg.console_level.value), logging.getLevelName(lg.file_level.value)
+
+
+def apply_levels(cfg) -> None:
+    """The levels on the run's Python logging: Hydra's job logging gives the root logger a console and a
+    train.log handler (in the launching process). DEBUG on either sink lets the `primus` loggers emit their DEBUG
+    records (other libraries' stay at their own level); otherwise they inherit the root's level, as before."""
+    console, file = levels(cfg)
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            h.setLevel(file)
+        elif isinstance(h, logging.StreamHandler):
+            h.setLevel(console)
+    low = min(console, file)
+    logging.getLogger("primus").setLevel(low if low < logging.INFO else logging.NOTSET)

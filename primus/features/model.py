@@ -44,6 +44,7 @@ class ModelConfig:
     norm_epsilon: float = 1e-5  # RMSNorm eps
     tie_word_embeddings: bool = False  # share input embedding and output projection
     qk_layernorm: bool = False  # RMSNorm on q and k per head (Qwen3)
+    add_qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2 / Qwen2.5); every other linear has none
     # MoE architecture (num_experts None = dense)
     num_experts: Optional[int] = None  # routed experts per MoE layer
     moe_router_topk: int = 2  # experts per token
@@ -102,6 +103,11 @@ def model_values(cfg, ctx):
                                     "rotary_scaling_factor": m.rotary_scaling_factor},
                                    "YaRN needs the original context length and a scaling factor > 0",
                                    "e.g. original_max_position_embeddings=4096 rotary_scaling_factor=40 (DeepSeek-V2)"))
+    if m.add_qkv_bias and m.multi_latent_attention:
+        out.append(ConfigIssue(["model.add_qkv_bias", "model.multi_latent_attention"], True,
+                               "multi-latent attention's low-rank q/kv projections have no biases (megatron-core "
+                               "builds them bias-free whatever add_qkv_bias says)",
+                               "set model.add_qkv_bias=false for an MLA model"))
     if m.num_experts and m.moe_first_k_dense >= m.num_layers:
         out.append(ConfigIssue(["model.moe_first_k_dense", "model.num_layers"],
                                {"moe_first_k_dense": m.moe_first_k_dense, "num_layers": m.num_layers},
@@ -242,7 +248,8 @@ def megatron(cfg, ctx) -> Dict[str, Any]:
     rope = rope_fusion(cfg, ctx)
     act = activation_fusion(cfg, ctx)
     tc: Dict[str, Any] = {
-        # architecture: Llama-style decoder (pre-norm RMSNorm, SwiGLU, RoPE, no biases, no dropout)
+        # architecture: Llama-style decoder (pre-norm RMSNorm, SwiGLU, RoPE, no dropout; biases on q/k/v only
+        # with add_qkv_bias)
         "num_layers": m.num_layers,
         "hidden_size": m.hidden_size,
         "ffn_hidden_size": m.ffn_hidden_size,
@@ -254,7 +261,7 @@ def megatron(cfg, ctx) -> Dict[str, Any]:
         "gated_linear_unit": True,
         "activation_func": "silu",
         "add_bias_linear": False,
-        "add_qkv_bias": False,
+        "add_qkv_bias": m.add_qkv_bias,
         "hidden_dropout": 0.0,
         "attention_dropout": 0.0,
         # fusions: activation_fusion() / rope_fusion() say whose kernels; the rest need TE/apex extensions
@@ -363,6 +370,12 @@ def torchtitan_issues(cfg, ctx) -> List[ConfigIssue]:
     if m.cross_entropy_loss_fusion:
         issues.append(ConfigIssue(["model.cross_entropy_loss_fusion"], True,
                                   "torchtitan 0.2.2 has no fused cross entropy", "set false"))
+    if m.add_qkv_bias:
+        issues.append(ConfigIssue(["model.add_qkv_bias"], True,
+                                  "torchtitan 0.2.2's llama3, qwen3 and deepseek_v3 build their q/k/v projections "
+                                  "without biases (nn.Linear(..., bias=False)), so a Qwen2.5-style model cannot be "
+                                  "built there", "use backend=megatron, or set model.add_qkv_bias=false (a different "
+                                  "model: no q/k/v biases)"))
     if m.tie_word_embeddings and (par.tensor_model_parallel_size > 1 or par.pipeline_model_parallel_size > 1) \
             and not m.num_experts and not m.qk_layernorm:
         issues.append(ConfigIssue(["model.tie_word_embeddings"], True,

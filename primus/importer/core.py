@@ -157,8 +157,10 @@ def _apply(entry: K.Entry, key: str, value: Any, view: Dict[str, Any]) -> Dict[s
     return entry.fn(value, view)
 
 
-def _model_fields(zoo: Dict[str, Any], table: Dict[str, K.Entry], name: str) -> Dict[str, Any]:
-    """A preset's fields from a Primus (megatron) model config: its model.* keys and its router settings."""
+def _model_fields(zoo: Dict[str, Any], table: Dict[str, K.Entry], name: str,
+                  notes: Optional[List[str]] = None) -> Dict[str, Any]:
+    """A preset's fields from a Primus (megatron) model config: its model.* keys and its router settings. What the
+    preset takes from elsewhere than Primus's config is appended to `notes`."""
     fields: Dict[str, Any] = {"name": name}
     for key, value in zoo.items():
         entry = table.get(key)
@@ -187,11 +189,19 @@ def _model_fields(zoo: Dict[str, Any], table: Dict[str, K.Entry], name: str) -> 
         for k in ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                   "moe_first_k_dense") + MODEL_ROUTER:
             fields.pop(k, None)
+    if not fields.get("add_qkv_bias"):
+        fields.pop("add_qkv_bias", None)  # the default here: only a model with q/k/v biases names them
     if not fields.get("multi_latent_attention"):
         for k in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
                   "rotary_scaling_factor", "original_max_position_embeddings", "mscale", "mscale_all_dim"):
             fields.pop(k, None)
         fields.pop("multi_latent_attention", None)
+    if fields.get("max_position_embeddings") is None and name in M.PUBLISHED_CONTEXT:
+        fields["max_position_embeddings"] = M.PUBLISHED_CONTEXT[name]
+        if notes is not None:
+            notes.append(f"model {name}: Primus's model config gives no max_position_embeddings; the preset takes the "
+                         f"published context length, {M.PUBLISHED_CONTEXT[name]} (the experiment's own "
+                         "max_position_embeddings, if it sets one, still applies to the run)")
     missing = [k for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                            "max_position_embeddings") if fields.get(k) is None]
     if missing:
@@ -271,7 +281,7 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
             raise CannotImport(f"model {model_name} has no preset here (conf/model/{M.normalize(model_name)}.yaml); "
                                "pass --primus-root <Primus checkout> to import it from Primus's model zoo")
         preset = M.normalize(model_name)
-        out.new_model = _model_fields(zoo, table, preset)
+        out.new_model = _model_fields(zoo, table, preset, out.notes)
     out.model_preset = preset
 
     # Primus: the model's keys join the module's where the module has none; overrides come last
@@ -350,12 +360,30 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
         out.origin["moe.moe_router_load_balancing_type"] = "TorchTitan's MoE"
         out.notes.append("set moe.moe_router_load_balancing_type=none: TorchTitan 0.2.2's MoE balances with its "
                          "aux-loss-free expert bias, not an auxiliary loss")
+    if framework == "torchtitan" and "model.mtp_num_layers" not in out.sets and _preset_value(out, model_dir,
+                                                                                                 "mtp_num_layers"):
+        # TorchTitan 0.2.2's deepseek_v3 builds no multi-token-prediction layers, so Primus's TorchTitan runs of
+        # a model whose preset here has them train without them
+        depth = _preset_value(out, model_dir, "mtp_num_layers")
+        out.sets["model.mtp_num_layers"] = 0
+        out.origin["model.mtp_num_layers"] = "TorchTitan's deepseek_v3"
+        out.notes.append(f"set model.mtp_num_layers=0: model={out.model_preset} has {depth} multi-token-prediction "
+                         "layer(s); TorchTitan 0.2.2 builds none, so Primus's TorchTitan run trains without them")
     for src, ks in defaults_unmapped.items():
         out.listed.append(Listed(", ".join(sorted(ks)), None, src,
                                  "Primus defaults with no equivalent here (this project's defaults apply)"))
     if zoo and out.new_model is None and framework == "megatron":
         out.notes += _preset_differences(zoo, table, preset, model_dir)
     return out
+
+
+def _preset_value(out: Imported, model_dir: str, key: str) -> Any:
+    import yaml
+
+    if out.new_model is not None:
+        return out.new_model.get(key)
+    with open(M.preset_path(out.model_preset, model_dir)) as f:
+        return (yaml.safe_load(f) or {}).get(key)
 
 
 def _is_moe(out: Imported, model_dir: str) -> bool:
@@ -415,6 +443,7 @@ def _preset_differences(zoo, table, preset, model_dir) -> List[str]:
         theirs = _model_fields(zoo, table, preset)
     except CannotImport:
         return []
+    theirs.setdefault("add_qkv_bias", False)  # a model config without q/k/v biases leaves it out
     diff = [f"{k}: Primus {theirs[k]!r}, here {ours[k]!r}" for k in theirs
             if k in ours and k != "name" and ours[k] != theirs[k]]
     return [f"model={preset} differs from Primus's {preset} config in " + "; ".join(diff)] if diff else []

@@ -260,7 +260,7 @@ MEGATRON: Dict[str, Entry] = {
     "attention_dropout": Map(_no_dropout),
     "attention_softmax_in_fp32": No(NO_EQUIV + ": attention kernels accumulate softmax in fp32"),
     "position_embedding_type": No(NO_EQUIV + ": models here use RoPE (MLA: its own)"),
-    "add_qkv_bias": No(NO_EQUIV + ": models here have no biases"),
+    "add_qkv_bias": "model.add_qkv_bias",
     "activation_func": No(NO_EQUIV + ": models here use SwiGLU"),
     "spec": No(NO_EQUIV + ": backend.layer_spec picks the TE or the local layer spec"),
     # loss and fusions
@@ -336,8 +336,6 @@ MEGATRON: Dict[str, Entry] = {
     "wandb_project": "logging.wandb_project",
     "disable_wandb": _not("logging.wandb"),
     "disable_tensorboard": _not("logging.tensorboard"),
-    "stderr_sink_level": No("console and train.log levels are fixed here (" + LOG_ONLY + ")"),
-    "file_sink_level": No("console and train.log levels are fixed here (" + LOG_ONLY + ")"),
     "tensorboard_dir": No("TensorBoard writes to <run dir>/tensorboard"),
     "log_avg_skip_iterations": No("timing warm-up is training.timing_warmup_steps (" + LOG_ONLY + ")"),
     "log_avg_reset_interval": No(LOG_ONLY),
@@ -493,11 +491,17 @@ TORCHTITAN: Dict[str, Entry] = {
     "job.description": No(LOG_ONLY),
 }
 
+def _sink_level(key: str) -> Map:
+    # as Primus's logger setup reads them: a non-null sink_level overrides both sinks' own levels
+    return Map(lambda v, m: {key: str(m.get("sink_level") or v).upper()} if (m.get("sink_level") or v) else {})
+
+
 # both frameworks: Primus's own logging switches
 COMMON: Dict[str, Entry] = {
-    "sink_level": No(LOG_ONLY),
-    "stderr_sink_level": No("console and train.log levels are fixed here (" + LOG_ONLY + ")"),
-    "file_sink_level": No("console and train.log levels are fixed here (" + LOG_ONLY + ")"),
+    "sink_level": Map(lambda v, m: {"logging.console_level": str(v).upper(), "logging.file_level": str(v).upper()}
+                      if v else {}, "null: stderr_sink_level and file_sink_level decide"),
+    "stderr_sink_level": _sink_level("logging.console_level"),
+    "file_sink_level": _sink_level("logging.file_level"),
 }
 
 TABLES = {"megatron": {**COMMON, **MEGATRON}, "torchtitan": {**COMMON, **TORCHTITAN}}

@@ -33,7 +33,16 @@ TOKENIZER_VOCAB = {
     "deepseek-ai/DeepSeek-V2-Lite": 102400, "deepseek-ai/DeepSeek-V2": 102400, "deepseek-ai/DeepSeek-V3": 129280,
     "Qwen/Qwen3-0.6B": 151936, "Qwen/Qwen3-1.7B": 151936, "Qwen/Qwen3-4B": 151936, "Qwen/Qwen3-8B": 151936,
     "Qwen/Qwen3-14B": 151936, "Qwen/Qwen3-32B": 151936, "Qwen/Qwen3-30B-A3B": 151936,
-    "Qwen/Qwen3-235B-A22B": 151936, "moonshotai/Kimi-K2-Instruct": 163840,
+    "Qwen/Qwen3-235B-A22B": 151936,
+    "Qwen/Qwen2.5-0.5B": 151936, "Qwen/Qwen2.5-1.5B": 151936, "Qwen/Qwen2.5-3B": 151936, "Qwen/Qwen2.5-7B": 152064,
+    "Qwen/Qwen2.5-14B": 152064, "Qwen/Qwen2.5-32B": 152064, "Qwen/Qwen2.5-72B": 152064,
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": 151936, "moonshotai/Kimi-K2-Instruct": 163840,
+}
+
+# Published context lengths (HF config.json max_position_embeddings) of zoo models whose Primus config gives none
+# (after normalize())
+PUBLISHED_CONTEXT = {
+    "kimi_k2": 131072,  # moonshotai/Kimi-K2-Instruct
 }
 
 # Primus model families this project cannot build, by name prefix (after normalize()), and what is missing
@@ -44,8 +53,6 @@ UNSUPPORTED_FAMILIES = {
     "gpt_oss": "attention sinks, sliding-window attention and biased, clamped-SwiGLU experts (gpt-oss)",
     "llama4": "Llama 4's interleaved dense/MoE layers and chunked attention with no-RoPE layers",
     "grok": "Grok's attention/router logit soft-capping and its extra norms",
-    "qwen2_5": "q/k/v projection biases (Qwen2.5)",
-    "deepseek_r1_distill_qwen": "q/k/v projection biases (Qwen2.5 base)",
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention",
     "kimi_k3": "Kimi's linear (KDA) attention layers",
     "glm": "GLM's attention and MTP layout",
@@ -60,7 +67,6 @@ ARCH_KEYS: Dict[str, Tuple[Any, str]] = {
     "swiglu": (lambda v, m: v is not False, "a non-SwiGLU MLP"),
     "normalization": (lambda v, m: v in (None, "RMSNorm"), "LayerNorm (models here use RMSNorm)"),
     "add_bias_linear": (lambda v, m: not v, "biases in the linear layers"),
-    "add_qkv_bias": (lambda v, m: not v, "q/k/v projection biases"),
     "position_embedding_type": (lambda v, m: v in (None, "rope") or m.get("multi_latent_attention"),
                                 "a position embedding other than RoPE"),
     "use_rope_scaling": (lambda v, m: not v, "Llama-3.x RoPE frequency scaling"),

@@ -29,6 +29,13 @@ def attention_params(m: ModelConfig) -> int:
     return h * heads * dh + 2 * h * m.num_query_groups * dh + heads * dh * h
 
 
+def qkv_bias_params(m: ModelConfig) -> int:
+    """The q/k/v projection biases of one layer (add_qkv_bias; not matmul parameters, so outside N)."""
+    if not m.add_qkv_bias or m.multi_latent_attention:
+        return 0
+    return (m.num_attention_heads + 2 * m.num_query_groups) * head_dim(m)
+
+
 def dense_mlp_params(m: ModelConfig) -> int:
     return 3 * m.hidden_size * m.ffn_hidden_size  # SwiGLU: gate, up, down
 
@@ -54,7 +61,7 @@ class ParamCounts:
 def param_counts(m: ModelConfig) -> ParamCounts:
     h = m.hidden_size
     attn = attention_params(m)
-    norms_per_layer = 2 * h
+    norms_per_layer = 2 * h + qkv_bias_params(m)  # (+ the q/k/v biases: per-layer vectors like the norms)
     if m.qk_layernorm:  # GQA: per-head q/k norms; MLA: norms on the compressed latents
         norms_per_layer += (m.kv_lora_rank + (m.q_lora_rank or 0)) if m.multi_latent_attention else 2 * head_dim(m)
     moe_layers = num_moe_layers(m)

@@ -40,7 +40,7 @@ from typing import Dict, List, Optional
 from primus.config.schema import Backend, PrimusConfig
 from primus.features.precision import recipes, te_available
 from primus.metrics.flops import (attention_params, dense_mlp_params, expert_params, flops_per_token, head_dim,
-                                  num_moe_layers, shared_expert_params)
+                                  num_moe_layers, qkv_bias_params, shared_expert_params)
 from primus.plan.gpus import GiB, Gpu
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -162,6 +162,7 @@ def _layer_params(m, moe_layer: bool, tp: int, ep: int) -> Dict[str, int]:
     if m.multi_latent_attention:
         norms += m.kv_lora_rank + (m.q_lora_rank or 0)  # MLA's kv / q low-rank norms
     attn = attention_params(m) // tp
+    norms += qkv_bias_params(m) // tp  # the q/k/v biases are sharded with their column-parallel projection
     if moe_layer:
         router = h * m.num_experts  # replicated
         experts = m.num_experts // ep * expert_params(m) // tp
