@@ -343,3 +343,15 @@ def test_pick_cli_prints_the_overrides():
     assert r.returncode == 0, r.stderr
     assert "pick: full recompute, offload 0.5, micro batch 1" in r.stdout
     assert "overrides: recompute=full memory=offload memory.optimizer_offload_fraction=0.5" in r.stdout
+
+
+def test_plan_cli_answers_help_and_names_an_unknown_option(capsys):
+    from primus.plan.__main__ import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--pick" in out and "plan.gpu=" in out
+    assert main(["-h", "model=debug"]) == 0
+    assert main(["--picks", "model=debug"]) == 2  # a misspelt option, not Hydra's parse error
+    err = capsys.readouterr().err
+    assert "--picks: not an option" in err and "--pick and --help" in err

@@ -1,8 +1,11 @@
-"""`python -m primus.plan <hydra overrides>`: the plan without train.py (same composition, the plan's own checks
-and the counts only, no run dir).
+"""`python -m primus.plan [--pick] <hydra overrides>`: the plan without train.py (same composition, the plan's own
+checks and the counts only, no run dir).
 
     python -m primus.plan model=llama3_70b training=bench plan.gpu=H100
     python -m primus.plan --pick experiment=llama3_8b_megatron_fp8   # the recompute / offload / micro batch it picks
+
+Options: --pick prints the planner's pick as overrides (exit 1 when nothing fits); -h / --help prints this text.
+Everything else is a Hydra override, as train.py takes them (`plan.gpu=MI300X` plans for another GPU).
 """
 import os
 import sys
@@ -23,6 +26,15 @@ def main(argv=None) -> int:
     register()
     conf = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "conf")
     argv = list(sys.argv[1:] if argv is None else argv)
+    flags = [a for a in argv if a.startswith("-")]
+    if "-h" in flags or "--help" in flags:
+        print(__doc__.strip())
+        return 0
+    bad = [a for a in flags if a != "--pick"]
+    if bad:
+        print(f"[primus plan] {bad[0]}: not an option; the options are --pick and --help, and everything else is a "
+              "Hydra override (key=value, e.g. plan.gpu=H100)", file=sys.stderr)
+        return 2
     want_pick = "--pick" in argv
     overrides = quote_numeric_group_choices([a for a in argv if a != "--pick"])
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
