@@ -10,6 +10,10 @@ from enum import Enum
 from typing import List, Tuple
 
 
+from primus.config.errors import ConfigIssue
+from primus.features import rule
+
+
 class LogLevel(str, Enum):
     # Python's logging levels; the run's own lines are INFO (steps, checkpoints, findings) or WARNING
     DEBUG = "DEBUG"
@@ -17,9 +21,6 @@ class LogLevel(str, Enum):
     WARNING = "WARNING"
     ERROR = "ERROR"
     CRITICAL = "CRITICAL"
-
-from primus.config.errors import ConfigIssue
-from primus.features import rule
 
 
 @dataclass
