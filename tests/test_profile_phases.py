@@ -63,6 +63,36 @@ def test_backward_ops_count_for_the_phase_of_their_forward_op():
     assert per["router"] == per["optimizer"] == 0.0
 
 
+def _ev(name, parent=None, kernels=(), seq=-1, thread=1, fwd_thread=0, device="DeviceType.CPU", us=0.0,
+        annotation=False):
+    from types import SimpleNamespace
+
+    from torch.autograd.profiler_util import Interval, Kernel
+
+    return SimpleNamespace(name=name, key=name, cpu_parent=parent, kernels=[Kernel(k, 0, d) for k, d in kernels],
+                           sequence_nr=seq, thread=thread, fwd_thread=fwd_thread, device_type=device,
+                           time_range=Interval(0, us), is_user_annotation=annotation, self_cpu_time_total=0.0)
+
+
+def test_gpu_time_is_the_kernels_each_op_launched():
+    """On a GPU a range's own "kernel" is its gpu_user_annotation span (kineto mirrors the range there): not
+    counted; each op's kernels count for the phase of the op (forward) or of its forward op (backward); the total is
+    every device kernel, so kernels of no phase are "other"."""
+    rng = _ev(phases.PREFIX + "experts", kernels=[(phases.PREFIX + "experts", 500.0)], annotation=True)
+    fwd = _ev("aten::mm", parent=rng, kernels=[("sm90_gemm", 40.0)], seq=7)
+    node = _ev("autograd::engine::evaluate_function: MmBackward0", seq=7, thread=2, fwd_thread=1)
+    bwd = _ev("aten::mm", parent=_ev("MmBackward0", parent=node, seq=7, thread=2, fwd_thread=1), thread=2,
+              kernels=[("sm90_gemm", 30.0)])
+    loose = _ev("aten::add", kernels=[("elementwise", 5.0)])
+    dev = [_ev("sm90_gemm", device="DeviceType.CUDA", us=40.0), _ev("sm90_gemm", device="DeviceType.CUDA", us=30.0),
+           _ev("elementwise", device="DeviceType.CUDA", us=5.0),
+           _ev(phases.PREFIX + "experts", device="DeviceType.CUDA", us=500.0, annotation=True)]
+    per, total = phases.phase_breakdown([rng, fwd, node, bwd, loose, *dev], on_gpu=True)
+    assert total == 75.0
+    assert per["experts"] == 70.0 and per[phases.OTHER] == 5.0
+    assert sum(per.values()) == total
+
+
 def test_phase_table_rows_and_shares():
     per = {p: 0.0 for p in phases.PHASES}
     per.update({"router": 1000.0, "experts": 3000.0, phases.OTHER: 6000.0})
