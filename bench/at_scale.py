@@ -20,6 +20,12 @@ per-micro-batch work, with the offloaded optimizer step spread over 4x fewer tok
 the preset's tokens/s); FULL_BATCH=1 runs the presets' own global batch (about 4x the time: split the part).
 TIMED_STEPS=1 times one step instead of two (a 7B group's three points then fit one part on an H200); DEADLINE_S sets
 the part's deadline (default 480 s): a point the pace so far says would end after it is not started.
+PROFILE=1 profiles the MoE groups' megatron points (the preset and stock megatron-core) for one step, the first
+after the compiling step (`profile.enabled=true profile.start_step=2 profile.steps=1`; that step stays timed: the
+profiler costs about 0.2% of a step on the H200, docs/benchmarks.md), and `tables` (which each part runs at its end)
+copies each profiled run's tables into $OUT: phases_<part tag>_<point>.md, the step by phase (router,
+dispatch/permute, experts, combine/unpermute, shared experts, attention, dense MLP, optimizer, other), and
+kernels_<part tag>_<point>.md, the kernel categories.
 
     bash bench/at_scale.sh list          # the parts and their points
     bash bench/at_scale.sh 1             # part 1 (GPU), tables to $OUT
@@ -33,7 +39,9 @@ import importlib.util
 import glob
 import json
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -110,6 +118,13 @@ def timed_steps() -> int:
     return max(1, int(os.environ.get("TIMED_STEPS", "2")))
 
 
+def profile_overrides(g: Group) -> str:
+    """PROFILE=1: the profiler over the first step after the compiling one, on an MoE group's megatron points."""
+    if os.environ.get("PROFILE") != "1" or not g.moe:
+        return ""
+    return " profile.enabled=true profile.start_step=2 profile.steps=1"
+
+
 def bench_batch(g: Group) -> int:
     return g.global_batch if os.environ.get("FULL_BATCH") == "1" else max(1, g.global_batch // 4)
 
@@ -120,6 +135,7 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     gbs = bench_batch(g)
     n = timed_steps()
     steps = f"training.train_iters={n + 1} training.timing_warmup_steps=1 training.lr_warmup_iters=1"
+    steps += profile_overrides(g)
     batch = f"training.global_batch_size={gbs}"
     out = []
     dry = " dry_run=true" if check else ""
@@ -171,12 +187,39 @@ def run(cmd: List[str], out: str = "") -> int:
     return subprocess.call(cmd, cwd=ROOT, env={**os.environ, **({"OUT": out} if out else {})})
 
 
+def copy_profiles(runs_json: str, out: str) -> List[str]:
+    """The phase and kernel tables of each profiled train.py run of a part, copied into `out` (the run dirs stay on
+    the measuring machine): phases_<tag>_<point>.md, kernels_<tag>_<point>.md. Returns the phase tables copied."""
+    tag = os.path.basename(runs_json)[len("bench_"): -len("_runs.json")]
+    with open(runs_json) as f:
+        runs = json.load(f)
+    copied = []
+    for name, rows in runs.items():
+        for row in rows:
+            cmd = shlex.split(row.get("cmd", ""))
+            run_dir = next((c.split("=", 1)[1] for c in cmd if c.startswith("hydra.run.dir=")), None)
+            if "profile.enabled=true" not in cmd or run_dir is None:
+                continue
+            point = re.sub(r"[^A-Za-z0-9_.+-]+", "_", name).strip("_")
+            for kind in ("phases", "kernels"):
+                src = os.path.join(run_dir, "profile", f"{kind}_rank0.md")
+                if os.path.exists(src):
+                    dst = os.path.join(out, f"{kind}_{tag}_{point}.md")
+                    shutil.copyfile(src, dst)
+                    if kind == "phases":
+                        copied.append(dst)
+                        with open(dst) as f:
+                            print(f"[at_scale] {name}: step by phase ({dst})\n{f.read()}", flush=True)
+    return copied
+
+
 def tables(out: str) -> int:
     rc = 0
     for g in GROUPS:
         # a finished part's bench_<tag>.json carries the measuring machine's versions; a killed part left its runs
         files = []
         for runs in sorted(glob.glob(os.path.join(out, f"bench_atscale_{g.name}_r*_runs.json"))):
+            copy_profiles(runs, out)
             full = runs[: -len("_runs.json")] + ".json"
             files.append(full if os.path.exists(full) else runs)
         if files:

@@ -207,6 +207,7 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         ckpt = CheckpointManager(cfg, ctx, trainer, say=lambda m: _say(ctx, m))
         ckpt.precheck()  # an explicit checkpoint.resume path must be a whole checkpoint: fail before building
         info = trainer.setup() or {}
+        prof.attach(trainer)
         result["params"] = info.get("params")
         result["backend_info"] = {k: v for k, v in info.items() if k != "params"}
         _say(ctx, f"[primus] model {cfg.model.name}: {result['params']:,} parameters; "
@@ -274,6 +275,8 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         if prof is not None:
             prof.close()
             result["profile"] = {"trace": prof.trace_path, "memory_snapshot": prof.snapshot_path}
+            if prof.phases is not None:
+                result["profile"]["phases"] = prof.phases
         handle = result.pop("tuned_gemms", None)
         if handle is not None:
             result["tuned_gemm_stats"] = handle.stats()

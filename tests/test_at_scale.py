@@ -146,3 +146,40 @@ def test_pick_sweep_neighbours_are_valid_and_really_neighbours():
             bd = estimate_memory(cfg, H200, 1)
             assert bd.needed < bd.capacity * 1.05, (label, bd.needed / 2 ** 30)  # each could run on the H200
             assert pick(cfg, H200, 1).overrides == pick_ov  # the planner picks the preset's settings from each
+
+
+def test_profile_env_profiles_the_moe_groups_megatron_points_once(monkeypatch):
+    """PROFILE=1: the MoE groups' train.py points (preset, stock megatron-core) profile step 2, the first after the
+    compiling step; the peers and the dense groups are untouched; the preset still validates with it."""
+    monkeypatch.setenv("PROFILE", "1")
+    prof = "profile.enabled=true profile.start_step=2 profile.steps=1"
+    for g in at_scale.GROUPS:
+        for flag, spec in at_scale.points(g):
+            assert (prof in spec) == (g.moe and flag == "--extra"), (g.name, spec)
+    g = next(g for g in MOE if g.name == "deepseek_v2_lite")
+    spec = at_scale.points(g)[0][1].split("=", 1)[1].split()
+    cfg = compose_cfg(spec)
+    assert cfg.profile.enabled and cfg.profile.start_step == 2 and cfg.training.train_iters >= 2
+    monkeypatch.delenv("PROFILE")
+    assert not any("profile." in s for _, s in at_scale.points(g))
+
+
+def test_tables_copy_each_profiled_runs_phase_table(tmp_path):
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    out.mkdir()
+    for name, profiled in (("prof", True), ("plain", False)):
+        (runs / name / "profile").mkdir(parents=True)
+        (runs / name / "profile" / "phases_rank0.md").write_text(f"| router | {name} |\n")
+        (runs / name / "profile" / "kernels_rank0.md").write_text(f"| gemm | {name} |\n")
+    rows = {"deepseek_v2_lite megatron preset": [{"cmd": f"python train.py experiment=x profile.enabled=true "
+                                                          f"hydra.run.dir={runs / 'prof'}"}],
+            "deepseek_v2_lite megatron-core stock": [{"cmd": f"python train.py hydra.run.dir={runs / 'plain'}"}],
+            "deepseek_v2_lite torchtitan stock": [{"cmd": "python bench/torchtitan_stock.py --shape x"}]}
+    src = out / "bench_atscale_deepseek_v2_lite_r2_runs.json"
+    src.write_text(json.dumps(rows))
+    copied = at_scale.copy_profiles(str(src), str(out))
+    want = out / "phases_atscale_deepseek_v2_lite_r2_deepseek_v2_lite_megatron_preset.md"
+    assert copied == [str(want)] and want.read_text() == "| router | prof |\n"
+    assert (out / "kernels_atscale_deepseek_v2_lite_r2_deepseek_v2_lite_megatron_preset.md").read_text() == \
+        "| gemm | prof |\n"
+    assert sorted(p.name for p in out.glob("phases_*")) == [want.name]

@@ -2,7 +2,9 @@
 
 The trace is Chrome-trace JSON (opens in Perfetto and TensorBoard's profiler); each profiled step is a
 `ProfilerStep#N` range. The printed table splits step time into GEMM / attention / elementwise / communication /
-optimizer shares: the breakdown performance work starts from.
+optimizer shares: the breakdown performance work starts from. On the megatron backend a second table splits it by
+model phase (router, dispatch/permute, experts, combine/unpermute, shared experts, attention, dense MLP,
+optimizer, other; see phases.py).
 """
 from __future__ import annotations
 
@@ -45,6 +47,25 @@ class StepProfiler:
         self.trace_path: Optional[str] = None
         self.snapshot_path: Optional[str] = None
         self.table: Optional[str] = None
+        self.phase_table: Optional[str] = None
+        self.phases: Optional[dict] = None
+        self._trainer = None
+        self._wrapped = None
+
+    def attach(self, trainer) -> None:
+        """The trainer whose model gets phase ranges inside the window (megatron: its `model` chunks)."""
+        self._trainer = trainer
+
+    def _install_phases(self) -> None:
+        if self._trainer is None or self.cfg.backend.name.value != "megatron":
+            return
+        from primus.metrics import phases
+
+        self._wrapped = phases.install(self._trainer.model, getattr(self._trainer, "optimizer", None))
+
+    def _remove_phases(self) -> None:
+        if self._wrapped is not None:
+            self._wrapped.remove()
 
     def before_step(self, step: int) -> None:
         import torch
@@ -60,6 +81,7 @@ class StepProfiler:
             self.prof = torch.profiler.profile(activities=acts, record_shapes=self.cfg.profile.record_shapes,
                                                with_stack=self.cfg.profile.with_stack)
             self.prof.start()
+            self._install_phases()
         self._range = torch.profiler.record_function(f"ProfilerStep#{step}")
         self._range.__enter__()
 
@@ -77,6 +99,7 @@ class StepProfiler:
             print(f"[primus] memory snapshot: {self.snapshot_path} (open at https://pytorch.org/memory_viz)", flush=True)
         if self.prof is not None and step == self.last:
             self.prof.stop()
+            self._remove_phases()
             os.makedirs(self.out_dir, exist_ok=True)
             self.trace_path = os.path.join(self.out_dir, f"trace_rank{self.ctx.rank}.json")
             self.prof.export_chrome_trace(self.trace_path)
@@ -85,12 +108,27 @@ class StepProfiler:
             with open(os.path.join(self.out_dir, f"kernels_rank{self.ctx.rank}.md"), "w") as f:
                 f.write(self.table + "\n")
             print(f"[primus] profiler trace: {self.trace_path}\n{self.table}", flush=True)
+            if self._wrapped is not None:
+                self._write_phases()
             self.prof = None
+
+    def _write_phases(self) -> None:
+        from primus.metrics import phases
+
+        on_gpu, steps = self.ctx.device == "cuda", self.cfg.profile.steps
+        per, total = phases.phase_breakdown(self.prof.events(), on_gpu)
+        self.phase_table = phases.phase_table(per, total, on_gpu, steps, self._wrapped.compiled_layers)
+        self.phases = phases.as_json(per, total, steps)
+        path = os.path.join(self.out_dir, f"phases_rank{self.ctx.rank}.md")
+        with open(path, "w") as f:
+            f.write(self.phase_table + "\n")
+        print(f"[primus] step by phase ({path}):\n{self.phase_table}", flush=True)
 
     def close(self) -> None:
         if self.prof is not None:  # the run ended inside the window: keep what was recorded
             self.prof.stop()
             self.prof = None
+        self._remove_phases()
 
 
 def is_annotation(e) -> bool:

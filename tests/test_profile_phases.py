@@ -1,0 +1,155 @@
+"""The profiler's per-phase table: attribution of forward and backward ops to phase ranges (unit, a real torch
+profile on CPU), the table's rows, and a megatron MoE run whose table has every MoE phase and whose losses are
+those of the unprofiled run (e2e)."""
+import json
+import os
+
+import pytest
+import torch
+
+from primus.metrics import phases
+from test_launch_common import run_train, tail
+
+
+def _profiled_step():
+    """A real CPU profile: phase "experts" around one linear, "attention" around another, loss outside any range."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+    x = torch.randn(16, 32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.record_function(phases.PREFIX + "attention"):
+            h = a(x)
+        with torch.profiler.record_function(phases.PREFIX + "experts"):
+            y = b(h).relu()
+        (y * y).mean().backward()
+    return prof.events()
+
+
+def _forward_only(events, phase):
+    """Self CPU time of the aten ops inside the phase's forward range."""
+    total = 0.0
+    for e in events:
+        x = e.cpu_parent
+        while x is not None and not x.name.startswith(phases.PREFIX):
+            x = x.cpu_parent
+        if e.name.startswith("aten::") and x is not None and x.name == phases.PREFIX + phase:
+            total += e.self_cpu_time_total
+    return total
+
+
+def test_backward_ops_count_for_the_phase_of_their_forward_op():
+    events = _profiled_step()
+    per, total = phases.phase_breakdown(events, on_gpu=False)
+    aten = sum(e.self_cpu_time_total for e in events if e.name.startswith("aten::"))
+    assert total == pytest.approx(aten)
+    assert sum(per.values()) == pytest.approx(total)
+    # the backward mm's of each linear (AddmmBackward0) land in its phase, beyond what its forward range holds
+    bwd_mm = {}
+    for e in events:
+        if e.name == "aten::mm":
+            node = e.cpu_parent
+            while node is not None and not node.name.startswith("autograd::engine::evaluate_function:"):
+                node = node.cpu_parent
+            assert node is not None  # the forward used addmm: every mm here is a backward one
+            bwd_mm.setdefault((node.fwd_thread, node.sequence_nr), 0.0)
+            bwd_mm[(node.fwd_thread, node.sequence_nr)] += e.self_cpu_time_total
+    assert len(bwd_mm) == 2
+    for p in ("attention", "experts"):
+        assert per[p] > _forward_only(events, p) > 0
+    assert per["attention"] + per["experts"] >= _forward_only(events, "attention") + _forward_only(
+        events, "experts") + sum(bwd_mm.values()) - 1e-6
+    # the loss (mul, mean) and its backward are in no range
+    assert per[phases.OTHER] > 0
+    assert per["router"] == per["optimizer"] == 0.0
+
+
+def _ev(name, parent=None, kernels=(), seq=-1, thread=1, fwd_thread=0, device="DeviceType.CPU", us=0.0,
+        annotation=False):
+    from types import SimpleNamespace
+
+    from torch.autograd.profiler_util import Interval, Kernel
+
+    return SimpleNamespace(name=name, key=name, cpu_parent=parent, kernels=[Kernel(k, 0, d) for k, d in kernels],
+                           sequence_nr=seq, thread=thread, fwd_thread=fwd_thread, device_type=device,
+                           time_range=Interval(0, us), is_user_annotation=annotation, self_cpu_time_total=0.0)
+
+
+def test_gpu_time_is_the_kernels_each_op_launched():
+    """On a GPU a range's own "kernel" is its gpu_user_annotation span (kineto mirrors the range there): not
+    counted; each op's kernels count for the phase of the op (forward) or of its forward op (backward); the total is
+    every device kernel, so kernels of no phase are "other"."""
+    rng = _ev(phases.PREFIX + "experts", kernels=[(phases.PREFIX + "experts", 500.0)], annotation=True)
+    fwd = _ev("aten::mm", parent=rng, kernels=[("sm90_gemm", 40.0)], seq=7)
+    node = _ev("autograd::engine::evaluate_function: MmBackward0", seq=7, thread=2, fwd_thread=1)
+    bwd = _ev("aten::mm", parent=_ev("MmBackward0", parent=node, seq=7, thread=2, fwd_thread=1), thread=2,
+              kernels=[("sm90_gemm", 30.0)])
+    loose = _ev("aten::add", kernels=[("elementwise", 5.0)])
+    dev = [_ev("sm90_gemm", device="DeviceType.CUDA", us=40.0), _ev("sm90_gemm", device="DeviceType.CUDA", us=30.0),
+           _ev("elementwise", device="DeviceType.CUDA", us=5.0),
+           _ev(phases.PREFIX + "experts", device="DeviceType.CUDA", us=500.0, annotation=True)]
+    per, total = phases.phase_breakdown([rng, fwd, node, bwd, loose, *dev], on_gpu=True)
+    assert total == 75.0
+    assert per["experts"] == 70.0 and per[phases.OTHER] == 5.0
+    assert sum(per.values()) == total
+
+
+def test_phase_table_rows_and_shares():
+    per = {p: 0.0 for p in phases.PHASES}
+    per.update({"router": 1000.0, "experts": 3000.0, phases.OTHER: 6000.0})
+    table = phases.phase_table(per, 10_000.0, on_gpu=True, steps=2)
+    rows = {r.split("|")[1].strip(): r for r in table.splitlines() if r.startswith("| ") and "---" not in r}
+    assert list(rows)[1:] == phases.PHASES + [phases.OTHER, "total"]
+    assert rows["router"] == "| router | 0.50 | 10.0% |"  # 1000 us over 2 steps
+    assert rows["experts"] == "| experts | 1.50 | 30.0% |"
+    assert rows["total"] == "| total | 5.00 | 100.0% |"
+    assert "share of device time" in table and "compile" not in table
+    assert "3 torch.compile'd layers" in phases.phase_table(per, 10_000.0, False, 1, compiled_layers=3)
+    js = phases.as_json(per, 10_000.0, 2)
+    assert js["experts"] == {"ms_per_step": 1.5, "share": 0.3} and set(js) == set(phases.PHASES) | {phases.OTHER}
+
+
+def test_remove_puts_back_the_attributes_it_replaced():
+    class Dispatcher:
+        def token_dispatch(self, x):
+            return x + 1
+
+    d = Dispatcher()
+    own = lambda x: x * 10  # noqa: E731 - an instance attribute set before (as a library patch would)
+    d.combine = own
+    done = phases.Installed()
+    done.wrap(d, "token_dispatch", "dispatch/permute")
+    done.wrap(d, "combine", "combine/unpermute")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        assert d.token_dispatch(torch.ones(1)).item() == 2 and d.combine(torch.ones(1)).item() == 10
+    names = {e.name for e in prof.events()}
+    assert {phases.PREFIX + "dispatch/permute", phases.PREFIX + "combine/unpermute"} <= names
+    done.remove()
+    assert "token_dispatch" not in d.__dict__ and d.combine is own
+    assert done.counts == {"dispatch/permute": 1, "combine/unpermute": 1}
+
+
+MOE = ["model=debug_moe", "training.seq_length=64", "training.micro_batch_size=2", "training.global_batch_size=2",
+       "training.train_iters=3", "training.timing_warmup_steps=0", "device=cpu"]
+
+
+@pytest.mark.e2e
+def test_megatron_moe_phase_table_and_unchanged_losses(tmp_path):
+    plain = run_train([*MOE, f"hydra.run.dir={tmp_path / 'plain'}"])
+    assert plain.returncode == 0, tail(plain)
+    p = run_train([*MOE, "profile.enabled=true", "profile.start_step=2", "profile.steps=1",
+                   f"hydra.run.dir={tmp_path / 'prof'}"])
+    assert p.returncode == 0, tail(p)
+    res = json.load(open(tmp_path / "prof" / "result.json"))
+    ref = json.load(open(tmp_path / "plain" / "result.json"))
+    # the ranges change no computation, and are gone after the window (step 3 runs the library's methods)
+    assert res["losses"] == ref["losses"]
+    table = open(tmp_path / "prof" / "profile" / "phases_rank0.md").read()
+    assert os.path.isfile(tmp_path / "prof" / "profile" / "kernels_rank0.md")
+    got = res["profile"]["phases"]
+    for phase in ("router", "dispatch/permute", "experts", "combine/unpermute", "shared experts", "attention",
+                  "optimizer", "other"):
+        assert got[phase]["ms_per_step"] > 0, (phase, table)
+        assert f"| {phase} | {got[phase]['ms_per_step']:.2f} |" in table
+    assert got["dense MLP"]["ms_per_step"] == 0  # every debug_moe layer is an MoE layer
+    assert sum(v["share"] for v in got.values()) == pytest.approx(1.0, abs=2e-3)
+    assert "[primus] step by phase" in p.stdout
