@@ -102,7 +102,7 @@ def test_phase_table_rows_and_shares():
     assert rows["router"] == "| router | 0.50 | 10.0% |"  # 1000 us over 2 steps
     assert rows["experts"] == "| experts | 1.50 | 30.0% |"
     assert rows["total"] == "| total | 5.00 | 100.0% |"
-    assert "share of device time" in table and "compile" not in table
+    assert "share of GPU kernel time" in table and "compile" not in table
     assert "3 torch.compile'd layers" in phases.phase_table(per, 10_000.0, False, 1, compiled_layers=3)
     js = phases.as_json(per, 10_000.0, 2)
     assert js["experts"] == {"ms_per_step": 1.5, "share": 0.3} and set(js) == set(phases.PHASES) | {phases.OTHER}

@@ -22,7 +22,7 @@ recomputed forward (activation checkpointing) runs inside the same wrapped calls
 "other" is what no range claims: embedding, layer norms, residual adds, the loss, gradient accumulation into the
 DDP buffers and its reduction, and kernels launched outside any op.
 
-Time is the device time of the kernels each op launched (GPU) or the self CPU time of aten ops (CPU runs), the
+Time is the GPU time of the kernels each op launched (GPU runs) or the self CPU time of aten ops (CPU runs), the
 same totals as the kernel table. The wrappers are instance attributes set at the window's first step and removed
 after its last, so that the unprofiled steps run the library's own methods. A torch.compile'd layer is left
 unwrapped (new ranges would recompile it inside the window): its phases then count as "other", and the table
@@ -191,7 +191,7 @@ def phase_breakdown(events, on_gpu: bool) -> Tuple[Dict[str, float], float]:
 
 
 def phase_table(per: Dict[str, float], total: float, on_gpu: bool, steps: int, compiled_layers: int = 0) -> str:
-    unit = "device" if on_gpu else "CPU (aten ops)"
+    unit = "GPU kernel" if on_gpu else "CPU (aten ops)"
     lines = [f"| phase (forward + backward) | time/step (ms) | share of {unit} time |", "|---|---:|---:|"]
     for p in PHASES + [OTHER]:
         t = per.get(p, 0.0)

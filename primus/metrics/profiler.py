@@ -168,7 +168,7 @@ def kernel_breakdown(events, on_gpu: bool) -> Tuple[Dict[str, float], List[Tuple
 def kernel_table(prof, on_gpu: bool, top: int, steps: int) -> str:
     per_cat, rows = kernel_breakdown(prof.key_averages(), on_gpu)
     total = sum(per_cat.values()) or 1.0
-    unit = "device" if on_gpu else "CPU (aten ops)"
+    unit = "GPU kernel" if on_gpu else "CPU (aten ops)"
     lines = [f"| category | time/step (ms) | share of {unit} time |", "|---|---:|---:|"]
     for cat, t in sorted(per_cat.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {cat} | {t / 1000 / steps:.2f} | {100 * t / total:.1f}% |")
