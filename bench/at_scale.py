@@ -29,6 +29,8 @@ kernels_<part tag>_<point>.md, the kernel categories.
 
     bash bench/at_scale.sh list          # the parts and their points
     bash bench/at_scale.sh 1             # part 1 (GPU), tables to $OUT
+    bash bench/at_scale.sh 1-3,13        # parts 1, 2, 3 and 13, one after another
+    bash bench/at_scale.sh all           # every row of the issue at once (about 3.5 h on an H200, no deadline)
     bash bench/at_scale.sh tables        # pool every part's runs found in $OUT into one table per group
     bash bench/at_scale.sh --check       # every entry at the debug shape on this CPU (train.py points: dry runs)
 """
@@ -233,7 +235,8 @@ def tables(out: str) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", nargs="?", default="list", help="a part number, 'list' or 'tables'")
+    ap.add_argument("what", nargs="?", default="list",
+                    help="a part number, several ('1-3,13'), 'all' (every row, one after another), 'list' or 'tables'")
     ap.add_argument("--check", action="store_true", help="every group's entries on this CPU, at the debug shape")
     ap.add_argument("--only", nargs="*", help="with --check: these groups only")
     args = ap.parse_args(argv)
@@ -267,18 +270,34 @@ def main(argv=None) -> int:
         return 0
     if args.what == "tables":
         return tables(out)
-    try:
-        k = int(args.what)
+    ks = part_numbers(args.what)
+    if ks is None:
+        ap.error(f"{args.what!r}: a part 1-{len(parts())}, a list of them ('1-3,13'), 'all', 'list' or 'tables'")
+    # DEADLINE_S: start no point that the part's pace says would end after it (default 8 min, a part per call of a
+    # machine that limits calls; 'all' has none unless set)
+    deadline = float(os.environ.get("DEADLINE_S", 0 if args.what == "all" else 8 * 60))
+    rc = 0
+    for k in ks:
         g, r = parts()[k - 1]
-        if k < 1:
-            raise IndexError
-    except (ValueError, IndexError):
-        ap.error(f"{args.what!r}: a part 1-{len(parts())}, 'list' or 'tables'")
-    # DEADLINE_S: start no point that the part's pace says would end after it (default 8 min: a part per call)
-    rc = run(e2e_cmd(g, f"atscale_{g.name}_r{r}", False, 420, float(os.environ.get("DEADLINE_S", 8 * 60))), out)
+        print(f"[at_scale] part {k} of {len(parts())}: {g.name}, repeat {r}/{REPEATS}", flush=True)
+        rc |= run(e2e_cmd(g, f"atscale_{g.name}_r{r}", False, 420, deadline), out)
     tables(out)
     return rc
 
+
+def part_numbers(spec: str):
+    """'all', '7', '1-3,13' -> the part numbers in order (None if the spec names no valid part)."""
+    n = len(parts())
+    if spec == "all":
+        return list(range(1, n + 1))
+    out = []
+    try:
+        for piece in spec.split(","):
+            lo, _, hi = piece.partition("-")
+            out += range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        return None
+    return out if out and all(1 <= k <= n for k in out) else None
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -84,9 +84,17 @@ def test_parts_run_each_group_three_times_with_the_same_points():
                    for f, s in checks if f == "--peer")
 
 
-def test_unknown_part_is_refused_with_the_range():
-    with pytest.raises(SystemExit):
-        at_scale.main(["99"])
+def test_unknown_part_is_refused_with_the_range(capsys):
+    for bad in ("99", "0", "1-31", "2,x", "one"):
+        with pytest.raises(SystemExit):
+            at_scale.main([bad])
+        assert "a part 1-30" in capsys.readouterr().err
+
+
+def test_parts_are_named_one_by_one_in_ranges_or_all():
+    assert at_scale.part_numbers("7") == [7]
+    assert at_scale.part_numbers("1-3,13") == [1, 2, 3, 13]
+    assert at_scale.part_numbers("all") == list(range(1, len(at_scale.parts()) + 1))
 
 
 @pytest.mark.slow
