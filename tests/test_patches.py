@@ -13,6 +13,7 @@ from primus.patches.registry import Conditions, Workaround, apply_all, pin, vers
 ALL = all_workarounds()
 
 EXPECTED = {
+    "megatron.import.deferred_jit_fuser": ("megatron-core", PINNED_MCORE),
     "megatron.no_te.te_general_gemm_name": ("megatron-core", PINNED_MCORE),
     "megatron.no_te.mla_have_te": ("megatron-core", PINNED_MCORE),
     "megatron.optimizer.foreach_multi_tensor": ("megatron-core", PINNED_MCORE),
