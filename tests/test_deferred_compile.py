@@ -1,4 +1,5 @@
-"""patches/deferred_compile.py: megatron's import-time torch.compile decorations are built at first call."""
+"""Deferred torch.compile (primus/patches/deferred_compile.py): the import-time decorations of megatron-core and
+TorchTitan are built at first call."""
 import subprocess
 import sys
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from primus.backends.megatron.patches import deferred_compile as dc
+from primus.patches import deferred_compile as dc
 
 
 @pytest.fixture
@@ -56,12 +57,33 @@ def test_first_megatron_import_defers_its_compiles_and_restores_torch_compile():
     script = """
 import sys, torch
 real = torch.compile
-from primus.backends.megatron.patches.deferred_compile import deferred, import_megatron_core
+from primus.backends.megatron.patches.deferred_compile import import_megatron_core
+from primus.patches.deferred_compile import deferred
 assert import_megatron_core() is True and import_megatron_core() is False
 from megatron.core import jit
 from megatron.core.fusions import fused_bias_swiglu
 assert torch.compile is real and jit.jit_fuser is deferred
 assert fused_bias_swiglu.swiglu.primus_deferred_compile == []
+assert "torch._inductor.compile_fx" not in sys.modules
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-W", "ignore", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr[-3000:]
+
+
+@pytest.mark.e2e
+def test_torchtitan_patches_import_the_trainer_with_its_compiles_deferred():
+    script = """
+import sys, torch
+real = torch.compile
+from primus.backends.torchtitan import patches
+from primus.patches.deferred_compile import deferred
+applied = patches.apply("cpu")
+assert applied["torchtitan.import.deferred_attention_compile"] is True and "torchtitan.train" in sys.modules
+from torchtitan.models import attention
+assert torch.compile is real and attention._compiled_create_block_mask.primus_deferred_compile == []
+assert attention.FlexAttentionWrapper._compiled_flex_attn.__wrapped__ is attention.flex_attention
 assert "torch._inductor.compile_fx" not in sys.modules
 print("ok")
 """
