@@ -96,7 +96,7 @@ def one_compose_per_run(argv: List[str]) -> bool:
 
     Hydra 1.3's `_run_hydra` calls `Hydra.get_mode` before every run or multirun: it composes the whole config
     (every defaults list, the structured schema) only to read `hydra.mode`, then `Hydra.run` / `Hydra.multirun`
-    composes it again: 0.3-0.5 s of CPU per start (each start of a sweep point or a test run pays it). No file in
+    composes it again: 0.2-0.5 s of CPU per start (each start of a sweep point or a test run pays it). No file in
     conf/ sets `hydra.mode` (tests/test_help.py checks every one), so with our configs alone get_mode's answer is
     None, and Hydra then takes RUN, or MULTIRUN for -m, as it does for that None. The compose is skipped only
     then: not when an override names hydra.mode or a Hydra group (hydra/...), nor when --config-dir, --config-path
