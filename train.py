@@ -13,7 +13,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from primus.config.hydra_compat import is_saved_run_dir, quick_group_listing, quote_numeric_group_choices
+from primus.config.hydra_compat import (is_saved_run_dir, one_compose_per_run, quick_group_listing,
+                                        quote_numeric_group_choices)
 from primus.config.schema import register
 
 register()
@@ -66,6 +67,7 @@ def main(cfg: DictConfig):
 if __name__ == "__main__":
     sys.argv[1:] = quote_numeric_group_choices(sys.argv[1:])
     quick_group_listing(sys.argv[1:])
+    one_compose_per_run(sys.argv[1:])
     conf = None if is_saved_run_dir(sys.argv[1:]) else "conf"
     try:
         hydra.main(config_path=conf, config_name="config", version_base="1.3")(main)()

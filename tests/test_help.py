@@ -10,7 +10,7 @@ from test_launch_common import run_train
 
 from primus import exit_codes
 from primus.config.help import describe, groups_text, options, presets_text
-from primus.config.hydra_compat import quick_group_listing
+from primus.config.hydra_compat import one_compose_per_run, quick_group_listing
 from primus.config.schema import GROUPS
 
 
@@ -60,6 +60,58 @@ def test_a_schema_is_not_an_option_of_its_group():
 
 def test_quick_group_listing_applies_only_to_help_requests():
     assert quick_group_listing(["model=debug"]) is False
+
+
+def test_no_config_sets_hydra_mode():
+    """one_compose_per_run answers Hydra's mode look-up with None without composing: right only while no file in
+    conf/ puts a value at hydra.mode (a file lands at its `# @package`, else at its group's path)."""
+    import re
+
+    import yaml
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    def keys(node, prefix):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield from keys(v, f"{prefix}.{k}" if prefix else str(k))
+        yield prefix
+
+    landed = set()
+    for root, _, files in os.walk(CONF):
+        group = os.path.relpath(root, CONF).replace(os.sep, ".")
+        for name in (f for f in files if f.endswith(".yaml")):
+            with open(os.path.join(root, name)) as f:
+                text = f.read()
+            m = re.search(r"^#\s*@package\s+(\S+)", text, re.M)
+            package = m.group(1) if m else ("" if group == "." else group)
+            package = "" if package == "_global_" else package.replace("_group_", group)
+            landed.update(keys(yaml.safe_load(text), package))
+    assert "hydra.help.template" in landed and "hydra.launcher.partition" in landed  # the walk sees hydra's nodes
+    assert "hydra.mode" not in landed
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):  # Hydra's own compose agrees (get_mode's)
+        hydra = GlobalHydra.instance().hydra
+        for overrides, mode in ((["experiment=llama2_7b_fp8"], None), (["hydra.mode=MULTIRUN"], RunMode.MULTIRUN)):
+            cfg = hydra.compose_config("config", overrides, run_mode=RunMode.MULTIRUN, with_log_configuration=False,
+                                       validate_sweep_overrides=False)
+            assert cfg.hydra.mode == mode and cfg.model.name == ("llama2_7b" if mode is None else "debug")
+
+
+def test_one_compose_per_run_answers_only_what_it_knows(monkeypatch):
+    """Hydra's get_mode (a whole compose) is skipped for our configs; an override of hydra.mode or of a Hydra group,
+    or configs from another dir, still get Hydra's answer."""
+    from hydra._internal.hydra import Hydra
+
+    asked = []
+    monkeypatch.setattr(Hydra, "get_mode", lambda self, config_name, overrides: asked.append(overrides) or "composed")
+    assert one_compose_per_run(["--config-dir", "elsewhere", "model=debug"]) is False
+    assert one_compose_per_run(["--config-name=other"]) is False
+    assert one_compose_per_run(["model=debug", "-m"]) is True
+    assert one_compose_per_run(["model=debug"]) is False  # already in place
+    assert Hydra.get_mode(None, "config", ["model=debug", "training.lr=1e-3,2e-3"]) is None and asked == []
+    for o in (["hydra.mode=MULTIRUN"], ["+hydra.mode=RUN"], ["hydra/launcher=basic"], ["hydra=x"]):
+        assert Hydra.get_mode(None, "config", o) == "composed"
+    assert len(asked) == 4
 
 
 @pytest.mark.e2e

@@ -13,6 +13,7 @@ from primus.patches.registry import Conditions, Workaround, apply_all, pin, vers
 ALL = all_workarounds()
 
 EXPECTED = {
+    "megatron.import.deferred_jit_fuser": ("megatron-core", PINNED_MCORE),
     "megatron.no_te.te_general_gemm_name": ("megatron-core", PINNED_MCORE),
     "megatron.no_te.mla_have_te": ("megatron-core", PINNED_MCORE),
     "megatron.optimizer.foreach_multi_tensor": ("megatron-core", PINNED_MCORE),
@@ -25,6 +26,7 @@ EXPECTED = {
     "megatron.cpu.optimizer_type_check": ("megatron-core", PINNED_MCORE),
     "megatron.compile.quiet_tp_group_lookup": ("megatron-core", PINNED_MCORE),
     "megatron.moe.grouped_gemm_fallback": ("megatron-core", PINNED_MCORE),
+    "torchtitan.import.deferred_attention_compile": ("torchtitan", PINNED_TORCHTITAN),
     "torchtitan.cpu.device_type": ("torchtitan", PINNED_TORCHTITAN),
     "torchtitan.cpu.memory_monitor": ("torchtitan", PINNED_TORCHTITAN),
     "torchtitan.cpu.pg_timeouts_barrier": ("torchtitan", PINNED_TORCHTITAN),

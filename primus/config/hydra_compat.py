@@ -86,3 +86,41 @@ def quick_group_listing(argv: List[str]) -> bool:
     get_group_options._primus_quick = True
     ConfigLoaderImpl.get_group_options = get_group_options
     return True
+
+
+CONFIG_SOURCE_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
+
+
+def one_compose_per_run(argv: List[str]) -> bool:
+    """Let `python train.py ...` compose its config once, not twice. Returns whether it applied.
+
+    Hydra 1.3's `_run_hydra` calls `Hydra.get_mode` before every run or multirun: it composes the whole config
+    (every defaults list, the structured schema) only to read `hydra.mode`, then `Hydra.run` / `Hydra.multirun`
+    composes it again: 0.2-0.5 s of CPU per start (each start of a sweep point or a test run pays it). No file in
+    conf/ sets `hydra.mode` (tests/test_help.py checks every one), so with our configs alone get_mode's answer is
+    None, and Hydra then takes RUN, or MULTIRUN for -m, as it does for that None. The compose is skipped only
+    then: not when an override names hydra.mode or a Hydra group (hydra/...), nor when --config-dir, --config-path
+    or --config-name brings configs from elsewhere (they may set it). Checked against hydra-core 1.3 (the method
+    and its signature are looked up before rebinding; otherwise Hydra's own path runs)."""
+    if any(a.split("=", 1)[0] in CONFIG_SOURCE_FLAGS for a in argv):
+        return False
+    import inspect
+
+    import hydra
+    from hydra._internal.hydra import Hydra
+
+    original = getattr(Hydra, "get_mode", None)
+    if not hydra.__version__.startswith("1.3") or original is None or getattr(original, "_primus_once", False):
+        return False
+    if list(inspect.signature(original).parameters) != ["self", "config_name", "overrides"]:
+        return False
+
+    def get_mode(self, config_name, overrides):
+        keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+        if any(k == "hydra" or k.startswith(("hydra.mode", "hydra/")) for k in keys):
+            return original(self, config_name, overrides)
+        return None
+
+    get_mode._primus_once = True
+    Hydra.get_mode = get_mode
+    return True

@@ -86,6 +86,9 @@ class MegatronTrainer(Trainer):
     # ------------------------------------------------------------------------------------------------ setup
 
     def setup(self) -> Dict[str, Any]:
+        from primus.backends.megatron.patches.deferred_compile import import_megatron_core
+
+        import_megatron_core()  # before any megatron import: its torch.compile decorations deferred
         cfg, ctx = self.cfg, self.ctx
         self.args = a = margs.build_args(cfg, ctx)
         for k, v in a["env"].items():  # before the first CUDA/NCCL call creates the context

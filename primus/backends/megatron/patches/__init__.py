@@ -10,6 +10,8 @@ and says so in the log when it differs (see the registry for what is applied any
   optimizer.py     without TE / apex: torch foreach kernels for the optimizer's per-tensor fallbacks
   grouped_gemm.py  local-spec GroupedMLP without the grouped_gemm package: a torch grouped GEMM
   torch_compile.py training.compile: the TP-group lookup's per-call warning that breaks compiled graphs
+  deferred_compile.py  `import megatron.core`: its torch.compile decorations import the compiler stack (seconds);
+                   applied by `deferred_compile.import_megatron_core()`, from the trainer, before megatron loads
 
 Not here, because they are features (primus' own kernels or behaviour put into megatron on a user's request, not
 fixes of upstream defects): turbo.py (turbo.* module and entry-point swaps), fusions.py (Triton RoPE / SwiGLU
@@ -22,11 +24,13 @@ from typing import Any, Dict
 
 from primus.patches.registry import Conditions, apply_all
 
-from . import cpu, grouped_gemm, no_te, optimizer, torch_compile
+from . import cpu, deferred_compile, grouped_gemm, no_te, optimizer, torch_compile
 
-# applied in this order: the CPU redirections after the TE-less fixes and before what the compile step re-enables
-WORKAROUNDS = no_te.WORKAROUNDS + optimizer.WORKAROUNDS + cpu.WORKAROUNDS + torch_compile.WORKAROUNDS \
-    + grouped_gemm.WORKAROUNDS
+# applied in this order: the CPU redirections after the TE-less fixes and before what the compile step re-enables.
+# The deferred compile is applied before megatron is imported (the trainer's first step); listed here with the
+# others, it finds megatron imported and does nothing.
+WORKAROUNDS = (deferred_compile.DEFERRED_COMPILE,) + no_te.WORKAROUNDS + optimizer.WORKAROUNDS + cpu.WORKAROUNDS \
+    + torch_compile.WORKAROUNDS + grouped_gemm.WORKAROUNDS
 
 
 def apply(device: str, args: Dict[str, Any]) -> Dict[str, Any]:

@@ -4,6 +4,8 @@ Each entry (a `primus.patches.registry.Workaround`) names the upstream behaviour
 was written against (torchtitan 0.2.2; torch where the behaviour is torch's) and when it applies; `apply()` checks
 the installed versions and says so in the log when they differ.
 
+  deferred_compile.py  every device, first: torchtitan.train imported with its import-time torch.compile calls
+          deferred to first call (they import the compiler stack: about 1 s a process)
   cpu.py  CPU only: device type, memory monitor, process-group timeouts, FSDP's reduce op on gloo, integer histc
 
 Not here, because they are features (primus' kernels or behaviour put into TorchTitan on a user's request):
@@ -16,10 +18,10 @@ from typing import Any, Dict
 
 from primus.patches.registry import Conditions, apply_all
 
-from . import cpu
+from . import cpu, deferred_compile
 from .cpu import after_parallelize
 
-WORKAROUNDS = cpu.WORKAROUNDS
+WORKAROUNDS = deferred_compile.WORKAROUNDS + cpu.WORKAROUNDS  # the deferred import before anything imports TorchTitan
 
 __all__ = ["WORKAROUNDS", "apply", "after_parallelize"]
 
