@@ -48,6 +48,15 @@ class KeepAttempts(Callback):
     """Hydra calls on_run_start before it writes the run's .hydra/ files: the earlier attempt's are saved first."""
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        from hydra.conf import HydraConf
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
+
+        # Hydra 1.3 sets HydraConfig only in run_job, after this callback; the run dir's interpolation reads it
+        # (${hydra:overrides.task}), so without this a job's rerun lost its earlier .hydra/ files (a warning, not an
+        # error). run_job sets the same config again.
+        if issubclass(OmegaConf.get_type(config, "hydra") or object, HydraConf):
+            HydraConfig.instance().set_config(config)
         run_dir = str(config.hydra.run.dir)
         if os.path.isdir(run_dir):
             archive(run_dir)
