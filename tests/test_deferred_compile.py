@@ -65,6 +65,14 @@ from megatron.core.fusions import fused_bias_swiglu
 assert torch.compile is real and jit.jit_fuser is deferred
 assert fused_bias_swiglu.swiglu.primus_deferred_compile == []
 assert "torch._inductor.compile_fx" not in sys.modules
+# megatron's `import wandb` got a stand-in (wandb's code has not run: no wandb.sdk), which works when used
+from primus.patches.deferred_compile import _OnFirstUse
+from megatron.core import timers
+assert type(timers.wandb) is _OnFirstUse and sys.modules["wandb"] is timers.wandb and "wandb.sdk" not in sys.modules
+import wandb
+assert wandb.__version__ and "wandb.sdk" in sys.modules and callable(wandb.init) and callable(timers.wandb.init)
+import wandb.sdk
+assert type(sys.modules["wandb"]) is not _OnFirstUse  # the real module from its first use on
 print("ok")
 """
     p = subprocess.run([sys.executable, "-W", "ignore", "-c", script], cwd=ROOT, capture_output=True, text=True,

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import sys
+import types
 from typing import Any, Callable, Optional
 
 _REAL_COMPILE: list = []  # torch.compile as it was when the deferring import began
@@ -43,13 +45,45 @@ def deferred(model: Optional[Callable] = None, **kwargs: Any):
     return call
 
 
-def import_deferring_compile(module: str) -> bool:
-    """Import `module` with torch.compile deferred (torch.compile restored after); False where it was imported
-    already (nothing to defer)."""
+class _OnFirstUse(types.ModuleType):
+    """A module's stand-in in sys.modules until the first use of an attribute it lacks, which imports the module
+    and answers from it. It carries the module's `__file__`, so that `inspect.getmodule` (torch reads the source
+    of each custom op it registers, which scans sys.modules) does not import it; importlib's LazyLoader module
+    would, as it runs its code at any attribute access."""
+
+    def __getattr__(self, attr: str):
+        name = self.__name__
+        if sys.modules.get(name) is self:
+            del sys.modules[name]
+        real = importlib.import_module(name)
+        self.__dict__.update(real.__dict__)  # later accesses through this reference go straight to the module
+        return getattr(real, attr)
+
+
+def lazy_import(name: str) -> bool:
+    """Put a stand-in for `name` in sys.modules that imports it at its first use (_OnFirstUse): an `import name`
+    a library does at import time, for an optional integration it uses only when asked, then costs nothing. False
+    where it is imported already or not installed."""
+    if name in sys.modules:
+        return False
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return False
+    stand_in = _OnFirstUse(name)
+    stand_in.__file__ = spec.origin
+    sys.modules[name] = stand_in
+    return True
+
+
+def import_deferring_compile(module: str, lazy: tuple = ()) -> bool:
+    """Import `module` with torch.compile deferred (torch.compile restored after) and the modules `lazy` loaded
+    lazily (lazy_import); False where it was imported already (nothing to defer)."""
     if module in sys.modules:
         return False
     import torch
 
+    for name in lazy:
+        lazy_import(name)
     _REAL_COMPILE[:] = [torch.compile]
     torch.compile = deferred
     try:

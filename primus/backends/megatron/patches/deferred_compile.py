@@ -11,6 +11,10 @@ off).
 (primus/patches/deferred_compile.py says how, and why it runs the same code). megatron's `jit_fuser` keeps the
 deferred form, so helpers of modules loaded later are deferred alike. Applied on another version too (with the
 registry's warning): it changes when a helper is compiled, never what runs.
+
+The same import also loads `wandb` (inference/contexts/dynamic_context.py and timers.py import it, for logging that
+training never uses here): about 0.5 s of CPU. It gets a stand-in that imports it at its first use, by megatron or
+by the W&B sink (logging.wandb=true): primus/patches/deferred_compile.py's `lazy_import`.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ DEFERRED_COMPILE = Workaround(
     "each torch.compile() call imports torch._dynamo and torch._inductor to read their configuration: about 1 s "
     "of CPU in every megatron process, for helpers an eager run never compiles",
     (pin("megatron-core", PINNED_MCORE), pin("torch", *TORCH)), "megatron.core is not imported yet",
-    lambda _c: True, lambda _c: import_deferring_compile("megatron.core"))
+    lambda _c: True, lambda _c: import_deferring_compile("megatron.core", lazy=("wandb",)))
 
 
 def import_megatron_core() -> bool:
