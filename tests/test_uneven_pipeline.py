@@ -241,3 +241,45 @@ def test_megatron_uneven_stages_train_like_one_process(tmp_path):
     assert [r["recomputed"] for r in two] == [[], [1, 3]]
     assert two[0]["losses"] == one["losses"], (one["losses"], two[0]["losses"])
     assert one["losses"][-1] < one["losses"][0]
+
+
+TT_SCRIPT = r'''
+import json, os, sys
+import torch
+import torch.distributed as dist
+
+from primus.backends.megatron.testing import compose
+from primus.backends.torchtitan.trainer import TorchTitanTrainer
+from primus.config.validate import validate
+from primus.context import resolve
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+overrides = json.loads(sys.argv[2])[0]
+cfg = compose(overrides)
+ctx = resolve(cfg, sys.argv[1])
+validate(cfg, ctx)
+tr = TorchTitanTrainer(cfg, ctx)
+try:
+    tr.setup()
+    parts = [sorted(n for n, _ in p.named_children()) + sorted(p.layers.keys()) for p in tr.tt.model_parts]
+    losses = [tr.train_step(s).loss for s in range(1, cfg.training.train_iters + 1)]
+finally:
+    tr.close()
+print("RESULT " + json.dumps({"config": 0, "rank": int(os.environ["RANK"]), "parts": parts, "losses": losses}),
+      flush=True)
+'''
+
+
+@pytest.mark.scale
+def test_torchtitan_uneven_stages_hold_their_layers(tmp_path):
+    """TorchTitan's pipeline split follows module_fqns_per_model_part: 3 layers and the embedding on rank 0, the last
+    layer, the norm and the output on rank 1 (its losses against one process: the parity matrix, tests/parity.py)."""
+    from parity import TORCHTITAN
+    from rank_script import run_rank_configs
+
+    job = [*COMMON, *TORCHTITAN, "model=debug", PP2, f"{LAST}=1"]
+    two, = run_rank_configs(tmp_path, "tt.py", TT_SCRIPT, [job], 2, timeout=600)
+    assert two[0]["parts"] == [["layers", "tok_embeddings", "0", "1", "2"]]
+    assert two[1]["parts"] == [["layers", "norm", "output", "3"]]
+    assert two[0]["losses"][-1] < two[0]["losses"][0]
