@@ -138,8 +138,19 @@ def test_virtual_stages_need_multiples_of_vp():
 def test_an_uneven_layer_count_no_longer_needs_to_divide_by_pp():
     """DeepSeek-V3's 61 layers over 8 stages: 5 on the first, 8 on each other."""
     check(["model=debug", "model.num_layers=61", "parallel.pipeline_model_parallel_size=8", f"{FIRST}=5"], world=8)
-    assert "divide evenly" in error_of(["model=debug", "model.num_layers=61",
-                                        "parallel.pipeline_model_parallel_size=8"], world=8)
+    msg = error_of(["model=debug", "model.num_layers=61", "parallel.pipeline_model_parallel_size=8"], world=8)
+    assert "divide evenly" in msg and f"split unevenly: {FIRST}=5" in msg  # the even-split error offers it
+
+
+@pytest.mark.parametrize("args, first", [((126, 8, None), 14), ((61, 8, None), 5), ((94, 4, None), 22),
+                                         ((61, 16, None), 1), ((5, 2, None), 2), ((7, 2, 2), None),
+                                         ((10, 2, 2), 4), ((4, 1, None), None)])
+def test_lighter_first_stage_suggestion(args, first):
+    """Llama 3.1 405B's 126 layers over pp 8, DeepSeek-V3's 61 over 8 and 16, Qwen3 235B's 94 over 4."""
+    assert parallel.lighter_first_stage(*args) == first
+    if first:
+        counts = split_of(*args, first, None)[0]
+        assert counts[0] == first <= min(counts[1:])
 
 
 def test_torchtitan_gets_an_explicit_split():

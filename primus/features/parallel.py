@@ -71,10 +71,13 @@ def parallel_layout(cfg, ctx):
     elif uneven(cfg):
         out += _uneven_issues(cfg)
     elif m.num_layers % stages:
+        first = lighter_first_stage(m.num_layers, pp, vp)
         out.append(ConfigIssue(["model.num_layers", "parallel.pipeline_model_parallel_size",
                                 "parallel.virtual_pipeline_model_parallel_size"], m.num_layers,
                                f"layers must divide evenly across {stages} pipeline stages (pp={pp}, vp={vp})",
-                               "choose pp (x vp) dividing num_layers"))
+                               "choose pp (x vp) dividing num_layers"
+                               + (f", or split unevenly: {FIRST}={first} (the other ranks share the rest)"
+                                  if first else "")))
     if m.num_attention_heads % tp or m.num_query_groups % tp:
         out.append(ConfigIssue(["model.num_attention_heads", "model.num_query_groups", "parallel.tensor_model_parallel_size"],
                                {"heads": m.num_attention_heads, "kv_heads": m.num_query_groups, "tp": tp},
@@ -150,6 +153,17 @@ def split_of(num_layers: int, pp: int, vp: Optional[int], first: Optional[int], 
         return None, (f"with virtual_pipeline_model_parallel_size={vp} every pp rank's layers split into {vp} equal "
                       f"chunks: the per-rank counts {counts} must all be multiples of {vp}")
     return counts, ""
+
+
+def lighter_first_stage(num_layers: int, pp: int, vp: Optional[int]) -> Optional[int]:
+    """The largest first-stage layer count at or below the others' that makes the split valid (the first stage also
+    holds the embedding), or None."""
+    if pp < 2:
+        return None
+    for first in range(num_layers // pp, 0, -1):
+        if split_of(num_layers, pp, vp, first, None)[0] is not None:
+            return first
+    return None
 
 
 def stage_layer_counts(cfg, pp: Optional[int] = None) -> Optional[List[int]]:
