@@ -182,7 +182,7 @@ def test_planner_sizes_the_stage_with_the_most_layers():
     gpu = lookup("H200")
     bd = estimate_memory(cfg, gpu, 4)
     assert bd.stage == 1  # a middle stage, which the even split never made the busiest
-    assert bd.params_numel == stage_params(cfg, lay, 1).total
+    assert bd.params_numel == stage_params(cfg, lay, 1).total and bd.stage_layers == 4
 
 
 def test_dry_run_summary_lists_layers_per_stage():

@@ -438,6 +438,7 @@ class MemoryBreakdown:
     gpu: str  # label of the target GPU
     details: Dict[str, float] = field(default_factory=dict)  # finer terms (bytes) for the report
     notes: List[str] = field(default_factory=list)
+    stage_layers: int = 0  # transformer layers on the reported stage (uneven splits differ per stage)
 
     @property
     def needed(self) -> float:
@@ -597,7 +598,7 @@ def estimate_memory(cfg: PrimusConfig, gpu: Gpu, world: Optional[int] = None) ->
             main_params_numel=int(d["main_params_numel"]), optimizer_state_numel=int(d["states_numel"]),
             params=params_b, grads=grads_shown, optimizer=optimizer_gpu, optimizer_cpu=d["adam_states_cpu"],
             activations=acts_shown, temporary=temporary, peak_phase=phase, total=total, reserve=reserve,
-            capacity=gpu.capacity_bytes, gpu=gpu.label, details=details)
+            capacity=gpu.capacity_bytes, gpu=gpu.label, details=details, stage_layers=sp.layers)
         if best is None or bd.total > best.total:
             best = bd
     assert best is not None
