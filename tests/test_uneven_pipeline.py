@@ -240,18 +240,17 @@ for i, overrides in enumerate(json.loads(sys.argv[2])):
 @pytest.mark.e2e
 def test_megatron_uneven_stages_train_like_one_process(tmp_path):
     """pp2 with 1 layer on the first stage and 3 on the last (and layers 1 and 3 recomputed by global id): each rank
-    builds its layers with their global numbers, and the losses are the one-process run's, bitwise, as the parity
-    matrix holds megatron's even pp2 to."""
+    builds its layers with their global numbers, and the losses equal, bitwise, those of dp2 with one micro batch per
+    rank, which the parity matrix holds bitwise to one process (one 2-rank launch runs both)."""
     from rank_script import run_rank_configs
 
     job = [*COMMON, "model=debug", "recompute.recompute_granularity=full", "recompute.recompute_layer_ids=[1,3]"]
-    (one,), = run_rank_configs(tmp_path, "one.py", SCRIPT, [job], 1, timeout=600)
-    two, = run_rank_configs(tmp_path, "two.py", SCRIPT, [[*job, PP2, f"{FIRST}=1"]], 2, timeout=600)
-    assert one["layers"] == [0, 1, 2, 3]
-    assert [r["layers"] for r in two] == [[0], [1, 2, 3]]
-    assert [r["recomputed"] for r in two] == [[], [1, 3]]
-    assert two[0]["losses"] == one["losses"], (one["losses"], two[0]["losses"])
-    assert one["losses"][-1] < one["losses"][0]
+    dp2, pp2 = run_rank_configs(tmp_path, "two.py", SCRIPT, [job, [*job, PP2, f"{FIRST}=1"]], 2, timeout=600)
+    assert [r["layers"] for r in dp2] == [[0, 1, 2, 3]] * 2
+    assert [r["layers"] for r in pp2] == [[0], [1, 2, 3]]
+    assert [r["recomputed"] for r in pp2] == [[], [1, 3]]
+    assert pp2[0]["losses"] == dp2[0]["losses"], (dp2[0]["losses"], pp2[0]["losses"])
+    assert dp2[0]["losses"][-1] < dp2[0]["losses"][0]
 
 
 TT_SCRIPT = r'''
