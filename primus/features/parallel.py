@@ -415,4 +415,6 @@ def layout_of(cfg, world: int) -> dict:
            "ep": p.expert_model_parallel_size, "dp": _dp(cfg, world)}
     if cfg.backend.name.value == "torchtitan":
         out["dp_replicate"] = p.data_parallel_replicate_degree
+    if uneven(cfg):  # recorded only when set: checkpoints of even splits keep their layout record
+        out["pp_layers"] = stage_layer_counts(cfg)
     return out
