@@ -293,3 +293,9 @@ def test_torchtitan_uneven_stages_hold_their_layers(tmp_path):
     assert two[0]["parts"] == [["layers", "tok_embeddings", "0", "1", "2"]]
     assert two[1]["parts"] == [["layers", "norm", "output", "3"]]
     assert two[0]["losses"][-1] < two[0]["losses"][0]
+
+
+def test_an_out_of_range_count_is_the_one_the_fix_varies():
+    msg = error_of(["model=debug", "model.num_layers=6", "parallel.pipeline_model_parallel_size=3", f"{FIRST}=0",
+                    f"{LAST}=2"], world=3)
+    assert "between 1 and num_layers - 1 = 5" in msg and f"set {FIRST} to one of [1, 2, 3]" in msg

@@ -200,15 +200,17 @@ def _uneven_issues(cfg) -> list:
         return [ConfigIssue(keys + ["parallel.pipeline_model_parallel_size"], value, why,
                             "set parallel.pipeline_model_parallel_size >= 2, or leave "
                             + " and ".join(f"{k}=null" for k in keys))]
-    # the values of the key that would work with the other one kept
-    key, other = (LAST, "last") if last is not None else (FIRST, "first")
+    # the values of one key that would work with the other kept: the key out of range if one is, else the last
+    vary_first = last is None or (first is not None and not 1 <= first < m.num_layers)
+    key = FIRST if vary_first else LAST
     fit = [n for n in range(1, m.num_layers)
-           if split_of(m.num_layers, pp, vp, *((first, n) if other == "last" else (n, last)))[0] is not None]
+           if split_of(m.num_layers, pp, vp, *((n, last) if vary_first else (first, n)))[0] is not None]
     fix = (f"set {key} to one of {fit[:8]}" if fit else
-           f"choose first / last layer counts so that the rest split evenly over the middle stages")
+           "choose first / last layer counts so that the rest split evenly over the middle stages")
     return [ConfigIssue(keys + ["model.num_layers", "parallel.pipeline_model_parallel_size"]
                         + (["parallel.virtual_pipeline_model_parallel_size"] if vp else []), value,
-                        f"uneven pipeline split: {why}", fix + " (or null both for an even split)")]
+                        f"uneven pipeline split: {why}",
+                        fix + " (or null both where num_layers divides evenly over the stages)")]
 
 
 @rule
