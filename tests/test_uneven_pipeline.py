@@ -71,10 +71,13 @@ def test_layer_ids_match_megatron_core(num_layers, pp, vp, first, last):
                            pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vp,
                            num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last,
                            pipeline_dtype=__import__("torch").float32)
-    cfg = compose_cfg([f"model.num_layers={num_layers}", f"parallel.pipeline_model_parallel_size={pp}",
-                       f"parallel.virtual_pipeline_model_parallel_size={vp or 'null'}",
-                       f"{FIRST}={first if first is not None else 'null'}",
-                       f"{LAST}={last if last is not None else 'null'}"])
+    from types import SimpleNamespace
+
+    from primus.features.parallel import ParallelConfig
+
+    cfg = SimpleNamespace(model=SimpleNamespace(num_layers=num_layers), parallel=ParallelConfig(
+        pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vp,
+        decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last))
     seen = []
     for rank in range(pp):
         theirs = []
