@@ -43,14 +43,19 @@ def resolved_summary(cfg: PrimusConfig, ctx: RunContext) -> Dict[str, Any]:
         prec += f"+fp8({p.fp8.value}, {p.fp8_recipe.value})"
     if p.fp4 is not None:
         prec += f"+fp4({p.fp4_recipe.value})"
-    return {"device": ctx.device if not ctx.gpu_name else f"{ctx.device} ({ctx.gpu_name})",
-            "backend": cfg.backend.name.value, "model": cfg.model.name, "precision": prec,
-            "world_size": ctx.world_size, "world_size_from": ctx.world_from or "launcher",
-            "tp": cfg.parallel.tensor_model_parallel_size,
-            "pp": cfg.parallel.pipeline_model_parallel_size, "cp": cfg.parallel.context_parallel_size,
-            "ep": cfg.parallel.expert_model_parallel_size, "dp": data_parallel_size(cfg, ctx.world_size),
-            "micro_batch_size": cfg.training.micro_batch_size, "global_batch_size": cfg.training.global_batch_size,
-            "gradient_accumulation_steps": cfg.training.gradient_accumulation_steps}
+    out = {"device": ctx.device if not ctx.gpu_name else f"{ctx.device} ({ctx.gpu_name})",
+           "backend": cfg.backend.name.value, "model": cfg.model.name, "precision": prec,
+           "world_size": ctx.world_size, "world_size_from": ctx.world_from or "launcher",
+           "tp": cfg.parallel.tensor_model_parallel_size,
+           "pp": cfg.parallel.pipeline_model_parallel_size, "cp": cfg.parallel.context_parallel_size,
+           "ep": cfg.parallel.expert_model_parallel_size, "dp": data_parallel_size(cfg, ctx.world_size),
+           "micro_batch_size": cfg.training.micro_batch_size, "global_batch_size": cfg.training.global_batch_size,
+           "gradient_accumulation_steps": cfg.training.gradient_accumulation_steps}
+    if cfg.parallel.pipeline_model_parallel_size > 1:
+        from primus.features.parallel import stage_layer_counts
+
+        out["layers_per_pipeline_stage"] = stage_layer_counts(cfg)  # each pp rank's layers, all its virtual stages
+    return out
 
 
 def checked(dcfg: DictConfig, overrides, run_dir: str = ".", world: Optional[Tuple[int, str]] = None,

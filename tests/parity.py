@@ -78,6 +78,8 @@ MATRIX: List[Layout] = [
            refused="megatron-core's context parallelism is Transformer Engine's attention (ring exchange inside "
                    "TEDotProductAttention); the local SDPA spec has none (and with TE this backend does not yet split "
                    "each sequence's data and loss over cp), so validation refuses cp > 1"),
+    # uneven stages (decoder_first/last_pipeline_num_layers): 1 + 3 of the debug model's 4 layers
+    Layout("pp2, 1 + 3 layers", "megatron", 2, (PP2, "parallel.decoder_first_pipeline_num_layers=1"), exact=True),
     Layout("tp2 + pp2", "megatron", 4, (TP2, PP2)),
     # ep is carved out of dp: at 2 ranks ep2 has dense dp2 and one expert replica; 4 ranks give each expert 2 replicas
     Layout("ep2 + dp2 (expert dp2, dense dp4)", "megatron", 4, ("parallel.expert_model_parallel_size=2",),
@@ -90,6 +92,7 @@ MATRIX: List[Layout] = [
                    "in DTensor dispatch (aten._scaled_dot_product_flash_attention_for_cpu has no sharding "
                    "strategy), so validation refuses cp > 1 on CPU"),
     Layout("pp2", "torchtitan", 2, (PP2,)),
+    Layout("pp2, 3 + 1 layers", "torchtitan", 2, (PP2, "parallel.decoder_last_pipeline_num_layers=1")),
     Layout("HSDP 2x2", "torchtitan", 4, ("parallel.data_parallel_replicate_degree=2",
                                           "parallel.data_parallel_shard_degree=2"), micro=1),
 ]

@@ -1,5 +1,6 @@
 """A checkpoint written at one layout resumes at another and continues the same loss curve, through train.py:
-megatron tp2 -> tp1 and dp2 -> dp4 (megatron.core.dist_checkpointing), TorchTitan FSDP2 on 2 ranks -> 4 ranks (DCP).
+megatron tp2 -> tp1, dp2 -> dp4 and pp2 with 1 + 3 layers -> 3 + 1 (megatron.core.dist_checkpointing), TorchTitan
+FSDP2 on 2 ranks -> 4 ranks (DCP).
 
 Each case runs 4 steps at the first layout with a checkpoint at step 2, then resumes that checkpoint at the second
 layout and runs steps 3-4. Those must match the first run's steps 3-4 within the parity matrix's fp32 bound
@@ -46,6 +47,15 @@ def test_megatron_dp2_checkpoint_resumes_at_dp4(tmp_path):
                                          ["launcher.nproc_per_node=4", *mbs1])
     assert meta["layout"]["dp"] == 2 and meta["trainer_state"]["consumed_samples"] == 8
     assert b["world_size"] == 4
+
+
+@pytest.mark.scale
+def test_megatron_uneven_pipeline_checkpoint_resumes_at_another_split(tmp_path):
+    """pp2 with 1 + 3 layers -> 3 + 1 layers: the layers move between stages, keyed by their global numbers."""
+    pp2 = ["launcher.nproc_per_node=2", "parallel.pipeline_model_parallel_size=2"]
+    meta, a, b = resumed_at_other_layout(tmp_path, [*pp2, "parallel.decoder_first_pipeline_num_layers=1"],
+                                         [*pp2, "parallel.decoder_last_pipeline_num_layers=1"])
+    assert meta["layout"]["pp_layers"] == [1, 3]
 
 
 @pytest.mark.scale

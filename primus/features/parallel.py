@@ -3,7 +3,7 @@ parallel, and TorchTitan's FSDP / HSDP split of dp (see primus/features/__init__
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from primus.config.errors import ConfigIssue
 from primus.features import rule
@@ -14,6 +14,10 @@ class ParallelConfig:
     tensor_model_parallel_size: int = 1  # tp
     pipeline_model_parallel_size: int = 1  # pp
     virtual_pipeline_model_parallel_size: Optional[int] = None  # interleaved stages per pp rank
+    # uneven pipeline split (Megatron-LM's names): layers on the first / last pp rank; the rest split evenly over
+    # the middle ranks. Primus' large models give the embedding / output stages fewer layers.
+    decoder_first_pipeline_num_layers: Optional[int] = None
+    decoder_last_pipeline_num_layers: Optional[int] = None
     context_parallel_size: int = 1  # cp
     expert_model_parallel_size: int = 1  # ep
     data_parallel_size: Optional[int] = None  # dp; null = world / (tp * pp * cp)
@@ -64,11 +68,16 @@ def parallel_layout(cfg, ctx):
         out.append(ConfigIssue(["parallel.virtual_pipeline_model_parallel_size"], vp,
                                "virtual pipeline stages need pipeline_model_parallel_size >= 2 and vp >= 1",
                                "set parallel.pipeline_model_parallel_size >= 2 or vp=null"))
+    elif uneven(cfg):
+        out += _uneven_issues(cfg)
     elif m.num_layers % stages:
+        first = lighter_first_stage(m.num_layers, pp, vp)
         out.append(ConfigIssue(["model.num_layers", "parallel.pipeline_model_parallel_size",
                                 "parallel.virtual_pipeline_model_parallel_size"], m.num_layers,
                                f"layers must divide evenly across {stages} pipeline stages (pp={pp}, vp={vp})",
-                               "choose pp (x vp) dividing num_layers"))
+                               "choose pp (x vp) dividing num_layers"
+                               + (f", or split unevenly: {FIRST}={first} (the other ranks share the rest)"
+                                  if first else "")))
     if m.num_attention_heads % tp or m.num_query_groups % tp:
         out.append(ConfigIssue(["model.num_attention_heads", "model.num_query_groups", "parallel.tensor_model_parallel_size"],
                                {"heads": m.num_attention_heads, "kv_heads": m.num_query_groups, "tp": tp},
@@ -103,6 +112,105 @@ def parallel_layout(cfg, ctx):
                                f"longer than the model's positions ({m.max_position_embeddings})",
                                "lower training.seq_length or raise model.max_position_embeddings"))
     return out
+
+
+FIRST, LAST = "parallel.decoder_first_pipeline_num_layers", "parallel.decoder_last_pipeline_num_layers"
+
+
+def uneven(cfg) -> bool:
+    p = cfg.parallel
+    return p.decoder_first_pipeline_num_layers is not None or p.decoder_last_pipeline_num_layers is not None
+
+
+def split_of(num_layers: int, pp: int, vp: Optional[int], first: Optional[int], last: Optional[int]):
+    """Layers on each pp rank as megatron-core 0.16.1 builds them (transformer_block.get_num_layers_to_build), or
+    a reason they cannot be built. The middle ranks share what first / last leave; with vp each rank's layers
+    split into vp equal chunks, so every rank's count is a multiple of vp."""
+    if first is None and last is None:
+        if num_layers % (pp * (vp or 1)):
+            return None, f"{num_layers} layers do not split evenly over pp x vp = {pp * (vp or 1)} stages"
+        return [num_layers // pp] * pp, ""
+    if pp < 2:
+        return None, "an uneven split needs pipeline_model_parallel_size >= 2"
+    for name, n in (("first", first), ("last", last)):
+        if n is not None and not 1 <= n < num_layers:
+            return None, f"the {name} stage's layers must be between 1 and num_layers - 1 = {num_layers - 1}"
+    middle_stages = pp - (first is not None) - (last is not None)
+    middle = num_layers - (first or 0) - (last or 0)
+    if middle_stages == 0 and middle != 0:
+        return None, (f"with pp={pp} and both ends set, first + last must equal num_layers={num_layers} "
+                      f"({first} + {last} = {first + last})")
+    if middle_stages > 0 and (middle <= 0 or middle % middle_stages):
+        return None, (f"the {middle} layers left after the first / last stages must split evenly (and at least one "
+                      f"each) over the {middle_stages} other pipeline stage(s)")
+    per_middle = middle // middle_stages if middle_stages else 0
+    counts = [per_middle] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    if vp and any(c % vp for c in counts):
+        return None, (f"with virtual_pipeline_model_parallel_size={vp} every pp rank's layers split into {vp} equal "
+                      f"chunks: the per-rank counts {counts} must all be multiples of {vp}")
+    return counts, ""
+
+
+def lighter_first_stage(num_layers: int, pp: int, vp: Optional[int]) -> Optional[int]:
+    """The largest first-stage layer count at or below the others' that makes the split valid (the first stage also
+    holds the embedding), or None."""
+    if pp < 2:
+        return None
+    for first in range(num_layers // pp, 0, -1):
+        if split_of(num_layers, pp, vp, first, None)[0] is not None:
+            return first
+    return None
+
+
+def stage_layer_counts(cfg, pp: Optional[int] = None) -> Optional[List[int]]:
+    """Layers held by each pp rank (None where the split is invalid; the rules report it)."""
+    p = cfg.parallel
+    pp = pp or p.pipeline_model_parallel_size
+    return split_of(cfg.model.num_layers, pp, p.virtual_pipeline_model_parallel_size,
+                    p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers)[0]
+
+
+def stage_layer_ids(cfg, pp: int, vp: int, rank: int) -> List[int]:
+    """Global (0-based) ids of the layers pp rank `rank` holds: megatron-core's get_transformer_layer_offset,
+    where virtual stage v of rank r starts at v x (layers per virtual round) + the chunks of ranks before r."""
+    counts = stage_layer_counts(cfg, pp) or [cfg.model.num_layers // pp] * pp
+    vp = vp or 1
+    chunks = [c // vp for c in counts]
+    ids = []
+    for v in range(vp):
+        start = v * sum(chunks) + sum(chunks[:rank])
+        ids += range(start, start + chunks[rank])
+    return ids
+
+
+def _uneven_issues(cfg) -> list:
+    p, m = cfg.parallel, cfg.model
+    pp, vp = p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size
+    first, last = p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers
+    counts, why = split_of(m.num_layers, pp, vp, first, last)
+    if counts is not None:
+        return []
+    keys = [k for k, v in ((FIRST, first), (LAST, last)) if v is not None]
+    value = {"num_layers": m.num_layers, "pp": pp, "vp": vp, "first": first, "last": last}
+    if pp < 2:
+        return [ConfigIssue(keys + ["parallel.pipeline_model_parallel_size"], value, why,
+                            "set parallel.pipeline_model_parallel_size >= 2, or leave "
+                            + " and ".join(f"{k}=null" for k in keys))]
+    # the values of one key that would work with the other kept: the key out of range if one is, else the last
+    vary_first = last is None or (first is not None and not 1 <= first < m.num_layers)
+    key = FIRST if vary_first else LAST
+    fit = [n for n in range(1, m.num_layers)
+           if split_of(m.num_layers, pp, vp, *((n, last) if vary_first else (first, n)))[0] is not None]
+    fix = (f"set {key} to one of {fit[:8]}" if fit else
+           "choose first / last layer counts so that the rest split evenly over the middle stages")
+    return [ConfigIssue(keys + ["model.num_layers", "parallel.pipeline_model_parallel_size"]
+                        + (["parallel.virtual_pipeline_model_parallel_size"] if vp else []), value,
+                        f"uneven pipeline split: {why}",
+                        fix + " (or null both where num_layers divides evenly over the stages)")]
 
 
 @rule
@@ -174,10 +282,15 @@ def megatron(cfg, ctx) -> dict:
         "context_parallel_size": p.context_parallel_size,
         "expert_model_parallel_size": p.expert_model_parallel_size,
     }
+    # megatron-core's TransformerConfig names; its layer offsets (get_transformer_layer_offset) follow them, so
+    # every layer keeps its global layer_number (init, recompute_layer_ids and fp8's bf16 ends index by it)
+    uneven_split = {k: v for k, v in (("num_layers_in_first_pipeline_stage", p.decoder_first_pipeline_num_layers),
+                                      ("num_layers_in_last_pipeline_stage", p.decoder_last_pipeline_num_layers))
+                    if v is not None}
     return {
         "parallel_state": dict(sizes),
         "data_parallel_size": _dp(cfg, ctx.world_size),
-        "transformer_config": {**sizes, "sequence_parallel": p.sequence_parallel},
+        "transformer_config": {**sizes, "sequence_parallel": p.sequence_parallel, **uneven_split},
         "schedule": {"forward_backward_func": forward_backward_schedule(cfg),
                      "num_microbatches": num_microbatches(cfg, ctx)},
     }
@@ -232,9 +345,22 @@ def torchtitan(cfg, ctx) -> dict:
         "context_parallel_degree": par.context_parallel_size,
         "expert_parallel_degree": par.expert_model_parallel_size,
     }
-    if vp:
+    if uneven(cfg) and not vp:
+        parallelism["module_fqns_per_model_part"] = model_parts(cfg)
+    elif vp:
         parallelism["pipeline_parallel_layers_per_stage"] = cfg.model.num_layers // (pp * vp)
     return {"parallelism": parallelism}
+
+
+def model_parts(cfg) -> List[List[str]]:
+    """TorchTitan's explicit split (parallelism.module_fqns_per_model_part): one list of module names per pp rank,
+    the embedding on the first, the final norm and output on the last, the layers as megatron-core places them."""
+    pp = cfg.parallel.pipeline_model_parallel_size
+    parts = []
+    for rank in range(pp):
+        names = [f"layers.{i}" for i in stage_layer_ids(cfg, pp, 1, rank)]
+        parts.append((["tok_embeddings"] if rank == 0 else []) + names + (["norm", "output"] if rank == pp - 1 else []))
+    return parts
 
 
 def torchtitan_issues(cfg, ctx) -> list:
@@ -244,7 +370,18 @@ def torchtitan_issues(cfg, ctx) -> list:
         out.append(ConfigIssue(["parallel.sequence_parallel", "parallel.tensor_model_parallel_size"], False,
                                "torchtitan's tensor parallel plan always shards norms over tp (sequence parallel)",
                                "set parallel.sequence_parallel=true"))
-    if par.virtual_pipeline_model_parallel_size and m.num_layers % (
+    if par.virtual_pipeline_model_parallel_size and uneven(cfg):
+        out.append(ConfigIssue([k for k in (FIRST, LAST) if getattr(par, k.split(".")[1]) is not None]
+                               + ["parallel.virtual_pipeline_model_parallel_size"],
+                               {"first": par.decoder_first_pipeline_num_layers,
+                                "last": par.decoder_last_pipeline_num_layers,
+                                "vp": par.virtual_pipeline_model_parallel_size},
+                               "torchtitan's interleaved schedule splits layers evenly "
+                               "(pipeline_parallel_layers_per_stage); its explicit per-stage split is wired for one "
+                               "stage per pp rank here",
+                               "set parallel.virtual_pipeline_model_parallel_size=null, or null both "
+                               "decoder_*_pipeline_num_layers for an even interleaved split"))
+    elif par.virtual_pipeline_model_parallel_size and m.num_layers % (
             par.pipeline_model_parallel_size * par.virtual_pipeline_model_parallel_size):
         out.append(ConfigIssue(["parallel.virtual_pipeline_model_parallel_size"],
                                par.virtual_pipeline_model_parallel_size,
@@ -280,4 +417,6 @@ def layout_of(cfg, world: int) -> dict:
            "ep": p.expert_model_parallel_size, "dp": _dp(cfg, world)}
     if cfg.backend.name.value == "torchtitan":
         out["dp_replicate"] = p.data_parallel_replicate_degree
+    if uneven(cfg):  # recorded only when set: checkpoints of even splits keep their layout record
+        out["pp_layers"] = stage_layer_counts(cfg)
     return out

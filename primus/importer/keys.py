@@ -174,8 +174,10 @@ MEGATRON: Dict[str, Entry] = {
     # as Megatron-LM: sequence parallelism is switched off when tp is 1
     "sequence_parallel": Map(lambda v, m: {"parallel.sequence_parallel": bool(v) and
                                            (m.get("tensor_model_parallel_size") or 1) > 1}),
-    "pipeline_model_parallel_layout": No(NO_EQUIV + ": layers split evenly over pp stages"),
-    "decoder_last_pipeline_num_layers": No(NO_EQUIV + ": layers split evenly over pp stages"),
+    "pipeline_model_parallel_layout": No(NO_EQUIV + ": a per-(virtual-)stage layout string; the first and last "
+                                            "stages' layer counts are parallel.decoder_first/last_pipeline_num_layers"),
+    "decoder_first_pipeline_num_layers": _if_set("parallel.decoder_first_pipeline_num_layers"),
+    "decoder_last_pipeline_num_layers": _if_set("parallel.decoder_last_pipeline_num_layers"),
     "use_torch_fsdp2": No(NO_EQUIV + " on megatron (FSDP2 is backend=torchtitan's data parallelism)"),
     "use_megatron_fsdp": No(NO_EQUIV + ": megatron data parallelism here is DDP + the distributed optimizer"),
     "data_parallel_sharding_strategy": No(NO_EQUIV + ": megatron FSDP is not used"),

@@ -95,8 +95,10 @@ def _tp2(cfg, world):
 
 def _pp2(cfg, world):
     p = cfg.parallel
+    from primus.features.parallel import stage_layer_counts
+
     pp = p.pipeline_model_parallel_size * 2
-    if cfg.model.num_layers % pp:
+    if stage_layer_counts(cfg, pp) is None:  # the layers (and any uneven first / last split) must still fit
         return None
     p.pipeline_model_parallel_size = pp
     return f"pipeline parallel {pp}", [f"parallel.pipeline_model_parallel_size={pp}"], world * 2, ""

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 from primus.config.schema import Backend, PrimusConfig
+from primus.features.parallel import uneven
 from primus.features.precision import recipes, te_available
 from primus.metrics.flops import (attention_params, dense_mlp_params, expert_params, flops_per_token, head_dim,
                                   num_moe_layers, qkv_bias_params, shared_expert_params)
@@ -171,11 +172,18 @@ def _layer_params(m, moe_layer: bool, tp: int, ep: int) -> Dict[str, int]:
     return {"linear": attn + dense_mlp_params(m) // tp, "other": norms, "experts": 0}
 
 
+def _stage_ids(cfg: PrimusConfig, lay: Layout, stage: int) -> List[int]:
+    """The layers of pp rank `stage`, the uneven split (decoder_first/last_pipeline_num_layers) included; taken as
+    one contiguous run even with virtual stages (the same layer count; only which layers are MoE may differ)."""
+    from primus.features.parallel import stage_layer_ids
+
+    return stage_layer_ids(cfg, lay.pp, 1, stage)
+
+
 def stage_params(cfg: PrimusConfig, lay: Layout, stage: int) -> StageParams:
     m = cfg.model
-    per_stage = m.num_layers // lay.pp
-    first = stage * per_stage
-    ids = range(first, first + per_stage)
+    ids = _stage_ids(cfg, lay, stage)
+    per_stage = len(ids)
     moe_start = m.num_layers - num_moe_layers(m)
     layer_total, linear, experts, largest = 0, 0, 0, 0
     for i in ids:
@@ -322,10 +330,9 @@ def stage_activation_bytes(cfg: PrimusConfig, lay: Layout, hints: BackendHints, 
     full activations for one micro batch.
     """
     m = cfg.model
-    per_stage = m.num_layers // lay.pp
+    ids = _stage_ids(cfg, lay, stage)
+    per_stage = len(ids)
     moe_start = m.num_layers - num_moe_layers(m)
-    first = stage * per_stage
-    ids = list(range(first, first + per_stage))
     in_flight = min(lay.pp - stage, lay.num_microbatches) if lay.pp > 1 else 1
     if lay.vp > 1 and stage == 0:
         in_flight *= 1 + (lay.pp - 1) / (lay.pp * lay.vp)
@@ -431,6 +438,7 @@ class MemoryBreakdown:
     gpu: str  # label of the target GPU
     details: Dict[str, float] = field(default_factory=dict)  # finer terms (bytes) for the report
     notes: List[str] = field(default_factory=list)
+    stage_layers: int = 0  # transformer layers on the reported stage (uneven splits differ per stage)
 
     @property
     def needed(self) -> float:
@@ -541,7 +549,9 @@ def estimate_memory(cfg: PrimusConfig, gpu: Gpu, world: Optional[int] = None) ->
     hints = backend_hints(cfg)
     settings = plan_settings(cfg)
     best: Optional[MemoryBreakdown] = None
-    stages = sorted({0, lay.pp - 1})
+    # the first and last stages hold the embedding / output; with an uneven split a middle stage may hold the most
+    # layers, and stage 1 keeps the most micro batches in flight of the middle ones
+    stages = sorted({0, lay.pp - 1} | ({1} if uneven(cfg) and lay.pp > 2 else set()))
     for stage in stages:
         sp = stage_params(cfg, lay, stage)
         acts = stage_activation_bytes(cfg, lay, hints, stage)
@@ -588,7 +598,7 @@ def estimate_memory(cfg: PrimusConfig, gpu: Gpu, world: Optional[int] = None) ->
             main_params_numel=int(d["main_params_numel"]), optimizer_state_numel=int(d["states_numel"]),
             params=params_b, grads=grads_shown, optimizer=optimizer_gpu, optimizer_cpu=d["adam_states_cpu"],
             activations=acts_shown, temporary=temporary, peak_phase=phase, total=total, reserve=reserve,
-            capacity=gpu.capacity_bytes, gpu=gpu.label, details=details)
+            capacity=gpu.capacity_bytes, gpu=gpu.label, details=details, stage_layers=sp.layers)
         if best is None or bd.total > best.total:
             best = bd
     assert best is not None

@@ -25,7 +25,8 @@ def format_plan(title: str, lay: Layout, bd: MemoryBreakdown, tp: Throughput, va
     L.append(f"[primus plan] {title}")
     L.append(f"  layout: world={lay.world} tp={lay.tp} pp={lay.pp} cp={lay.cp} ep={lay.ep} dp={lay.dp}"
              + (f" vp={lay.vp}" if lay.vp > 1 else "") + (f" fsdp_shard={lay.dp_shard}" if bd.backend == "torchtitan" else "")
-             + f", {lay.num_microbatches} micro batch(es) per step; busiest rank: pipeline stage {bd.stage}")
+             + f", {lay.num_microbatches} micro batch(es) per step; busiest rank: pipeline stage {bd.stage}"
+             + (f" ({bd.stage_layers} layers)" if lay.pp > 1 else ""))
     L.append(f"  memory per GPU (peak during {bd.peak_phase}), target {bd.gpu}:")
     L.append(f"    parameters         {gib(bd.params)}   ({_count(bd.params_numel)} params on this rank)")
     L.append(f"    gradients          {gib(bd.grads)}")
