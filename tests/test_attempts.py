@@ -45,7 +45,11 @@ def test_callback_finds_a_jobs_run_dir_from_the_composed_config(tmp_path, monkey
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("- job_id=rerun\n")
     (job / "result.json").write_text("{}")
+    before = HydraConfig.instance().cfg
     HydraConfig.instance().cfg = None  # as when Hydra calls on_run_start
-    KeepAttempts().on_run_start(cfg)
+    try:
+        KeepAttempts().on_run_start(cfg)
+    finally:
+        HydraConfig.instance().cfg = before  # this process's later tests see what they saw before
     assert (job / "attempts" / "1" / ".hydra" / "overrides.yaml").read_text() == "- job_id=rerun\n"
     assert (job / "attempts" / "1" / "result.json").exists()

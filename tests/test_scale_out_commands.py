@@ -31,7 +31,8 @@ def doc_commands():
     found = {}
     for path in [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]:
         with open(path) as f:
-            for m in COMMAND.finditer(f.read()):
+            text = re.sub(r"\\\n\s*", " ", f.read())  # a command continued over lines is one command
+            for m in COMMAND.finditer(text):
                 args = m.group(1).strip()
                 if SCALE_OUT.search(args) and not re.search(r"[<>\[\]]|\.\.\.", args):  # placeholders: not runnable
                     found.setdefault(args, os.path.relpath(path, ROOT))
