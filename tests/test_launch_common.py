@@ -11,13 +11,18 @@ PY = sys.executable
 SHORT = ["training.train_iters=3", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0"]
 
 
+DIST_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def train_env(env=None):
     e = dict(os.environ)
     # One BLAS thread per process: on a loaded 2-core CI machine, oversubscribed OpenMP threads make CPU steps
     # seconds instead of milliseconds.
     e["OMP_NUM_THREADS"] = "1"
-    e.pop("WORLD_SIZE", None)
-    e.pop("RANK", None)
+    # a rendezvous left in this process's env by an in-process trainer (a module fixture's, which outlives the
+    # per-test env restore) would send the child to a port this process still listens on
+    for k in DIST_ENV:
+        e.pop(k, None)
     e.update(env or {})
     return e
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from test_launch_common import PY, ROOT, load
+from test_launch_common import PY, ROOT, load, train_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 STEPS = 30
@@ -28,9 +28,7 @@ STEPS = 30
 @pytest.mark.parametrize("stop", ["usr1", "scontrol_requeue"])
 def test_stopped_job_checkpoints_requeues_and_resumes(cluster, tmp_path, stop):
     sweep = tmp_path / "sweep"
-    env = {**os.environ, **cluster, "OMP_NUM_THREADS": "1"}
-    env.pop("WORLD_SIZE", None)
-    env.pop("RANK", None)
+    env = train_env({**cluster})
     t0 = time.time()
     proc = subprocess.Popen(
         [PY, "train.py", "-m", "hydra/launcher=slurm", "+cluster=local", "hydra.launcher.timeout_min=10",

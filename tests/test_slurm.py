@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from test_launch_common import SHORT, load, result_files, run_train, tail
+from test_launch_common import SHORT, load, result_files, run_train, tail, train_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 
@@ -22,7 +22,7 @@ def test_two_task_job_trains_as_one_world(cluster, tmp_path):
     # a node of fewer than 2 CPUs would leave the 2-task job pending forever (reason PartitionConfig): say so now
     # instead of after run_train's timeout
     q = subprocess.run(["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True, timeout=30,
-                       env={**os.environ, **cluster})
+                       env=train_env(cluster))
     assert q.stdout.split() and int(q.stdout.split()[0]) >= 2, f"the node has CPUs={q.stdout.strip()}: {q.stderr}"
     sweep = tmp_path / "sweep"
     t0 = time.time()
@@ -74,7 +74,7 @@ def test_two_task_job_trains_as_one_world(cluster, tmp_path):
     deadline = time.time() + 90
     while True:
         q = subprocess.run(["squeue", "-h", "-j", job_id.split("_")[0]], capture_output=True, text=True, timeout=30,
-                           env={**os.environ, **cluster})
+                           env=train_env(cluster))
         if q.stdout.strip() == "" or time.time() > deadline:
             break
         time.sleep(1)
@@ -84,7 +84,7 @@ def test_two_task_job_trains_as_one_world(cluster, tmp_path):
 
 def _job_ids(cluster):
     q = subprocess.run(["scontrol", "-o", "show", "jobs"], capture_output=True, text=True, timeout=30,
-                       env={**os.environ, **cluster})
+                       env=train_env(cluster))
     return set(re.findall(r"JobId=(\d+)", q.stdout))
 
 
