@@ -114,10 +114,23 @@ GROUPS = [
 ]
 
 
+def env_number(name: str, default: str, cast, least: float):
+    """An environment knob of this script, checked: a value that is not a number >= `least` stops the script."""
+    raw = os.environ.get(name, default)
+    try:
+        value = cast(raw)
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        sys.exit(f"[at_scale] {name}={raw!r}: not allowed; {name} is a {'whole ' if cast is int else ''}number >= {least} "
+                 f"(unset: {default})")
+    return value
+
+
 def timed_steps() -> int:
     """Timed steps per run after the one compiling step (TIMED_STEPS, default 2; 1 fits a 7B group's three points
     in one part on an H200)."""
-    return max(1, int(os.environ.get("TIMED_STEPS", "2")))
+    return env_number("TIMED_STEPS", "2", int, 1)
 
 
 def profile_overrides(g: Group) -> str:
@@ -275,7 +288,7 @@ def main(argv=None) -> int:
         ap.error(f"{args.what!r}: a part 1-{len(parts())}, a list of them ('1-3,13'), 'all', 'list' or 'tables'")
     # DEADLINE_S: start no point that the part's pace says would end after it (default 8 min, a part per call of a
     # machine that limits calls; 'all' has none unless set)
-    deadline = float(os.environ.get("DEADLINE_S", 0 if args.what == "all" else 8 * 60))
+    deadline = env_number("DEADLINE_S", "0" if args.what == "all" else "480", float, 0)
     rc = 0
     for k in ks:
         g, r = parts()[k - 1]

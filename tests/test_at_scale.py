@@ -191,3 +191,17 @@ def test_tables_copy_each_profiled_runs_phase_table(tmp_path):
     assert (out / "kernels_atscale_deepseek_v2_lite_r2_deepseek_v2_lite_megatron_preset.md").read_text() == \
         "| gemm | prof |\n"
     assert sorted(p.name for p in out.glob("phases_*")) == [want.name]
+
+
+def test_bad_knobs_stop_the_script_naming_the_value(monkeypatch):
+    monkeypatch.setenv("TIMED_STEPS", "two")
+    with pytest.raises(SystemExit, match=r"TIMED_STEPS='two': not allowed; TIMED_STEPS is a whole number >= 1"):
+        at_scale.timed_steps()
+    monkeypatch.setenv("TIMED_STEPS", "0")
+    with pytest.raises(SystemExit, match="TIMED_STEPS='0'"):
+        at_scale.timed_steps()
+    monkeypatch.setenv("TIMED_STEPS", "1")
+    assert at_scale.timed_steps() == 1
+    monkeypatch.setenv("DEADLINE_S", "-5")
+    with pytest.raises(SystemExit, match=r"DEADLINE_S='-5': not allowed; DEADLINE_S is a number >= 0"):
+        at_scale.main(["1"])
