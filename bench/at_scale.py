@@ -20,7 +20,8 @@ per-micro-batch work, with the offloaded optimizer step spread over 4x fewer tok
 the preset's tokens/s); FULL_BATCH=1 runs the presets' own global batch (about 4x the time: split the part).
 TIMED_STEPS=1 times one step instead of two (a 7B group's three points then fit one part on an H200); DEADLINE_S sets
 the part's deadline (default 480 s): a point the pace so far says would end after it is not started.
-PROFILE=1 profiles the MoE groups' megatron points (the preset and stock megatron-core) for one step, the first
+POINTS='torchtitan stock' runs the preset and the named points of the group only (comma-separated labels, as `list`
+prints them after the group's name). PROFILE=1 profiles the MoE groups' megatron points (the preset and stock megatron-core) for one step, the first
 after the compiling step (`profile.enabled=true profile.start_step=2 profile.steps=1`; that step stays timed: the
 profiler costs about 0.2% of a step on the H200, docs/benchmarks.md), and `tables` (which each part runs at its end)
 copies each profiled run's tables into $OUT: phases_<part tag>_<point>.md, the step by phase (router,
@@ -179,7 +180,23 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     titan += "" if check else " --compile"
     if not g.variants and (g.titan_fits or check or os.environ.get("ALL_PEERS") == "1"):
         out.append(("--peer", f"{g.name} torchtitan stock={titan}"))
-    return out
+    return only_points(g, out)
+
+
+def only_points(g: Group, pts: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
+    """POINTS='torchtitan stock,...': the preset (every ratio's baseline) and these of the group's other points only,
+    e.g. FULL_BATCH=1 without the reference, whose 4x longer run would not fit a part."""
+    raw = os.environ.get("POINTS", "").strip()
+    if not raw:
+        return pts
+    label = lambda spec: spec.split("=", 1)[0][len(g.name) + 1:]
+    wanted = [w.strip() for w in raw.split(",") if w.strip()]
+    known = [label(s) for _, s in pts]
+    bad = [w for w in wanted if w not in known]
+    if bad:
+        sys.exit(f"[at_scale] POINTS={raw!r}: {', '.join(map(repr, bad))} is not a point of {g.name}; its points are "
+                 f"{', '.join(map(repr, known))} (the preset always runs)")
+    return [(f, s) for f, s in pts if label(s) == "megatron preset" or label(s) in wanted]
 
 
 def parts() -> List[Tuple[Group, int]]:

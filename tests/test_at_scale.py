@@ -205,3 +205,15 @@ def test_bad_knobs_stop_the_script_naming_the_value(monkeypatch):
     monkeypatch.setenv("DEADLINE_S", "-5")
     with pytest.raises(SystemExit, match=r"DEADLINE_S='-5': not allowed; DEADLINE_S is a number >= 0"):
         at_scale.main(["1"])
+
+
+def test_points_runs_the_preset_and_the_named_points_only(monkeypatch):
+    g = next(g for g in at_scale.GROUPS if g.name == "llama2_7b_fp8")
+    monkeypatch.setenv("POINTS", "torchtitan stock")
+    names = [spec.split("=", 1)[0] for _, spec in at_scale.points(g)]
+    assert names == ["llama2_7b_fp8 megatron preset", "llama2_7b_fp8 torchtitan stock"]
+    monkeypatch.setenv("POINTS", "torchtitan stok")
+    with pytest.raises(SystemExit, match=r"POINTS='torchtitan stok': 'torchtitan stok' is not a point of "
+                                         r"llama2_7b_fp8; its points are 'megatron preset', 'reference', "
+                                         r"'torchtitan stock'"):
+        at_scale.points(g)
