@@ -20,7 +20,7 @@ per-micro-batch work, with the offloaded optimizer step spread over 4x fewer tok
 the preset's tokens/s); FULL_BATCH=1 runs the presets' own global batch (about 4x the time: split the part).
 TIMED_STEPS=1 times one step instead of two (a 7B group's three points then fit one part on an H200); DEADLINE_S sets
 the part's deadline (default 480 s): a point the pace so far says would end after it is not started.
-POINTS='torchtitan stock' runs the preset and the named points of the group only (comma-separated labels, as `list`
+LAYERS=5 runs the MoE groups' points at fewer layers (a GPU smaller than an H200), tagged apart. POINTS='torchtitan stock' runs the preset and the named points of the group only (comma-separated labels, as `list`
 prints them after the group's name). PROFILE=1 profiles the MoE groups' megatron points (the preset and stock megatron-core) for one step, the first
 after the compiling step (`profile.enabled=true profile.start_step=2 profile.steps=1`; that step stays timed: the
 profiler costs about 0.2% of a step on the H200, docs/benchmarks.md), and `tables` (which each part runs at its end)
@@ -141,6 +141,18 @@ def profile_overrides(g: Group) -> str:
     return " profile.enabled=true profile.start_step=2 profile.steps=1"
 
 
+def moe_layers(g: Group) -> int:
+    """The MoE group's layer count: the preset's, or LAYERS (fewer, for a GPU smaller than an H200: 5 fit an H100's
+    80 GB with the preset's settings, `python -m primus.plan ... plan.gpu=H100`)."""
+    if not g.moe or "LAYERS" not in os.environ:
+        return g.layers
+    n = env_number("LAYERS", "", int, 1)
+    if n > g.layers:
+        sys.exit(f"[at_scale] LAYERS={n}: more than the {g.layers} layers of {g.preset}, the most that fit an H200; "
+                 f"allowed: 1-{g.layers}")
+    return n
+
+
 def bench_batch(g: Group) -> int:
     return g.global_batch if os.environ.get("FULL_BATCH") == "1" else max(1, g.global_batch // 4)
 
@@ -155,17 +167,19 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     batch = f"training.global_batch_size={gbs}"
     out = []
     dry = " dry_run=true" if check else ""
-    out.append(("--extra", f"{g.name} megatron preset=experiment={g.preset} {batch} {steps}{dry}"))
+    layers = moe_layers(g)
+    fewer = f" model.num_layers={layers}" if layers != g.layers else ""
+    out.append(("--extra", f"{g.name} megatron preset=experiment={g.preset}{fewer} {batch} {steps}{dry}"))
     for label, ov in g.variants:
         out.append(("--extra", f"{g.name} {label}=experiment={g.preset} {ov} {batch} {steps}{dry}"))
     if g.moe:
         out.append(("--extra", f"{g.name} megatron-core stock={STOCK_MEGATRON} model={g.shape} model.num_layers="
-                               f"{g.layers} training=bench training.micro_batch_size=1 {batch} {steps}{dry}"))
+                               f"{layers} training=bench training.micro_batch_size=1 {batch} {steps}{dry}"))
     if check:  # the peers themselves, small enough for a CPU
         shape = "debug_moe" if g.moe else "debug"
         size = "--seq 64 --batch 2 --global-batch 4 --steps 1 --warmup 1"
     else:
-        shape = g.shape + (f" --layers {g.layers}" if g.layers else "")
+        shape = g.shape + (f" --layers {layers}" if layers else "")
         size = f"--seq {g.seq} --batch 1 --global-batch {gbs} --steps {n} --warmup 1"
     # torchao makes the peers' float8; a CPU check without it checks their bf16 path (the GPU machine has it)
     fp8 = g.fp8 and (not check or importlib.util.find_spec("torchao") is not None)
@@ -310,7 +324,9 @@ def main(argv=None) -> int:
     for k in ks:
         g, r = parts()[k - 1]
         print(f"[at_scale] part {k} of {len(parts())}: {g.name}, repeat {r}/{REPEATS}", flush=True)
-        rc |= run(e2e_cmd(g, f"atscale_{g.name}_r{r}", False, 420, deadline), out)
+        # a run at fewer layers is another group's: its own tag, not pooled by `tables` with the preset's
+        tag = f"atscale_{g.name}" + (f"_{moe_layers(g)}layers" if moe_layers(g) != g.layers else "") + f"_r{r}"
+        rc |= run(e2e_cmd(g, tag, False, 420, deadline), out)
     tables(out)
     return rc
 

@@ -217,3 +217,14 @@ def test_points_runs_the_preset_and_the_named_points_only(monkeypatch):
                                          r"llama2_7b_fp8; its points are 'megatron preset', 'reference', "
                                          r"'torchtitan stock'"):
         at_scale.points(g)
+
+
+def test_layers_runs_every_moe_point_at_fewer_layers(monkeypatch):
+    g = next(g for g in at_scale.GROUPS if g.name == "deepseek_v2_lite")
+    monkeypatch.setenv("LAYERS", "5")
+    specs = [spec for _, spec in at_scale.points(g)]
+    assert "model.num_layers=5" in specs[0] and "model.num_layers=5" in specs[1] and "--layers 5" in specs[2]
+    assert not any("--layers 10" in s or "num_layers=10" in s for s in specs)
+    monkeypatch.setenv("LAYERS", "11")
+    with pytest.raises(SystemExit, match=r"LAYERS=11: more than the 10 layers of deepseek_v2_lite_megatron_fp8"):
+        at_scale.points(g)
