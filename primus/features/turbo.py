@@ -37,7 +37,7 @@ class TurboConfig:
     # under a stage that needs the flag is an error; null elsewhere is off
     use_turbo_grouped_gemm: Optional[bool] = None  # grouped GEMM over MoE experts
     # ... and under precision.fp8 (portable path) in fp8 too: torch._scaled_grouped_mm (sm90, precision.fp8=e4m3;
-    # H200: 1.11x bf16 at Mixtral's experts, 0.53-0.74x at many small ones, docs/benchmarks.md) else
+    # H200: 1.11x bf16 at Mixtral's experts, 0.53-0.74x at many small ones, docs/turbo.md) else
     # primus' Triton fp8 grouped GEMM (primus/turbo/grouped_gemm_fp8.py decides).
     # Off by default: the Triton one measured 0.2x torch's bf16 grouped GEMM on the H200 (docs/benchmarks.md)
     grouped_gemm_fp8: bool = False

@@ -168,7 +168,7 @@ def small_experts_warning(tconfig) -> Optional[str]:
     if f >= SMALL_EXPERT_FFN:
         return None
     return (f"turbo.grouped_gemm_fp8=true with experts of ffn {f}: on the H200 the fp8 grouped GEMMs ran 0.74x the "
-            "bf16 ones at ffn 1408 and 0.53x at 768 (1.11x at 14336; docs/benchmarks.md, 2026-12-02). Unless "
+            "bf16 ones at ffn 1408 and 0.53x at 768 (1.11x at 14336; docs/turbo.md, 2026-12-02). Unless "
             "measured otherwise here, set turbo.grouped_gemm_fp8=false for these experts")
 
 
