@@ -12,8 +12,9 @@ fp8 MLP.
 
 Every configuration runs in one of two launches, one process and two ranks (`one`, `two`): an interpreter start
 and the imports of torch, megatron and Triton cost more than most configurations. The interpreted kernels' work
-grows with the tokens of a micro batch, so the runs are 2 x 32 tokens: every property checked here is one of the
-wiring, not of the sizes.
+grows with the tokens of a micro batch and the MLP's width, so the runs are 2 x 16 tokens through a debug model
+whose MLP is 256 wide (the kernels' sizes, tails and tiles are test_turbo_fp8's): every property checked here is
+one of the wiring, not of the sizes.
 """
 
 import pytest
@@ -100,8 +101,8 @@ for i, argv in enumerate(json.loads(sys.argv[2])):
           flush=True)
 '''
 
-BASE = ["device=cpu", "training.micro_batch_size=2", "training.global_batch_size=4", "training.seq_length=32",
-        "training.lr_warmup_iters=0"]
+BASE = ["device=cpu", "training.micro_batch_size=2", "training.global_batch_size=4", "training.seq_length=16",
+        "model.ffn_hidden_size=256", "training.lr_warmup_iters=0"]
 
 
 def launch(tmp_path, configs, nproc=1):
