@@ -13,12 +13,15 @@ import signal
 import pytest
 
 from primus import checkpoint as ck
-from test_launch_common import load, run_train, start_train, tail
+from test_launch_common import TINY, load, run_train, start_train, tail
 
 pytestmark = pytest.mark.slow
-STEPS, EVERY, KEEP = 12, 2, 2
-ARGS = ["backend=torchtitan", f"training.train_iters={STEPS}", "training.lr_warmup_iters=0",
-        "training.timing_warmup_steps=0", f"checkpoint.interval={EVERY}", f"checkpoint.keep_last={KEEP}"]
+STEPS, EVERY, KEEP = 8, 2, 2  # three kills, a rollback and the final stretch fit in 8 steps
+# the tiny batch: after any kill point a save is still ahead (EVERY=2 and the last step saves), which takes longer
+# than the tiny steps: the SIGKILL lands while the run is still going
+TRAIN = ["backend=torchtitan", f"training.train_iters={STEPS}", "training.lr_warmup_iters=0",
+         "training.timing_warmup_steps=0", *TINY]
+ARGS = [*TRAIN, f"checkpoint.interval={EVERY}", f"checkpoint.keep_last={KEEP}"]
 
 
 def _run_until_killed(args, kill_at):
@@ -43,8 +46,8 @@ def test_random_kills_and_a_rollback_end_on_the_straight_runs_curve(tmp_path):
     rng = random.Random(seed)
     print(f"chaos seed {seed} (PRIMUS_CHAOS_SEED={seed} replays it)")
 
-    straight = tmp_path / "straight"
-    p = run_train([*ARGS, f"hydra.run.dir={straight}"], timeout=600)
+    straight = tmp_path / "straight"  # the reference curve only: no checkpoints (saving does not touch the losses)
+    p = run_train([*TRAIN, f"hydra.run.dir={straight}"], timeout=600)
     assert p.returncode == 0, tail(p)
     ref = load(straight / "result.json")["losses"]
 

@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from test_launch_common import load, run_train, start_train, tail
+from test_launch_common import TINY, load, run_train, start_train, tail
 
 from primus.exit_codes import PREEMPTED  # "resume me"
 
 pytestmark = pytest.mark.e2e
 
-SIX = ["training.train_iters=6", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0"]
+SIX = ["training.train_iters=6", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0", *TINY]
 
 
 def _losses(d):
@@ -89,14 +89,15 @@ def test_sigterm_finishes_step_checkpoints_and_exits(tmp_path, nproc):
     signal and waits; it used to exit 1 with torch elastic's SignalException), and resume=auto continues from
     there to the full step count."""
     t0 = time.time()
-    args = ["backend=torchtitan", "training.train_iters=12", "training.lr_warmup_iters=0", f"hydra.run.dir={tmp_path}",
-            f"launcher.nproc_per_node={nproc}"]
+    steps = 6  # the signal after step 2 lands within a step or two: room to stop before the end, and little to resume
+    args = ["backend=torchtitan", f"training.train_iters={steps}", "training.lr_warmup_iters=0",
+            f"hydra.run.dir={tmp_path}", f"launcher.nproc_per_node={nproc}"]
     proc = start_train(args)
     out = []
     try:
         for line in proc.stdout:
             out.append(line)
-            if line.startswith("step     2/12"):
+            if line.startswith(f"step     2/{steps}"):
                 proc.send_signal(signal.SIGTERM)
                 break
         rest, _ = proc.communicate(timeout=120)
@@ -109,7 +110,7 @@ def test_sigterm_finishes_step_checkpoints_and_exits(tmp_path, nproc):
     r = load(tmp_path / "result.json")
     assert r["status"] == "preempted" and r["preempted"]["signal"] == "SIGTERM", r.get("error")
     stopped = r["last_step"]
-    assert 2 <= stopped < 12 and len(r["losses"]) == stopped
+    assert 2 <= stopped < steps and len(r["losses"]) == stopped
     assert os.path.isdir(tmp_path / "checkpoints" / f"step_{stopped:06d}")
     if nproc > 1:
         return  # resuming is the same as with one process (the 6 vs 3+3 tests)
@@ -117,5 +118,5 @@ def test_sigterm_finishes_step_checkpoints_and_exits(tmp_path, nproc):
     p = run_train([*args, "checkpoint.resume=auto"])
     assert p.returncode == 0, tail(p)
     r = load(tmp_path / "result.json")
-    assert r["status"] == "ok" and r["first_step"] == stopped + 1 and r["last_step"] == 12
+    assert r["status"] == "ok" and r["first_step"] == stopped + 1 and r["last_step"] == steps
     print(f"SIGTERM + resume: {time.time() - t0:.1f}s")

@@ -28,11 +28,11 @@ def test_identity_leaves_out_what_does_not_change_the_job():
 
 @pytest.mark.slow
 def test_the_same_command_with_resume_auto_continues_the_job():
-    from test_launch_common import ROOT, load, run_train, tail
+    from test_launch_common import ROOT, TINY, load, run_train, tail
 
     tag = uuid.uuid4().hex[:8]  # a job of its own (the id hashes the overrides)
     args = ["backend=torchtitan", "training.train_iters=4", "training.lr_warmup_iters=0", "checkpoint.interval=2",
-            "checkpoint.resume=auto", f"+extra.test={tag}"]
+            "checkpoint.resume=auto", f"+extra.test={tag}", *TINY]
     jid = job_id_for(None, "auto", args, "debug")
     job = os.path.join(ROOT, "outputs", "jobs", jid)
     try:

@@ -9,6 +9,10 @@ PY = sys.executable
 
 # A short run of the debug model: 3 steps, no LR warm-up (warm-up must be shorter than the run), every step timed.
 SHORT = ["training.train_iters=3", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0"]
+# The smallest batch (one sequence of 32 tokens): a CPU step costs milliseconds instead of a good part of a second.
+# For runs whose checks do not depend on a step taking time (losses, resume, statuses); a test that signals a run
+# once a step is logged, and needs it stopped before its last step, keeps the default batch.
+TINY = ["training.micro_batch_size=1", "training.seq_length=32"]
 
 
 DIST_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

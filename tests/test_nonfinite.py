@@ -12,11 +12,11 @@ import os
 import pytest
 import torch
 
-from test_launch_common import load, run_train, tail
+from test_launch_common import TINY, load, run_train, tail
 
 pytestmark = pytest.mark.e2e
 
-THREE = ["training.train_iters=3", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0"]
+THREE = ["training.train_iters=3", "training.lr_warmup_iters=0", "training.timing_warmup_steps=0", *TINY]
 
 
 def _model_tensors(ckpt_dir, backend, tmp_path):
