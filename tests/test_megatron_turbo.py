@@ -64,6 +64,22 @@ def test_turbo_with_the_te_spec_is_an_issue(monkeypatch):
     assert any("backend.layer_spec" in i.keys and "local spec" in str(i) for i in found), found
 
 
+def test_a_run_without_turbo_flags_runs_megatrons_own_moe_code():
+    """Runs of one process (sweep points) share megatron's patched MoE entry points: a run with no turbo flag clears
+    the flags an earlier turbo run left, so the patches fall through to megatron's own router and permutation."""
+    import types
+
+    from primus.backends.megatron import turbo as mturbo
+    from primus.backends.megatron.trainer import MegatronTrainer
+
+    try:
+        mturbo.reset({"moe_use_fused_router_with_aux_score": True, "moe_permute_fusion": True})
+        assert MegatronTrainer._turbo_setup(types.SimpleNamespace(args={"turbo": {}})) == {}
+        assert mturbo._STATE["flags"] == {} and not mturbo._on("moe_use_fused_router_with_aux_score")
+    finally:
+        mturbo.reset({})
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 
 BASE = ["model=debug", "training.seq_length=128", "training.micro_batch_size=4", "training.global_batch_size=8",
