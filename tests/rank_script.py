@@ -72,7 +72,8 @@ def _point_yaml(overrides):
         for p in parts[:-1]:
             node = node.setdefault(p, {})
         node[parts[-1]] = value
-    return "# @package _global_\n" + yaml.safe_dump({"defaults": [*({f"override /{k}": v} for k, v in groups.items()), "_self_"], **values}, sort_keys=False)
+    defaults = [*({f"override /{k}": v} for k, v in groups.items()), "_self_"]
+    return "# @package _global_\n" + yaml.safe_dump({"defaults": defaults, **values}, sort_keys=False)
 
 
 def run_points(root, points, extra_env=None, timeout=1800):

@@ -57,8 +57,9 @@ log = logging.getLogger("primus.megatron")
 
 def enable_dynamo() -> None:
     """Undo the CPU redirections' `torch._dynamo.config.disable` (compile requested), start the compile counters
-    afresh and leave room for per-layer graphs. megatron's per-call TP-group warning, which would break every layer's graph, is quietened by the
-    registered workaround `megatron.compile.quiet_tp_group_lookup` (patches/torch_compile.py)."""
+    afresh and leave room for per-layer graphs. megatron's per-call TP-group warning, which would break every
+    layer's graph, is quietened by the registered workaround `megatron.compile.quiet_tp_group_lookup`
+    (patches/torch_compile.py)."""
     import torch._dynamo
 
     torch._dynamo.config.disable = False
