@@ -4,6 +4,7 @@ Timeouts catch a hang, not a slow run: `make test` runs one pytest-xdist worker 
 cores to itself alone shares them there (interpreted Triton kernels, inductor's C++ builds: minutes)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -76,14 +77,13 @@ def _point_yaml(overrides):
     return "# @package _global_\n" + yaml.safe_dump({"defaults": defaults, **values}, sort_keys=False)
 
 
-def run_points(root, points, extra_env=None, timeout=1800):
+def run_points(root, points, extra_env=None, timeout_per_point=600):
     """Several train.py runs in one process: a Hydra sweep over experiment files written under root/conf (one per
     point, from its override list), run one after the other by Hydra's basic launcher with one interpreter start
     and one import of torch and the backends; a point with launcher.nproc_per_node=2 launches its 2 ranks as a
-    single run does. `points` maps a name to its overrides. Returns {name: (result.json, that point's stdout)};
-    a point that did not end "ok" fails only the tests that read it (its result.json has the error)."""
-    import re
-
+    single run does. `points` maps a name to its overrides. Returns {name: (result.json or None, that point's
+    stdout, the sweep's CompletedProcess)}, read through point(): a point that did not end "ok" fails only the
+    tests that read it (its result.json has the error). The timeout is a single run's, per point."""
     conf = os.path.join(str(root), "conf", "experiment")
     os.makedirs(conf, exist_ok=True)
     names = list(points)
@@ -96,7 +96,8 @@ def run_points(root, points, extra_env=None, timeout=1800):
     p = subprocess.run([sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep_dir}",
                         f"hydra.searchpath=[file://{os.path.join(str(root), 'conf')}]",
                         "+hydra.callbacks.primus_sweep.plot=false", "experiment=" + ",".join(names)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+                       cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=timeout_per_point * len(names))
     # each point's lines: from its "[sweep i/n] job k start:" line to the next one's
     starts = [(m.start(), int(m.group(1))) for m in re.finditer(r"^\[sweep \S+\] job (\d+) start: ", p.stdout, re.M)]
     assert [k for _, k in starts] == list(range(len(names))), p.stdout[-3000:] + p.stderr[-3000:]
