@@ -1,9 +1,8 @@
 """perf.py: training.compile=true (torch.compile per TransformerLayer) and the fused torch AdamW, on CPU."""
-import os
 
 import pytest
 
-from rank_script import run_train
+from rank_script import point, run_points
 import torch
 
 from conftest import compose_cfg as compose
@@ -15,10 +14,33 @@ BASE = ["model=debug", "training.seq_length=128", "training.micro_batch_size=4",
         "training.lr=3e-3", "training.lr_warmup_iters=1", "training.timing_warmup_steps=0", "device=cpu",
         "logging.tensorboard=false"]
 
+SHORT = ["training.seq_length=32"]  # the interpreter runs one program per token: keep the Triton runs small
+PLAIN_SHORT = ["model.apply_rope_fusion=false", "model.bias_activation_fusion=false", *SHORT]  # megatron's own paths
+FUSED_SHORT = ["model.apply_rope_fusion=true", "model.bias_activation_fusion=true", *SHORT]
+CE = ["training.seq_length=32", "precision.bf16=false"]
+TP2 = ["training.global_batch_size=4", "launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2"]
+POINTS = {  # name: (overrides, steps); the compiled runs last, after the eager ones
+    "eager": ([], 4),
+    # the eager run the turbo-kernel and Triton-fusion runs are compared with; a 2-step run is compared with its
+    # first 2 steps, on its schedule
+    "plain_short": (PLAIN_SHORT, 3),
+    "fused": (FUSED_SHORT, 3),
+    "ce_plain": (CE, 3),
+    "ce_turbo": (["model.cross_entropy_loss_fusion=true", "model.cross_entropy_fusion_impl=turbo", *CE], 3),
+    "tp2_plain": ([*PLAIN_SHORT, *TP2], 3),
+    "tp2_fused": ([*FUSED_SHORT, *TP2], 3),
+    "compiled": (["training.compile=true"], 4),
+    "compiled_turbo": (["training.compile=true", "turbo=megatron", "training.lr_decay_iters=3", *SHORT], 2),
+}
 
-def train(tmp_path, name, overrides, steps):
-    res, out = run_train(tmp_path / name, [f"training.train_iters={steps}", *BASE, *overrides])
-    return res
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every train.py run of the end-to-end tests below, the points of one sweep (one interpreter start, one import
+    of torch, megatron and Triton; Triton's interpreter on CPU); those tests share one pytest-xdist worker."""
+    return run_points(tmp_path_factory.mktemp("perf"), {
+        name: [f"training.train_iters={steps}", *BASE, *o] for name, (o, steps) in POINTS.items()},
+        extra_env={"TRITON_INTERPRET": "1"})
 
 
 def test_compile_is_accepted_and_reaches_the_args():
@@ -29,11 +51,33 @@ def test_compile_is_accepted_and_reaches_the_args():
     assert margs.build_args(compose(["training.optimizer=sgd"]), cpu)["fused_adamw"] is False
 
 
+def test_enable_dynamo_starts_the_compile_counters_afresh(monkeypatch):
+    """A compiled run reports its own graph breaks and graphs, not those of an earlier run in the process (a sweep
+    point)."""
+    import torch._dynamo
+
+    from primus.train_loop import compile_stats
+
+    for k in ("disable", "cache_size_limit", "accumulated_cache_size_limit"):  # set by enable_dynamo: put back
+        if hasattr(torch._dynamo.config, k):
+            monkeypatch.setattr(torch._dynamo.config, k, getattr(torch._dynamo.config, k))
+    saved = {k: dict(v) for k, v in torch._dynamo.utils.counters.items()}
+    try:
+        torch._dynamo.utils.counters["graph_break"]["an earlier run's break"] += 1
+        torch._dynamo.utils.counters["stats"]["unique_graphs"] += 3
+        perf.enable_dynamo()
+        assert compile_stats() == {"graph_breaks": 0, "break_reasons": [], "unique_graphs": 0}
+    finally:
+        torch._dynamo.utils.counters.clear()
+        for k, v in saved.items():
+            torch._dynamo.utils.counters[k].update(v)
+
+
 @pytest.mark.slow
-def test_compiled_layers_train_like_eager(tmp_path):
+@pytest.mark.xdist_group("megatron_perf")
+def test_compiled_layers_train_like_eager(runs):
     """Each TransformerLayer compiled (inductor, CPU): the same losses as eager, every layer counted."""
-    eager = train(tmp_path, "eager", [], steps=4)
-    compiled = train(tmp_path, "compiled", ["training.compile=true"], steps=4)
+    eager, compiled = point(runs, "eager")[0], point(runs, "compiled")[0]
     assert compiled["backend_info"]["compiled_layers"] == 4
     assert compiled["backend_info"]["compiled_loss"] is True  # tp=1: the LM loss goes through inductor too
     assert compiled["losses"] == pytest.approx(eager["losses"], abs=2e-3)
@@ -87,27 +131,14 @@ def test_fused_adamw_switch_matches_foreach():
     assert perf.fused_adamw(Wrapped()) == []  # already stepped: left alone
 
 
-SHORT = ["training.seq_length=32"]  # the interpreter runs one program per token: keep the Triton runs small
-PLAIN_SHORT = ["model.apply_rope_fusion=false", "model.bias_activation_fusion=false", *SHORT]  # megatron's own paths
-
-
-@pytest.fixture(scope="module")
-def plain_short(tmp_path_factory):
-    """The eager 3-step run of PLAIN_SHORT that the turbo-kernel and Triton-fusion runs are compared with (its tests
-    share one pytest-xdist worker); a 2-step run is compared with its first 2 steps, on its schedule."""
-    return train(tmp_path_factory.mktemp("plain_short"), "plain", PLAIN_SHORT, steps=3)
-
-
 @pytest.mark.slow
-@pytest.mark.xdist_group("megatron_perf_plain_short")
+@pytest.mark.xdist_group("megatron_perf")
 @pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="turbo kernels need triton")
-def test_compile_with_turbo_kernels_trains(tmp_path, plain_short):
+def test_compile_with_turbo_kernels_trains(runs):
     """compile + turbo=megatron at tp=1 in bf16: the turbo attention (SDPA), RMSNorm (custom ops) and parallel
     linears (two torch GEMMs each) all stay inside the compiled layers - no graph break; same losses as the eager
     plain run. (fp8 or tp > 1 linears run eagerly: Triton casts, TP collectives.)"""
-    os.environ["TRITON_INTERPRET"] = "1"  # restored by conftest's autouse fixture
-    both = train(tmp_path, "both", ["training.compile=true", "turbo=megatron", "training.lr_decay_iters=3", *SHORT],
-                 steps=2)
+    both, plain_short = point(runs, "compiled_turbo")[0], point(runs, "plain_short")[0]
     assert len(both["losses"]) == 2
     assert both["backend_info"]["compiled_layers"] == 4
     swaps = both["backend_info"]["turbo_swaps"]
@@ -117,16 +148,13 @@ def test_compile_with_turbo_kernels_trains(tmp_path, plain_short):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("megatron_perf_plain_short")
+@pytest.mark.xdist_group("megatron_perf")
 @pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="the fusions are Triton kernels")
-def test_triton_rope_and_swiglu_fusions_train_like_megatrons_own(tmp_path, plain_short):
+def test_triton_rope_and_swiglu_fusions_train_like_megatrons_own(runs):
     """model.apply_rope_fusion / bias_activation_fusion = true: megatron's fused_single_qkv_rope and bias_swiglu
     entry points served by primus.turbo.rope / swiglu (Triton's interpreter on CPU) give the losses of megatron's
     unfused split + RoPE and eager SwiGLU."""
-    os.environ["TRITON_INTERPRET"] = "1"  # restored by conftest's autouse fixture
-    plain = plain_short
-    fused = train(tmp_path, "fused", ["model.apply_rope_fusion=true", "model.bias_activation_fusion=true", *SHORT],
-                  steps=3)
+    plain, fused = point(runs, "plain_short")[0], point(runs, "fused")[0]
     assert fused["backend_info"]["rope_fusion"] == "primus.turbo.rope (Triton)"
     assert fused["backend_info"]["activation_fusion"] == "primus.turbo.swiglu (Triton)"
     assert "rope_fusion" not in plain["backend_info"] and "activation_fusion" not in plain["backend_info"]
@@ -134,16 +162,13 @@ def test_triton_rope_and_swiglu_fusions_train_like_megatrons_own(tmp_path, plain
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("megatron_perf")
 @pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="a Triton kernel")
-def test_turbo_cross_entropy_trains_like_megatrons_loss(tmp_path):
+def test_turbo_cross_entropy_trains_like_megatrons_loss(runs):
     """model.cross_entropy_fusion_impl=turbo: each post-process chunk's compute_language_model_loss is
     primus.turbo.cross_entropy (Triton's interpreter on CPU; gradient written into the logits) and megatron's own
     fusion stays off; fp32 run: the losses of megatron's vocab_parallel_cross_entropy."""
-    os.environ["TRITON_INTERPRET"] = "1"  # restored by conftest's autouse fixture
-    common = ["training.seq_length=32", "precision.bf16=false"]
-    plain = train(tmp_path, "plain", common, steps=3)
-    turbo = train(tmp_path, "turbo", ["model.cross_entropy_loss_fusion=true", "model.cross_entropy_fusion_impl=turbo",
-                                      *common], steps=3)
+    plain, turbo = point(runs, "ce_plain")[0], point(runs, "ce_turbo")[0]
     assert turbo["backend_info"]["turbo_loss"] is True and "turbo_loss" not in plain["backend_info"]
     assert turbo["losses"] == pytest.approx(plain["losses"], abs=1e-4)
     assert turbo["losses"][-1] < turbo["losses"][0]
@@ -190,14 +215,12 @@ def test_fusions_route_and_restore_megatrons_entry_points():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("megatron_perf")
 @pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="the fusions are Triton kernels")
-def test_triton_fusions_with_tensor_parallel(tmp_path):
+def test_triton_fusions_with_tensor_parallel(runs):
     """tp=2 (2 gloo ranks): each rank's fused projection holds its share of the query groups; the fused RoPE / SwiGLU
     give the losses of megatron's own path."""
-    os.environ["TRITON_INTERPRET"] = "1"  # restored by conftest's autouse fixture
-    tp2 = ["training.seq_length=32", "training.global_batch_size=4", "launcher.nproc_per_node=2",
-           "parallel.tensor_model_parallel_size=2"]
-    plain = train(tmp_path, "plain", ["model.apply_rope_fusion=false", "model.bias_activation_fusion=false", *tp2], 3)
-    fused = train(tmp_path, "fused", ["model.apply_rope_fusion=true", "model.bias_activation_fusion=true", *tp2], 3)
+    plain, fused = point(runs, "tp2_plain")[0], point(runs, "tp2_fused")[0]
+    assert plain["world_size"] == fused["world_size"] == 2
     assert fused["backend_info"]["rope_fusion"] == "primus.turbo.rope (Triton)"
     assert fused["losses"] == pytest.approx(plain["losses"], abs=2e-3)

@@ -3,7 +3,7 @@ the swaps are counted in result.json, and training matches the non-turbo run. On
 Triton's interpreter (conftest.py sets TRITON_INTERPRET=1 without a GPU), so the e2e runs are kept tiny."""
 import pytest
 
-from rank_script import run_rank_configs, run_train
+from rank_script import point, run_points, run_rank_configs
 
 from conftest import compose_cfg as compose
 from primus.backends.megatron import args as margs
@@ -64,6 +64,22 @@ def test_turbo_with_the_te_spec_is_an_issue(monkeypatch):
     assert any("backend.layer_spec" in i.keys and "local spec" in str(i) for i in found), found
 
 
+def test_a_run_without_turbo_flags_runs_megatrons_own_moe_code():
+    """Runs of one process (sweep points) share megatron's patched MoE entry points: a run with no turbo flag clears
+    the flags an earlier turbo run left, so the patches fall through to megatron's own router and permutation."""
+    import types
+
+    from primus.backends.megatron import turbo as mturbo
+    from primus.backends.megatron.trainer import MegatronTrainer
+
+    try:
+        mturbo.reset({"moe_use_fused_router_with_aux_score": True, "moe_permute_fusion": True})
+        assert MegatronTrainer._turbo_setup(types.SimpleNamespace(args={"turbo": {}})) == {}
+        assert mturbo._STATE["flags"] == {} and not mturbo._on("moe_use_fused_router_with_aux_score")
+    finally:
+        mturbo.reset({})
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 
 BASE = ["model=debug", "training.seq_length=128", "training.micro_batch_size=4", "training.global_batch_size=8",
@@ -73,17 +89,37 @@ MOE = ["model=debug_moe", "model.num_layers=2", "model.moe_ffn_hidden_size=64", 
        "training.micro_batch_size=2", "training.global_batch_size=2"]
 
 
-def train(tmp_path, name, overrides, steps):
-    res, out = run_train(tmp_path / name, [f"training.train_iters={steps}", *BASE, *overrides])
-    return res, out
+ONLY_LINEAR = ["turbo=megatron", "turbo.use_turbo_attention=false", "turbo.use_turbo_rms_norm=false"]
+TP2 = [*ONLY_LINEAR, "launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2"]
+MOE_TURBO = [*MOE, "turbo=megatron_moe", "moe.moe_permute_fusion=true", "turbo.use_turbo_rms_norm=false",
+             "turbo.use_turbo_attention=false", "turbo.use_turbo_parallel_linear=false"]
+POINTS = {  # name: (overrides, steps); megatron's own paths first
+    "dense_plain": ([], 3),
+    "moe_plain": ([*MOE, "moe.moe_grouped_gemm=true"], 2),
+    "sync_free_plain": (MOE, 2),
+    "dense_turbo": (["turbo=megatron"], 3),
+    "linears_one": (ONLY_LINEAR, 3),
+    "linears_tp2_sp": ([*TP2, "parallel.sequence_parallel=true"], 3),
+    "linears_tp2": (TP2, 3),
+    "moe_turbo": (MOE_TURBO, 2),
+    "sync_free_stage1": ([*MOE, "turbo=sync_free_stage1"], 2),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every train.py run of the end-to-end tests below, the points of one sweep (one interpreter start, one import
+    of torch, megatron and Triton); those tests share one pytest-xdist worker."""
+    return run_points(tmp_path_factory.mktemp("turbo"), {
+        name: [f"training.train_iters={steps}", *BASE, *o] for name, (o, steps) in POINTS.items()})
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("megatron_turbo")
 @pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")
-def test_dense_turbo_trains_like_the_plain_run(tmp_path):
+def test_dense_turbo_trains_like_the_plain_run(runs):
     """turbo=megatron: SDPA core via turbo_attention, Triton RMSNorm, turbo parallel linears; same losses."""
-    plain, _ = train(tmp_path, "plain", [], steps=3)
-    turbo, out = train(tmp_path, "turbo", ["turbo=megatron"], steps=3)
+    (plain, _), (turbo, out) = point(runs, "dense_plain"), point(runs, "dense_turbo")
     info = turbo["backend_info"]
     assert info["turbo_swaps"] == {"use_turbo_attention": 4, "use_turbo_rms_norm": 4 * 2 + 1,
                                    "use_turbo_parallel_linear": 4 * 4}
@@ -95,40 +131,28 @@ def test_dense_turbo_trains_like_the_plain_run(tmp_path):
     assert turbo["losses"][-1] < turbo["losses"][0] - 0.2
 
 
-ONLY_LINEAR = ["turbo=megatron", "turbo.use_turbo_attention=false", "turbo.use_turbo_rms_norm=false"]
-
-
-@pytest.fixture(scope="module")
-def one_process_turbo_linears(tmp_path_factory):
-    """The 1-process run both tensor-parallel layouts are compared with (its tests share one pytest-xdist worker)."""
-    return train(tmp_path_factory.mktemp("one"), "one", ONLY_LINEAR, steps=3)[0]
-
-
 @pytest.mark.slow
+@pytest.mark.xdist_group("megatron_turbo")
 @pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")
-@pytest.mark.parametrize("sp", [["parallel.sequence_parallel=true"], []], ids=["tp2_sp", "tp2"])
-@pytest.mark.xdist_group("megatron_turbo_one_process")
-def test_turbo_parallel_linear_tp2_matches_one_process(tmp_path, one_process_turbo_linears, sp):
+@pytest.mark.parametrize("sp", ["tp2_sp", "tp2"])
+def test_turbo_parallel_linear_tp2_matches_one_process(runs, sp):
     """2 gloo ranks. SP: column = chunked all-gather overlapped with GEMMs + async dgrad reduce-scatter, row =
     reduce-scatter. No SP: column = async dgrad all-reduce during the wgrad GEMM, row = chunked output all-reduce
     overlapped with the GEMM of the next chunk."""
-    one = one_process_turbo_linears
-    two, _ = train(tmp_path, "two", [*ONLY_LINEAR, "launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2",
-                                     *sp], steps=3)
+    (one, _), (two, _) = point(runs, "linears_one"), point(runs, f"linears_{sp}")
+    assert two["world_size"] == 2 and two["config"]["parallel"]["sequence_parallel"] is (sp == "tp2_sp")
     assert two["backend_info"]["turbo_swaps"]["use_turbo_parallel_linear"] == 16
     assert two["losses"] == pytest.approx(one["losses"], abs=2e-3)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("megatron_turbo")
 @pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")
-def test_moe_turbo_trains_like_the_plain_run(tmp_path):
+def test_moe_turbo_trains_like_the_plain_run(runs):
     """turbo=megatron_moe + permute fusion: Triton router (+aux scores), permute/unpermute, SwiGLU with probs and
     grouped GEMM. Two steps of a small model (the interpreted grouped GEMM is slow): the same losses as megatron's
     own code (same weights; step 2 depends on step 1's gradients)."""
-    plain, _ = train(tmp_path, "plain", [*MOE, "moe.moe_grouped_gemm=true"], steps=2)
-    turbo, _ = train(tmp_path, "turbo", [*MOE, "turbo=megatron_moe", "moe.moe_permute_fusion=true",
-                                         "turbo.use_turbo_rms_norm=false", "turbo.use_turbo_attention=false",
-                                         "turbo.use_turbo_parallel_linear=false"], steps=2)
+    (plain, _), (turbo, _) = point(runs, "moe_plain"), point(runs, "moe_turbo")
     swaps = turbo["backend_info"]["turbo_swaps"]
     assert swaps == {"use_turbo_grouped_gemm": 2, "moe_use_fused_router_with_aux_score": 2,
                      "use_turbo_fused_act_with_probs": 2, "moe_permute_fusion": 2}, swaps
@@ -136,12 +160,12 @@ def test_moe_turbo_trains_like_the_plain_run(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("megatron_turbo")
 @pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")
-def test_sync_free_stage1_trains_like_the_plain_run(tmp_path):
+def test_sync_free_stage1_trains_like_the_plain_run(runs):
     """turbo=sync_free_stage1 (fused router + Triton permute/unpermute with a static num_out_tokens) on megatron's
     SequentialMLP experts: the same losses as megatron's own router and permutation."""
-    plain, _ = train(tmp_path, "plain", MOE, steps=2)
-    stage1, _ = train(tmp_path, "stage1", [*MOE, "turbo=sync_free_stage1"], steps=2)
+    (plain, _), (stage1, _) = point(runs, "sync_free_plain"), point(runs, "sync_free_stage1")
     info = stage1["backend_info"]
     assert info["turbo_swaps"] == {"moe_permute_fusion": 2, "moe_use_fused_router_with_aux_score": 2}
     assert info["turbo_providers"]["turbo.turbo_sync_free_moe_stage"] == "stage 1: fused router, permute fusion"

@@ -56,12 +56,16 @@ log = logging.getLogger("primus.megatron")
 
 
 def enable_dynamo() -> None:
-    """Undo the CPU redirections' `torch._dynamo.config.disable` (compile requested) and leave room for per-layer
-    graphs. megatron's per-call TP-group warning, which would break every layer's graph, is quietened by the
-    registered workaround `megatron.compile.quiet_tp_group_lookup` (patches/torch_compile.py)."""
+    """Undo the CPU redirections' `torch._dynamo.config.disable` (compile requested), start the compile counters
+    afresh and leave room for per-layer graphs. megatron's per-call TP-group warning, which would break every
+    layer's graph, is quietened by the registered workaround `megatron.compile.quiet_tp_group_lookup`
+    (patches/torch_compile.py)."""
     import torch._dynamo
 
     torch._dynamo.config.disable = False
+    # result.json's compile stats (graph breaks, graphs) are this run's: not an earlier run's in this process (a
+    # sweep point)
+    torch._dynamo.utils.counters.clear()
     # one compiled call per layer instance; guards may specialise on per-layer attributes (layer_number)
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):

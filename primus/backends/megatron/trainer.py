@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from functools import partial
 from typing import Any, Dict, List
@@ -264,6 +265,11 @@ class MegatronTrainer(Trainer):
         MoE entry points patched; the spec and the built chunks are swapped in setup()."""
         flags = self.args["turbo"]
         if not flags:
+            # an earlier run in this process (a sweep point) patched megatron's MoE entry points: they follow the
+            # flags of the run at hand, none here, or this run would get that run's turbo kernels
+            earlier = sys.modules.get("primus.backends.megatron.turbo")
+            if earlier is not None:
+                earlier.reset({})
             return {}
         from primus.backends.megatron import turbo as mturbo
         from primus.turbo.providers import log_providers
