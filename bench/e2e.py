@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import re
@@ -176,12 +177,16 @@ def environment():
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
     vers = {"commit": commit, "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": gpu}
-    for mod in ("megatron.core", "torchtitan", "torchao", "triton"):
-        try:
-            m = __import__(mod, fromlist=["x"])
-            vers[mod] = getattr(m, "__version__", "?")
-        except Exception as e:  # noqa: BLE001
-            vers[mod] = f"missing ({type(e).__name__})"
+    # read from the installed distributions: importing megatron.core and torchao for their __version__ costs
+    # seconds of CPU per table (megatron's import-time torch.compile calls load the compiler stack)
+    for mod, dists in (("megatron.core", ("megatron-core",)), ("torchtitan", ("torchtitan",)),
+                       ("torchao", ("torchao",)), ("triton", ("triton", "pytorch-triton-rocm"))):
+        for dist in dists:
+            try:
+                vers[mod] = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError as e:
+                vers[mod] = f"missing ({type(e).__name__})"
     return vers
 
 

@@ -93,6 +93,13 @@ from torchtitan.models import attention
 assert torch.compile is real and attention._compiled_create_block_mask.primus_deferred_compile == []
 assert attention.FlexAttentionWrapper._compiled_flex_attn.__wrapped__ is attention.flex_attention
 assert "torch._inductor.compile_fx" not in sys.modules
+# Hugging Face datasets: not imported by the trainer's import; text_datasets' names import it at their first use
+assert applied["torchtitan.import.deferred_hf_datasets"] is True and "datasets" not in sys.modules
+from torchtitan.hf_datasets import text_datasets as td
+assert not isinstance([], td.Dataset) and "datasets" in sys.modules
+import datasets
+ds = td.split_dataset_by_node(datasets.Dataset.from_dict({"text": ["a", "b"]}), 0, 2)
+assert isinstance(ds, td.Dataset) and len(ds) == 1 and td.load_dataset.__name__ == "load_dataset"
 print("ok")
 """
     p = subprocess.run([sys.executable, "-W", "ignore", "-c", script], cwd=ROOT, capture_output=True, text=True,

@@ -26,6 +26,7 @@ EXPECTED = {
     "megatron.cpu.optimizer_type_check": ("megatron-core", PINNED_MCORE),
     "megatron.compile.quiet_tp_group_lookup": ("megatron-core", PINNED_MCORE),
     "megatron.moe.grouped_gemm_fallback": ("megatron-core", PINNED_MCORE),
+    "torchtitan.import.deferred_hf_datasets": ("torchtitan", PINNED_TORCHTITAN),
     "torchtitan.import.deferred_attention_compile": ("torchtitan", PINNED_TORCHTITAN),
     "torchtitan.cpu.device_type": ("torchtitan", PINNED_TORCHTITAN),
     "torchtitan.cpu.memory_monitor": ("torchtitan", PINNED_TORCHTITAN),

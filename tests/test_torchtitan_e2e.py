@@ -56,8 +56,20 @@ def run_trainer(overrides, run_dir, steps, same_weights=False):
             "lrs": [r.lr for r in results], "tied": getattr(tr.model_args, "tie_word_embeddings", None)}
 
 
-def launch(nproc, overrides, run_dir, steps, same_weights=False):
-    """Run `run_trainer` on nproc fresh processes (torch elastic launch, gloo); returns rank 0's result."""
+def run_trainers(runs):
+    """run_trainer for each (overrides, run_dir, steps, same_weights) of `runs`, one after another in this process
+    and one process group (each trainer finds it up and leaves it up); returns their results."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        return [run_trainer(*r) for r in runs]
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(nproc, runs):
+    """`run_trainers(runs)` on nproc fresh processes (torch elastic launch, gloo); returns rank 0's results."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     with socket.socket() as s:
@@ -66,7 +78,21 @@ def launch(nproc, overrides, run_dir, steps, same_weights=False):
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{port}", max_restarts=0,
                       monitor_interval=0.5, start_method="spawn")
-    return elastic_launch(lc, run_trainer)(overrides, run_dir, steps, same_weights)[0]
+    return elastic_launch(lc, run_trainers)(runs)[0]
+
+
+FSDP_STEPS = 6
+FSDP_MATCH = FP32 + ["training.micro_batch_size=4", "training.global_batch_size=8",
+                     f"training.train_iters={FSDP_STEPS}"]
+FSDP_TIED = FP32 + ["model.tie_word_embeddings=true", "training.train_iters=4"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory):
+    """The FSDP tests' 2-rank runs, in one launch (one start of 2 processes): {"match": ..., "tied": ...}."""
+    d = tmp_path_factory.mktemp("fsdp")
+    match, tied = launch(2, [(FSDP_MATCH, str(d / "two"), FSDP_STEPS, True), (FSDP_TIED, str(d / "tied"), 4, False)])
+    return {"match": match, "tied": tied}
 
 
 def test_single_process_debug_model_loss_decreases(tmp_path):
@@ -86,10 +112,10 @@ def test_single_process_debug_model_loss_decreases(tmp_path):
     assert "[training]" in text and "seq_len = 128" in text
 
 
-def test_fsdp_two_processes_match_one_process(tmp_path):
-    steps = 6
-    two = launch(2, FP32 + ["training.micro_batch_size=4", "training.global_batch_size=8",
-                            f"training.train_iters={steps}"], str(tmp_path / "two"), steps, same_weights=True)
+@pytest.mark.xdist_group("torchtitan_e2e_fsdp")
+def test_fsdp_two_processes_match_one_process(tmp_path, fsdp_runs):
+    steps = FSDP_STEPS
+    two = fsdp_runs["match"]
     # the reference runs in this process: one rank, the whole global batch in one micro batch
     one = run_trainer(FP32 + ["training.micro_batch_size=8", "training.global_batch_size=8",
                               f"training.train_iters={steps}"], str(tmp_path / "one"), steps, same_weights=True)
@@ -110,8 +136,9 @@ def test_tied_embeddings_train_and_share_one_table(tmp_path):
     assert out["losses"][-1] < out["losses"][0] - 0.5, out["losses"]
 
 
-def test_tied_embeddings_under_fsdp(tmp_path):
-    out = launch(2, FP32 + ["model.tie_word_embeddings=true", "training.train_iters=4"], str(tmp_path), 4)
+@pytest.mark.xdist_group("torchtitan_e2e_fsdp")
+def test_tied_embeddings_under_fsdp(fsdp_runs):
+    out = fsdp_runs["tied"]
     assert out["info"]["parallel_dims"]["dp_shard"] == 2
     assert out["losses"][-1] < out["losses"][0], out["losses"]
 

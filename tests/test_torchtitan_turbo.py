@@ -393,6 +393,8 @@ def test_turbo_attention_e2e_matches_stock_and_records_providers(tmp_path):
         assert abs(a - b) < 1e-3 * max(1.0, abs(b)), (r["losses"], stock["losses"])
 
 
+# Both tensor-parallel tests run in one 2-rank launch (one start of 2 processes, one gloo group): the TP plans of
+# the fp8 linear, then TorchTitan's trainer under tp=2. Each part prints its RESULT lines, tagged with "part".
 _TP_SCRIPT = r'''
 import json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
@@ -402,7 +404,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from primus.backends.torchtitan import turbo
 
-dist.init_process_group("gloo")
+dist.init_process_group("gloo")  # one group for both parts
 mesh = init_device_mesh("cpu", (dist.get_world_size(),))
 D, H = 128, 256
 
@@ -418,7 +420,7 @@ class FFN(torch.nn.Module):  # TorchTitan's w1 (colwise) -> w2 (rowwise), bias o
 
 
 rel = lambda a, b: ((a.double() - b.double()).norm() / b.double().norm()).item()  # noqa: E731
-out = {"rank": dist.get_rank()}
+out = {"part": "plans", "rank": dist.get_rank()}
 for recipe in ("tensorwise", "blockwise", "delayed"):
     torch.manual_seed(0)  # the same weights and data on every rank
     m = FFN()
@@ -446,24 +448,19 @@ for recipe in ("tensorwise", "blockwise", "delayed"):
         out["delayed calls"] = [h.calls for lin in (m.w1, m.w2)
                                 for h in (lin.fp8_delayed.x, lin.fp8_delayed.w, lin.fp8_delayed.dy)]
 print("RESULT " + json.dumps(out), flush=True)
-# torchrun saw a rank abort at interpreter exit ("terminate called without an active exception", exit -6) after its
-# RESULT line, with the gloo group still up: close it before exiting
-dist.barrier()
-dist.destroy_process_group()
 '''
 
 
 @pytest.mark.slow
-def test_turbo_fp8_linear_under_tensor_parallel_plans(tmp_path):
+@pytest.mark.xdist_group("torchtitan_turbo_tp2")
+def test_turbo_fp8_linear_under_tensor_parallel_plans(tp2_ranks):
     """TurboFP8Linear under TorchTitan's TP styles (ColwiseParallel -> RowwiseParallel, 2 ranks, gloo, real DTensor
     collectives, Triton interpreter): the fp8 linear runs on the local shards with their own scales and returns the
     DTensor each style expects. Output and every gradient within the fp8 band of float64, eager and fullgraph
     compiled, for tensorwise, blockwise and delayed; both ranks see the same output."""
-    from rank_script import run_ranks
-
-    r0, r1 = run_ranks(tmp_path, "tp_fp8.py", _TP_SCRIPT, [], nproc=2, timeout=400)
+    r0, r1 = tp2_ranks["plans"]
     for key, errs in r0.items():
-        if key in ("rank", "delayed calls") or key.endswith(" y"):
+        if key in ("part", "rank", "delayed calls") or key.endswith(" y"):
             continue
         assert all(e < 0.08 for e in errs), (key, errs)
         assert r0[key + " y"] == r1[key + " y"], key
@@ -471,8 +468,6 @@ def test_turbo_fp8_linear_under_tensor_parallel_plans(tmp_path):
 
 
 _TP_E2E = r'''
-import json, os, sys
-os.environ["TRITON_INTERPRET"] = "1"
 from primus.turbo import providers
 # a CPU has no fp8 tensor cores: it stands in for one (the casts in Triton's interpreter, CPU torch._scaled_mm)
 _fake = providers.DeviceInfo(kind="cuda", name="CPU standing in for an fp8 GPU", capability=(9, 0), has_triton=True,
@@ -480,28 +475,43 @@ _fake = providers.DeviceInfo(kind="cuda", name="CPU standing in for an fp8 GPU",
 providers.probe = providers.device_info_for = lambda device: _fake
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
 import test_torchtitan_e2e as E
-import torch.distributed as dist
-dist.init_process_group("gloo")  # one group for every configuration of this launch
-for i, overrides in enumerate(json.loads(sys.argv[2])):
+for i, overrides in enumerate(json.loads(sys.argv[2])):  # every configuration in the group set up above
     r = E.run_trainer(overrides, f"{sys.argv[1]}/run{i}", 2)
-    print("RESULT " + json.dumps({"config": i, "rank": int(os.environ.get("RANK", 0)), "losses": r["losses"],
-                                  "swaps": r["info"].get("turbo_swaps"), "tp": r["info"]["parallel_dims"]["tp"]}),
-          flush=True)
+    print("RESULT " + json.dumps({"part": "e2e", "config": i, "rank": int(os.environ.get("RANK", 0)),
+                                  "losses": r["losses"], "swaps": r["info"].get("turbo_swaps"),
+                                  "tp": r["info"]["parallel_dims"]["tp"]}), flush=True)
+# torchrun saw a rank abort at interpreter exit ("terminate called without an active exception", exit -6) after its
+# RESULT line, with the gloo group still up: close it before exiting
+dist.barrier()
+dist.destroy_process_group()
 '''
+TP2 = ["parallel=tp2", "parallel.sequence_parallel=true", "launcher.nproc_per_node=2",
+       "model.tie_word_embeddings=false", "turbo.use_turbo_attention=false", "precision.bf16=false",
+       "precision.mixed_precision_param=float32", "training.seq_length=64", "model.num_layers=2"]
+TP2_CONFIGS = [[*TP2, "turbo=torchtitan_fp8", "precision=fp8"], TP2]  # fp8, and the same run without
+
+
+@pytest.fixture(scope="module")
+def tp2_ranks(tmp_path_factory):
+    """The launch both tensor-parallel tests read: {"plans": [rank 0, rank 1], "e2e": [[config 0's ranks], ...]}."""
+    from rank_script import run_ranks
+
+    d = tmp_path_factory.mktemp("tp2")
+    out = run_ranks(d, "tp2.py", _TP_SCRIPT + _TP_E2E, [json.dumps(TP2_CONFIGS)], nproc=2, timeout=1000,
+                    expect=2 * (1 + len(TP2_CONFIGS)))
+    plans = [r for r in out if r["part"] == "plans"]
+    e2e = [[r for r in out if r["part"] == "e2e" and r["config"] == i] for i in range(len(TP2_CONFIGS))]
+    assert [r["rank"] for r in plans] == [0, 1] and all([r["rank"] for r in c] == [0, 1] for c in e2e), out
+    return {"plans": plans, "e2e": e2e}
 
 
 @pytest.mark.slow
-def test_torchtitan_tp2_trains_with_the_turbo_fp8_linear(tmp_path):
+@pytest.mark.xdist_group("torchtitan_turbo_tp2")
+def test_torchtitan_tp2_trains_with_the_turbo_fp8_linear(tp2_ranks):
     """TorchTitan's own trainer, tp=2 + sequence parallel over 2 CPU ranks (gloo), every decoder linear a
     TurboFP8Linear (tensorwise) inside TorchTitan's TP plan: it trains like the same run without fp8 (2 steps)."""
-    from rank_script import run_rank_configs
-
-    tp2 = ["parallel=tp2", "parallel.sequence_parallel=true", "launcher.nproc_per_node=2",
-           "model.tie_word_embeddings=false", "turbo.use_turbo_attention=false", "precision.bf16=false",
-           "precision.mixed_precision_param=float32", "training.seq_length=64"]
-    fp8, fp32 = run_rank_configs(tmp_path, "tp_e2e.py", _TP_E2E, [[*tp2, "turbo=torchtitan_fp8", "precision=fp8"],
-                                                                   tp2], 2, timeout=800)
-    layers = compose_cfg(TT).model.num_layers
+    fp8, fp32 = tp2_ranks["e2e"]
+    layers = compose_cfg(TT + TP2).model.num_layers
     assert fp8[0]["tp"] == 2 and fp8[0]["swaps"] == {"primus_turbo.float8_linear": 7 * layers}  # q k v o w1 w2 w3
     assert fp8[0]["losses"] == fp8[1]["losses"]
     for a, b in zip(fp8[0]["losses"], fp32[0]["losses"]):

@@ -83,9 +83,6 @@ class TorchTitanTrainer(Trainer):
         if issues:
             raise ConfigError(issues)
         args = tt_args.build_args(cfg, ctx)
-        problems = static_problems(args) + runtime_problems(args)
-        if problems:
-            raise UnknownTorchTitanKey(sorted(set(problems)))
 
         # torchtitan initialises torch.distributed itself from the env:// variables; a bare 1-process run has none
         for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
@@ -98,7 +95,12 @@ class TorchTitanTrainer(Trainer):
 
         from primus.backends.torchtitan import patches
 
-        patches.apply(ctx.device)  # TorchTitan's upstream workarounds (patches/__init__.py)
+        # TorchTitan's upstream workarounds (patches/__init__.py) before the key check below, which imports
+        # TorchTitan: their deferred imports (compile, datasets) only defer anything as its first import
+        patches.apply(ctx.device)
+        problems = static_problems(args) + runtime_problems(args)
+        if problems:
+            raise UnknownTorchTitanKey(sorted(set(problems)))
         from primus.backends.torchtitan import data as tt_data, spec
         from torchtitan.config import ConfigManager
         from torchtitan.train import Trainer as TTTrainer

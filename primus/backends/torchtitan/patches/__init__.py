@@ -4,7 +4,9 @@ Each entry (a `primus.patches.registry.Workaround`) names the upstream behaviour
 was written against (torchtitan 0.2.2; torch where the behaviour is torch's) and when it applies; `apply()` checks
 the installed versions and says so in the log when they differ.
 
-  deferred_compile.py  every device, first: torchtitan.train imported with its import-time torch.compile calls
+  deferred_datasets.py  every device, first: TorchTitan's text datasets imported with their Hugging Face
+          `datasets` names bound to stand-ins that import it at first use (about 0.9 s a process)
+  deferred_compile.py  every device, next: torchtitan.train imported with its import-time torch.compile calls
           deferred to first call (they import the compiler stack: about 1 s a process)
   cpu.py  CPU only: device type, memory monitor, process-group timeouts, FSDP's reduce op on gloo, integer histc
 
@@ -18,10 +20,11 @@ from typing import Any, Dict
 
 from primus.patches.registry import Conditions, apply_all
 
-from . import cpu, deferred_compile
+from . import cpu, deferred_compile, deferred_datasets
 from .cpu import after_parallelize
 
-WORKAROUNDS = deferred_compile.WORKAROUNDS + cpu.WORKAROUNDS  # the deferred import before anything imports TorchTitan
+# the deferred imports before anything imports TorchTitan
+WORKAROUNDS = deferred_datasets.WORKAROUNDS + deferred_compile.WORKAROUNDS + cpu.WORKAROUNDS
 
 __all__ = ["WORKAROUNDS", "apply", "after_parallelize"]
 
