@@ -20,12 +20,13 @@ per-micro-batch work, with the offloaded optimizer step spread over 4x fewer tok
 the preset's tokens/s); FULL_BATCH=1 runs the presets' own global batch (about 4x the time: split the part).
 TIMED_STEPS=1 times one step instead of two (a 7B group's three points then fit one part on an H200); DEADLINE_S sets
 the part's deadline (default 480 s): a point the pace so far says would end after it is not started.
-LAYERS=5 runs the MoE groups' points at fewer layers (a GPU smaller than an H200), tagged apart. POINTS='torchtitan stock' runs the preset and the named points of the group only (comma-separated labels, as `list`
-prints them after the group's name). PROFILE=1 profiles the MoE groups' megatron points (the preset and stock megatron-core) for one step, the first
-after the compiling step (`profile.enabled=true profile.start_step=2 profile.steps=1`; that step stays timed: the
-profiler costs about 0.2% of a step on the H200, docs/benchmarks.md), and `tables` (which each part runs at its end)
-copies each profiled run's tables into $OUT: phases_<part tag>_<point>.md, the step by phase (router,
-dispatch/permute, experts, combine/unpermute, shared experts, attention, dense MLP, optimizer, other), and
+LAYERS=5 runs the MoE groups' points at fewer layers (a GPU smaller than an H200), tagged apart. POINTS='torchtitan
+stock' runs the preset and the named points of the group only (comma-separated labels, as `list` prints them after
+the group's name). PROFILE=1 profiles the MoE groups' megatron points (the preset and stock megatron-core) for one
+step, the first after the compiling step (`profile.enabled=true profile.start_step=2 profile.steps=1`; that step
+stays timed: the profiler costs about 0.2% of a step on the H200, docs/benchmarks.md), and `tables` (which each part
+runs at its end) copies each profiled run's tables into $OUT: phases_<part tag>_<point>.md, the step by phase
+(router, dispatch/permute, experts, combine/unpermute, shared experts, attention, dense MLP, optimizer, other), and
 kernels_<part tag>_<point>.md, the kernel categories.
 
     bash bench/at_scale.sh list          # the parts and their points
@@ -123,8 +124,8 @@ def env_number(name: str, default: str, cast, least: float):
     except ValueError:
         value = None
     if value is None or value < least:
-        sys.exit(f"[at_scale] {name}={raw!r}: not allowed; {name} is a {'whole ' if cast is int else ''}number >= {least} "
-                 f"(unset: {default})")
+        kind = "whole number" if cast is int else "number"
+        sys.exit(f"[at_scale] {name}={raw!r}: not allowed; {name} is a {kind} >= {least} (unset: {default})")
     return value
 
 
@@ -144,9 +145,9 @@ def profile_overrides(g: Group) -> str:
 def moe_layers(g: Group) -> int:
     """The MoE group's layer count: the preset's, or LAYERS (fewer, for a GPU smaller than an H200: 5 fit an H100's
     80 GB with the preset's settings, `python -m primus.plan ... plan.gpu=H100`)."""
-    if not g.moe or "LAYERS" not in os.environ:
+    if not g.moe:
         return g.layers
-    n = env_number("LAYERS", "", int, 1)
+    n = env_number("LAYERS", str(g.layers), int, 1)
     if n > g.layers:
         sys.exit(f"[at_scale] LAYERS={n}: more than the {g.layers} layers of {g.preset}, the most that fit an H200; "
                  f"allowed: 1-{g.layers}")

@@ -9,14 +9,20 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DIST_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+from test_launch_common import DIST_ENV  # noqa: E402  (the rendezvous variables a child must not inherit)
+
+
+def child_env(**extra):
+    """This process's env for a child run: no rendezvous variables an in-process trainer left, one BLAS thread."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
+    return env
 
 
 def run_ranks(tmp_path, name, script, argv, nproc=1, timeout=600, expect=None):
     path = tmp_path / name
     path.write_text(script)
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=ROOT)
+    env = child_env(PYTHONPATH=ROOT)
     launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                   f"--nproc_per_node={nproc}"]
     p = subprocess.run([*launch, str(path), str(tmp_path), *argv], cwd=ROOT, env=env, capture_output=True,
@@ -42,8 +48,7 @@ def run_rank_configs(tmp_path, name, script, configs, nproc=1, timeout=600):
 
 def run_train(run_dir, argv, extra_env=None, timeout=600):
     """`python train.py hydra.run.dir=<run_dir> <argv>` on CPU, one thread; returns (result.json as dict, stdout)."""
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(extra_env or {}))
+    env = child_env(**(extra_env or {}))
     p = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *argv], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=timeout)
     result_file = os.path.join(str(run_dir), "result.json")
@@ -91,8 +96,7 @@ def run_points(root, points, extra_env=None, timeout_per_point=600):
         with open(os.path.join(conf, f"{name}.yaml"), "w") as f:
             f.write(_point_yaml(points[name]))
     sweep_dir = os.path.join(str(root), "sweep")
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(extra_env or {}))
+    env = child_env(**(extra_env or {}))
     p = subprocess.run([sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep_dir}",
                         f"hydra.searchpath=[file://{os.path.join(str(root), 'conf')}]",
                         "+hydra.callbacks.primus_sweep.plot=false", "experiment=" + ",".join(names)],
