@@ -108,15 +108,21 @@ def _tuning_hooks(cfg: PrimusConfig, ctx: RunContext, result: Dict[str, Any]):
     return contextlib.nullcontext()
 
 
-def _rocm_patches(ctx: RunContext) -> None:
-    """On ROCm (torch.version.hip set), before the backend builds anything that compiles a Triton kernel: the
-    per-kernel fix of Triton's buffer-store hazard (docs/rocm-bufops.md). Every rank runs it; compile workers
-    install it themselves. A no-op elsewhere."""
-    from primus.patches import apply_rocm_patches
+def _device_patches(ctx: RunContext) -> bool:
+    """The device's torch / Triton workarounds, on every rank, before the backend builds anything. On ROCm
+    (torch.version.hip set): the per-kernel fix of Triton's buffer-store hazard (docs/rocm-bufops.md; compile
+    workers install it themselves). On a CPU without native bf16 GEMMs: bf16 / fp16 GEMMs as fp32 ones
+    (primus/patches/cpu_gemm.py) for the run; returns whether those are in place."""
+    from primus.patches import apply_cpu_patches, apply_rocm_patches
 
     if apply_rocm_patches():
         _say(ctx, "[primus] ROCm: Triton kernels whose buffer stores are clobbered get recompiled without buffer "
                   "ops (docs/rocm-bufops.md)")
+    if ctx.device == "cpu" and apply_cpu_patches(ctx.device):
+        _say(ctx, "[primus] CPU without native bf16 GEMMs: bf16 / fp16 GEMMs run as fp32 ones, rounded once "
+                  "(primus/patches/cpu_gemm.py)")
+        return True
+    return False
 
 
 def _say_findings(ctx: RunContext, meta: Dict[str, Any]) -> None:
@@ -176,6 +182,7 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
     }
     trainer = ckpt = None
     sinks = prof = None
+    cpu_gemm = False  # the run's CPU GEMM route (_device_patches), taken out when it ends
     from primus.checkpoint import CheckpointManager
     from primus.preemption import Preemption
 
@@ -202,7 +209,7 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
         _say_findings(ctx, meta)
         prof = StepProfiler(cfg, ctx)
         gemm_recording = _tuning_hooks(cfg, ctx, result)
-        _rocm_patches(ctx)
+        cpu_gemm = _device_patches(ctx)
         trainer = trainer_class(cfg)(cfg, ctx)
         ckpt = CheckpointManager(cfg, ctx, trainer, say=lambda m: _say(ctx, m))
         ckpt.precheck()  # an explicit checkpoint.resume path must be a whole checkpoint: fail before building
@@ -309,6 +316,10 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
                     trainer.close()
                 except Exception:  # noqa: BLE001 - closing must not hide the run's own error
                     log.exception("trainer.close failed")
+            if cpu_gemm:
+                from primus.patches.cpu_gemm import uninstall
+
+                uninstall()
     if result["status"] == "preempted":
         preempt.exit_for_requeue(ctx.rank)  # in a submitit Slurm job: requeue (rank 0 exits here)
     return result

@@ -14,11 +14,12 @@ BASE = ["model=debug", "training.seq_length=128", "training.micro_batch_size=4",
         "training.lr=3e-3", "training.lr_warmup_iters=1", "training.timing_warmup_steps=0", "device=cpu",
         "logging.tensorboard=false"]
 
-SHORT = ["training.seq_length=32"]  # the interpreter runs one program per token: keep the Triton runs small
+# the interpreter runs one program per token: keep the Triton runs small (64 tokens a step)
+SHORT = ["training.seq_length=32", "training.micro_batch_size=2", "training.global_batch_size=2"]
 PLAIN_SHORT = ["model.apply_rope_fusion=false", "model.bias_activation_fusion=false", *SHORT]  # megatron's own paths
 FUSED_SHORT = ["model.apply_rope_fusion=true", "model.bias_activation_fusion=true", *SHORT]
 CE = ["training.seq_length=32", "precision.bf16=false"]
-TP2 = ["training.global_batch_size=4", "launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2"]
+TP2 = ["launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2"]
 POINTS = {  # name: (overrides, steps); the compiled runs last, after the eager ones
     "eager": ([], 4),
     # the eager run the turbo-kernel and Triton-fusion runs are compared with; a 2-step run is compared with its

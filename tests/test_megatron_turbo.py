@@ -82,11 +82,12 @@ def test_a_run_without_turbo_flags_runs_megatrons_own_moe_code():
 
 # ------------------------------------------------------------------------------------------------ end to end
 
-BASE = ["model=debug", "training.seq_length=128", "training.micro_batch_size=4", "training.global_batch_size=8",
+# 64 tokens a step: the interpreter runs one Triton program per row
+BASE = ["model=debug", "training.seq_length=32", "training.micro_batch_size=2", "training.global_batch_size=2",
         "training.lr=3e-3", "training.lr_warmup_iters=1", "training.timing_warmup_steps=0", "device=cpu",
         "logging.tensorboard=false"]
-MOE = ["model=debug_moe", "model.num_layers=2", "model.moe_ffn_hidden_size=64", "training.seq_length=32",
-       "training.micro_batch_size=2", "training.global_batch_size=2"]
+# the interpreted grouped GEMM runs one program step per expert, tile and K block: 4 narrow experts
+MOE = ["model=debug_moe", "model.num_layers=2", "model.num_experts=4", "model.moe_ffn_hidden_size=32"]
 
 
 ONLY_LINEAR = ["turbo=megatron", "turbo.use_turbo_attention=false", "turbo.use_turbo_rms_norm=false"]

@@ -36,6 +36,7 @@ EXPECTED = {
     "torchtitan.cpu.peak_flops": ("torchtitan", PINNED_TORCHTITAN),
     "triton.rocm.buffer_store_clobber": ("triton", "3.6"),
     "torch.compile.cache_key_tag": ("torch", "2.13"),
+    "torch.cpu.low_precision_gemm": ("torch", "2.13"),
     "triton.interpreter.scalar_index": ("numpy", "2.4"),
     "triton.interpreter.float_downcast": ("triton", "3.6"),
     "triton.interpreter.fp8_upcast": ("triton", "3.6"),

@@ -9,6 +9,8 @@ also holds the registry every backend's `primus/backends/<backend>/patches/` pac
   triton_interpreter.py  TRITON_INTERPRET=1: four defects of Triton 3.6's interpreter (scalar index with numpy >= 2.4,
                          float down/up casts, low-precision dot); `fix_triton_interpreter()`, applied where
                          primus.turbo's kernels are imported
+  cpu_gemm.py            a CPU without AVX512-BF16 / AMX runs bf16 and fp16 GEMMs 10-40x slower than fp32 ones;
+                         `apply_cpu_patches()`, called by the run path for a CPU run
   bufops.py              the analyzer the ROCm hook uses (pure text; `python -m primus.patches.bufops check`)
 """
 from __future__ import annotations
@@ -48,7 +50,30 @@ COMPILE_CACHE_TAG = Workaround(
     lambda _c: True, _tag, every_run=True)
 # Applied on another torch too: a tag only makes cache keys more specific.
 
-WORKAROUNDS = (ROCM_BUFOPS, COMPILE_CACHE_TAG) + _interpreter.WORKAROUNDS
+
+
+def _cpu_gemm(_cond: Conditions) -> bool:
+    from .cpu_gemm import install
+
+    return install()
+
+
+def _no_native_low_precision_gemm() -> bool:
+    from .cpu_gemm import native_low_precision_gemm
+
+    return not native_low_precision_gemm()
+
+
+CPU_LOW_PRECISION_GEMM = Workaround(
+    "torch.cpu.low_precision_gemm",
+    "aten::mm / addmm / bmm / baddbmm, their CPU kernels for bfloat16 and float16 operands",
+    "without AVX512-BF16 or AMX they run a scalar fallback 10-40x slower than the fp32 GEMM (a bf16 debug-model "
+    "step spends 90% of its time there); run instead as fp32 GEMMs rounded once to the operands' dtype",
+    (pin("torch", "2.13"),), "the run's device is the CPU and torch's CPU GEMMs take no bf16 operands natively",
+    lambda c: c.device == "cpu" and _no_native_low_precision_gemm(), _cpu_gemm, every_run=True, on_mismatch="skip",
+    mismatch_note="it only buys speed: without it the GEMMs run torch's own kernels")
+
+WORKAROUNDS = (ROCM_BUFOPS, COMPILE_CACHE_TAG, CPU_LOW_PRECISION_GEMM) + _interpreter.WORKAROUNDS
 
 
 def _rocm() -> bool:
@@ -60,6 +85,13 @@ def _rocm() -> bool:
 def apply_rocm_patches() -> bool:
     """Install the ROCm workarounds; a no-op (returns False) anywhere else."""
     return bool(apply_all([ROCM_BUFOPS], Conditions(rocm=_rocm())).get(ROCM_BUFOPS.name))
+
+
+def apply_cpu_patches(device: str) -> bool:
+    """On a CPU run: the fp32 route for bf16 / fp16 GEMMs where torch's CPU kernels have no native one
+    (cpu_gemm.py). Returns whether it is in place (the run takes it out again: cpu_gemm.uninstall()); a no-op
+    (False) on a GPU or a CPU with native bf16 GEMMs."""
+    return bool(apply_all([CPU_LOW_PRECISION_GEMM], Conditions(device=device)).get(CPU_LOW_PRECISION_GEMM.name))
 
 
 def tag_compile_caches() -> str:

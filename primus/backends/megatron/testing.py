@@ -28,10 +28,13 @@ def train_steps(overrides: Sequence[str], run_dir: str, steps: Optional[int] = N
     from primus.config.validate import validate
     from primus.context import resolve
 
+    from primus.patches import apply_cpu_patches
+
     cfg = compose(overrides)
     ctx = resolve(cfg, run_dir)
     if check:
         validate(cfg, ctx)
+    cpu_gemm = apply_cpu_patches(ctx.device)  # as the run path does (primus/train_loop.py), for this run
     trainer = MegatronTrainer(cfg, ctx)
     losses = []
     try:
@@ -40,6 +43,10 @@ def train_steps(overrides: Sequence[str], run_dir: str, steps: Optional[int] = N
             losses.append(trainer.train_step(step).loss)
     finally:
         trainer.close()
+        if cpu_gemm:
+            from primus.patches.cpu_gemm import uninstall
+
+            uninstall()
     return ctx, info, losses
 
 
