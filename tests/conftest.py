@@ -65,6 +65,37 @@ def compose_cfg(overrides=()):
     return OmegaConf.to_object(compose_dict(overrides))
 
 
+def run_path_to_setup(monkeypatch, tmp_path, probe, overrides=()):
+    """Drive the real run path (primus.train_loop.train, device=cpu) with a stand-in trainer whose setup returns
+    probe() and stops the run there; returns what probe saw when the backend started building."""
+    import primus.backends
+    from primus.backends.base import Trainer
+    from primus.context import resolve
+    from primus.train_loop import train
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    class Recorder(Trainer):
+        name = "recorder"
+
+        def setup(self):
+            seen["probe"] = probe()
+            raise Stop
+
+        def train_step(self, step):
+            raise AssertionError("not reached")
+
+    monkeypatch.setattr(primus.backends, "trainer_class", lambda cfg: Recorder)
+    monkeypatch.setattr("primus.train_loop.git_sha", lambda: None)  # no `git` process in a unit test
+    cfg = compose_cfg(["device=cpu", "training.train_iters=1", "logging.tensorboard=false", *overrides])
+    with pytest.raises(Stop):
+        train(cfg, resolve(cfg, str(tmp_path)), {})
+    return seen["probe"]
+
+
 # ------------------------------------------------------------------------------------------------ unit-test guard
 
 END_TO_END = ("e2e", "slow", "slurm", "scale")

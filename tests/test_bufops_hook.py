@@ -190,38 +190,13 @@ def test_real_triton_folds_knob_into_cache_key():
     assert "AMDGCN_USE_BUFFER_OPS" not in get_cache_invalidating_env_vars()
 
 
-class _BuiltTrainer(Exception):
-    """Raised by the stand-in trainer's setup: the run path got that far."""
-
-
 def _run_path_sees_hook(monkeypatch, tmp_path, fake):
-    """Drive the real run path (primus.train_loop.train) with a stand-in trainer whose setup records whether
-    triton.compile is already routed through the hook when the backend starts building."""
-    import primus.backends
-    from primus.backends.base import Trainer
-    from primus.context import resolve
-    from primus.train_loop import train
-    from conftest import compose_cfg
+    """Whether triton.compile is already routed through the hook when the backend starts building."""
+    from conftest import run_path_to_setup
 
-    seen = {}
-
-    class Recorder(Trainer):
-        name = "recorder"
-
-        def setup(self):
-            seen["wrapped"] = getattr(triton.compile, "__wrapped__", None) is fake
-            seen["jit_wrapped"] = getattr(triton.compiler.compile, "__wrapped__", None) is fake
-            raise _BuiltTrainer
-
-        def train_step(self, step):
-            raise AssertionError("not reached")
-
-    monkeypatch.setattr(primus.backends, "trainer_class", lambda cfg: Recorder)
-    monkeypatch.setattr("primus.train_loop.git_sha", lambda: None)  # no `git` process in a unit test
-    cfg = compose_cfg(["device=cpu", "training.train_iters=1", "logging.tensorboard=false"])
-    with pytest.raises(_BuiltTrainer):
-        train(cfg, resolve(cfg, str(tmp_path)), {})
-    return seen
+    return run_path_to_setup(monkeypatch, tmp_path, lambda: {
+        "wrapped": getattr(triton.compile, "__wrapped__", None) is fake,
+        "jit_wrapped": getattr(triton.compiler.compile, "__wrapped__", None) is fake})
 
 
 @pytest.mark.e2e  # the real run path, up to the trainer's construction

@@ -80,35 +80,11 @@ def test_applies_on_a_cpu_without_native_bf16_gemms_only(monkeypatch):
     assert apply_cpu_patches("cpu") is False and not cpu_gemm.installed()
 
 
-class _Built(Exception):
-    pass
-
-
 @pytest.mark.e2e  # the real run path, up to the trainer's construction, and its ending
 def test_a_cpu_run_has_the_route_while_it_runs_and_not_after(monkeypatch, tmp_path):
-    import primus.backends
-    from primus.backends.base import Trainer
-    from primus.context import resolve
-    from primus.train_loop import train
-    from conftest import compose_cfg
+    from conftest import run_path_to_setup
 
     monkeypatch.setattr(cpu_gemm, "native_low_precision_gemm", lambda: False)
-    seen = {}
-
-    class Recorder(Trainer):
-        name = "recorder"
-
-        def setup(self):
-            seen["during"] = cpu_gemm.installed()
-            raise _Built
-
-        def train_step(self, step):
-            raise AssertionError("not reached")
-
-    monkeypatch.setattr(primus.backends, "trainer_class", lambda cfg: Recorder)
-    monkeypatch.setattr("primus.train_loop.git_sha", lambda: None)  # no `git` process in a unit test
-    cfg = compose_cfg(["device=cpu", "training.train_iters=1", "logging.tensorboard=false"])
-    with pytest.raises(_Built):
-        train(cfg, resolve(cfg, str(tmp_path)), {})
-    assert seen == {"during": True} and not cpu_gemm.installed()
+    assert run_path_to_setup(monkeypatch, tmp_path, cpu_gemm.installed) is True
+    assert not cpu_gemm.installed()
     assert "bf16 / fp16 GEMMs run as fp32 ones" in (tmp_path / "train.log").read_text()
