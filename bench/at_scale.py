@@ -27,7 +27,13 @@ step, the first after the compiling step (`profile.enabled=true profile.start_st
 stays timed: the profiler costs about 0.2% of a step on the H200, docs/benchmarks.md), and `tables` (which each part
 runs at its end) copies each profiled run's tables into $OUT: phases_<part tag>_<point>.md, the step by phase
 (router, dispatch/permute, experts, combine/unpermute, shared experts, attention, dense MLP, optimizer, other), and
-kernels_<part tag>_<point>.md, the kernel categories.
+kernels_<part tag>_<point>.md, the kernel categories. VARIANTS adds to each group of the call one megatron point
+per variant, the preset with the variant's overrides, in its own row ('<group> <label>') beside the preset and the
+peers (POINTS keeps them): the DeepSeek-V2-Lite preset, the preset compiled, with bf16 experts, and stock TorchTitan
+in one part:
+
+    POINTS='torchtitan stock' VARIANTS='compile:training.compile=true;bf16experts:turbo.grouped_gemm_fp8=false' \
+        bash bench/at_scale.sh 13
 
     bash bench/at_scale.sh list          # the parts and their points
     bash bench/at_scale.sh 1             # part 1 (GPU), tables to $OUT
@@ -154,6 +160,28 @@ def moe_layers(g: Group) -> int:
     return n
 
 
+VARIANT_LABEL = re.compile(r"[A-Za-z0-9_.+-]+")
+VARIANTS_EXAMPLE = "VARIANTS='compile:training.compile=true;bf16experts:turbo.grouped_gemm_fp8=false'"
+
+
+def variants() -> List[Tuple[str, str]]:
+    """VARIANTS: [(label, train.py overrides)], each a megatron point of every group run (the preset with them)."""
+    raw = os.environ.get("VARIANTS", "").strip()
+    out: List[Tuple[str, str]] = []
+    for piece in (p.strip() for p in raw.split(";")):
+        if not piece:
+            continue
+        label, sep, ov = (x.strip() for x in piece.partition(":"))
+        if not (sep and VARIANT_LABEL.fullmatch(label) and ov and all("=" in o for o in ov.split())):
+            sys.exit(f"[at_scale] VARIANTS={raw!r}: {piece!r} is not allowed; a variant is LABEL:OVERRIDES (a label "
+                     "of letters, digits and _.+-, then train.py overrides key=value separated by spaces), variants "
+                     f"separated by ';', e.g. {VARIANTS_EXAMPLE}")
+        if label in [l for l, _ in out]:
+            sys.exit(f"[at_scale] VARIANTS={raw!r}: the label {label!r} is given twice; give each variant its own")
+        out.append((label, ov))
+    return out
+
+
 def bench_batch(g: Group) -> int:
     return g.global_batch if os.environ.get("FULL_BATCH") == "1" else max(1, g.global_batch // 4)
 
@@ -173,6 +201,11 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     out.append(("--extra", f"{g.name} megatron preset=experiment={g.preset}{fewer} {batch} {steps}{dry}"))
     for label, ov in g.variants:
         out.append(("--extra", f"{g.name} {label}=experiment={g.preset} {ov} {batch} {steps}{dry}"))
+    taken = {"megatron preset", "megatron-core stock", "reference", "torchtitan stock", *(l for l, _ in g.variants)}
+    for label, ov in variants():  # the variant's overrides last: they win over the bench's batch and steps
+        if label in taken:
+            sys.exit(f"[at_scale] VARIANTS: the label {label!r} is a point of {g.name} already; pick another")
+        out.append(("--extra", f"{g.name} {label}=experiment={g.preset}{fewer} {batch} {steps} {ov}{dry}"))
     if g.moe:
         out.append(("--extra", f"{g.name} megatron-core stock={STOCK_MEGATRON} model={g.shape} model.num_layers="
                                f"{layers} training=bench training.micro_batch_size=1 {batch} {steps}{dry}"))
@@ -199,19 +232,20 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
 
 
 def only_points(g: Group, pts: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
-    """POINTS='torchtitan stock,...': the preset (every ratio's baseline) and these of the group's other points only,
-    e.g. FULL_BATCH=1 without the reference, whose 4x longer run would not fit a part."""
+    """POINTS='torchtitan stock,...': the preset (every ratio's baseline), the VARIANTS and these of the group's other
+    points only, e.g. FULL_BATCH=1 without the reference, whose 4x longer run would not fit a part."""
     raw = os.environ.get("POINTS", "").strip()
     if not raw:
         return pts
     label = lambda spec: spec.split("=", 1)[0][len(g.name) + 1:]
+    asked = {l for l, _ in variants()}
     wanted = [w.strip() for w in raw.split(",") if w.strip()]
     known = [label(s) for _, s in pts]
     bad = [w for w in wanted if w not in known]
     if bad:
         sys.exit(f"[at_scale] POINTS={raw!r}: {', '.join(map(repr, bad))} is not a point of {g.name}; its points are "
                  f"{', '.join(map(repr, known))} (the preset always runs)")
-    return [(f, s) for f, s in pts if label(s) == "megatron preset" or label(s) in wanted]
+    return [(f, s) for f, s in pts if label(s) == "megatron preset" or label(s) in wanted or label(s) in asked]
 
 
 def parts() -> List[Tuple[Group, int]]:

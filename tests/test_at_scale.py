@@ -100,14 +100,15 @@ def test_parts_are_named_one_by_one_in_ranges_or_all():
 @pytest.mark.slow
 def test_cpu_check_runs_every_entry_of_a_dense_and_a_moe_group(tmp_path):
     """`bench/at_scale.sh --check`: the presets' train.py commands as dry runs, the reference and stock TorchTitan
-    at the debug shapes (float8 included), stock megatron-core's command; every row ok."""
-    env = dict(os.environ, OUT=str(tmp_path), PYTHON=PY)
+    at the debug shapes (float8 included), stock megatron-core's command, a VARIANTS point; every row ok."""
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=PY, VARIANTS="bf16experts:turbo.grouped_gemm_fp8=false")
     r = subprocess.run(["bash", "bench/at_scale.sh", "--check", "--only", "llama2_7b_fp8", "qwen3_30b_a3b"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for g in ("llama2_7b_fp8", "qwen3_30b_a3b"):
         rows = json.load(open(tmp_path / f"bench_atscale_check_{g}.json"))["rows"]
-        assert len(rows) == 3 and all(row["status"] == "ok" for row in rows), rows
+        assert len(rows) == 4 and all(row["status"] == "ok" for row in rows), rows
+        assert f"{g} bf16experts" in [row["name"] for row in rows]  # the VARIANTS point, its own row
         peers = [row for row in rows if row.get("tokens_per_s")]
         assert peers and all(row["finite"] and row["tokens_per_s"] > 0 for row in peers)
 
@@ -228,3 +229,38 @@ def test_layers_runs_every_moe_point_at_fewer_layers(monkeypatch):
     monkeypatch.setenv("LAYERS", "11")
     with pytest.raises(SystemExit, match=r"LAYERS=11: more than the 10 layers of deepseek_v2_lite_megatron_fp8"):
         at_scale.points(g)
+
+
+def test_variants_run_the_preset_with_each_variants_overrides_beside_the_peers(monkeypatch):
+    """VARIANTS='label:overrides;...': one more megatron point per variant in each group, its own row, kept by POINTS;
+    on the DeepSeek-V2-Lite group the preset compiled and with bf16 experts compose and validate (a planned H200 run);
+    --check runs them as dry runs."""
+    from primus.config.validate import validate
+    from primus.context import RunContext
+
+    g = next(g for g in MOE if g.name == "deepseek_v2_lite")
+    monkeypatch.setenv("VARIANTS", "compile:training.compile=true; bf16experts:turbo.grouped_gemm_fp8=false")
+    specs = {spec.split("=", 1)[0]: spec.split("=", 1)[1] for _, spec in at_scale.points(g)}
+    assert list(specs)[:3] == ["deepseek_v2_lite megatron preset", "deepseek_v2_lite compile",
+                               "deepseek_v2_lite bf16experts"] and "deepseek_v2_lite torchtitan stock" in specs
+    for label, compiled, fp8_experts in (("compile", True, True), ("bf16experts", False, False)):
+        cfg = compose_cfg(specs[f"deepseek_v2_lite {label}"].split())
+        assert (cfg.training.compile, cfg.turbo.grouped_gemm_fp8) == (compiled, fp8_experts)
+        assert cfg.training.global_batch_size == at_scale.bench_batch(g)
+        validate(cfg, RunContext(device="cuda", world_size=1, planned=True))
+    monkeypatch.setenv("POINTS", "torchtitan stock")
+    assert [spec.split("=", 1)[0] for _, spec in at_scale.points(g)] == [
+        "deepseek_v2_lite megatron preset", "deepseek_v2_lite compile", "deepseek_v2_lite bf16experts",
+        "deepseek_v2_lite torchtitan stock"]
+    checks = [s for f, s in at_scale.points(g, check=True) if s.startswith("deepseek_v2_lite compile=")]
+    assert len(checks) == 1 and checks[0].endswith("training.compile=true dry_run=true")
+    monkeypatch.delenv("POINTS")
+    for bad, why in (("compile", "is not allowed"), ("compile:", "is not allowed"),
+                     (":training.compile=true", "is not allowed"), ("com pile:training.compile=true", "not allowed"),
+                     ("compile:training.compile", "is not allowed"), ("a:x=1;a:y=2", "given twice"),
+                     ("reference:training.compile=true", "is a point of deepseek_v2_lite already")):
+        monkeypatch.setenv("VARIANTS", bad)
+        with pytest.raises(SystemExit, match=why):
+            at_scale.points(g)
+    monkeypatch.delenv("VARIANTS")
+    assert not any(" compile=" in s for _, s in at_scale.points(g))

@@ -7,7 +7,7 @@ from rank_script import point, run_points, run_rank_configs
 
 from conftest import compose_cfg as compose
 from primus.backends.megatron import args as margs
-from primus.context import RunContext
+from primus.context import RunContext, gpu_present
 
 CPU = RunContext(device="cpu", world_size=1)
 HAS_TRITON = __import__("importlib").util.find_spec("triton") is not None
@@ -64,6 +64,49 @@ def test_turbo_with_the_te_spec_is_an_issue(monkeypatch):
     assert any("backend.layer_spec" in i.keys and "local spec" in str(i) for i in found), found
 
 
+SF = ["model=debug_moe", "turbo=megatron_moe", "moe.moe_permute_fusion=true"]
+
+
+@pytest.mark.parametrize("extra,missing", [
+    ([], None),
+    (["moe.moe_permute_fusion=false"], "moe.moe_permute_fusion"),
+    (["turbo.use_turbo_grouped_gemm=false"], "turbo.use_turbo_grouped_gemm"),
+    (["parallel.expert_model_parallel_size=2"], "parallel.expert_model_parallel_size"),
+    (["parallel.tensor_model_parallel_size=2"], "parallel.tensor_model_parallel_size"),
+    (["moe.moe_token_dispatcher_type=allgather"], "moe.moe_token_dispatcher_type"),
+    (["backend.layer_spec=te"], "backend.layer_spec"),
+])
+def test_sync_free_dispatch_holds_exactly_where_its_preconditions_do(extra, missing):
+    """features/turbo.py SYNC_FREE_DISPATCH: turbo=megatron_moe + permute fusion at ep = tp = 1 (the DeepSeek-V2-Lite
+    preset's setting) runs the MoE dispatch sync-free; each missing precondition turns it off and is named, with
+    what it needs, in backend_info.moe_dispatch."""
+    from primus.features import turbo
+
+    cfg = compose([*SF, *extra])
+    found = turbo.sync_free_dispatch(cfg)
+    info = turbo.moe_dispatch_info(cfg)
+    if missing is None:
+        assert found == [] and info.startswith("sync-free")
+        assert turbo.turbo_args(cfg)["sync_free_dispatch"] is True
+        return
+    [(keys, need)] = found
+    assert missing in keys and info.startswith("megatron's") and need in info, (found, info)
+    assert "sync_free_dispatch" not in turbo.turbo_args(cfg)
+
+
+def test_sync_free_dispatch_is_on_in_the_deepseek_preset_and_off_elsewhere():
+    """On where it pays (the one-GPU DeepSeek-V2-Lite preset); off for a dense model (nothing to say), for megatron's
+    own MoE code and for sync-free stage 1 (SequentialMLP experts), each with the precondition it misses."""
+    from primus.features import turbo
+
+    assert turbo.sync_free_dispatch(compose(["experiment=deepseek_v2_lite_megatron_fp8"])) == []
+    assert turbo.sync_free_dispatch(compose([])) is None and turbo.moe_dispatch_info(compose([])) is None
+    plain = turbo.sync_free_dispatch(compose(["model=debug_moe"]))
+    assert [keys[0] for keys, _ in plain] == ["moe.moe_permute_fusion", "turbo.use_turbo_grouped_gemm"]
+    stage1 = turbo.sync_free_dispatch(compose(["model=debug_moe", "turbo=sync_free_stage1"]))
+    assert [keys[0] for keys, _ in stage1] == ["turbo.use_turbo_grouped_gemm"]
+
+
 def test_a_run_without_turbo_flags_runs_megatrons_own_moe_code():
     """Runs of one process (sweep points) share megatron's patched MoE entry points: a run with no turbo flag clears
     the flags an earlier turbo run left, so the patches fall through to megatron's own router and permutation."""
@@ -76,6 +119,11 @@ def test_a_run_without_turbo_flags_runs_megatrons_own_moe_code():
         mturbo.reset({"moe_use_fused_router_with_aux_score": True, "moe_permute_fusion": True})
         assert MegatronTrainer._turbo_setup(types.SimpleNamespace(args={"turbo": {}})) == {}
         assert mturbo._STATE["flags"] == {} and not mturbo._on("moe_use_fused_router_with_aux_score")
+        # the sync-free dispatch swaps methods of a run's own dispatcher instances, never megatron's class
+        from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as A2A
+
+        assert all(getattr(A2A, n).__module__ == A2A.__module__
+                   for n in ("preprocess", "dispatch_postprocess", "combine_preprocess"))
     finally:
         mturbo.reset({})
 
@@ -153,11 +201,17 @@ def test_moe_turbo_trains_like_the_plain_run(runs):
     """turbo=megatron_moe + permute fusion: Triton router (+aux scores), permute/unpermute, SwiGLU with probs and
     grouped GEMM. Two steps of a small model (the interpreted grouped GEMM is slow): the same losses as megatron's
     own code (same weights; step 2 depends on step 1's gradients)."""
-    (plain, _), (turbo, _) = point(runs, "moe_plain"), point(runs, "moe_turbo")
+    (plain, _), (turbo, out) = point(runs, "moe_plain"), point(runs, "moe_turbo")
     swaps = turbo["backend_info"]["turbo_swaps"]
+    # ep = tp = 1, GroupedMLP on the turbo grouped GEMM, Triton permute: both MoE layers' dispatchers sync-free
     assert swaps == {"use_turbo_grouped_gemm": 2, "moe_use_fused_router_with_aux_score": 2,
-                     "use_turbo_fused_act_with_probs": 2, "moe_permute_fusion": 2}, swaps
+                     "use_turbo_fused_act_with_probs": 2, "moe_permute_fusion": 2, "sync_free_dispatch": 2}, swaps
+    assert turbo["backend_info"]["moe_dispatch"].startswith("sync-free")
+    assert "MoE dispatch: sync-free" in out  # the start-up log
     assert turbo["losses"] == pytest.approx(plain["losses"], abs=2e-3)
+    # megatron's own MoE code (GroupedMLP on megatron's gmm, its permutation): its dispatcher, with the reason
+    assert "turbo_swaps" not in plain["backend_info"]
+    assert "sync-free needs moe.moe_permute_fusion=true" in plain["backend_info"]["moe_dispatch"]
 
 
 @pytest.mark.slow
@@ -171,6 +225,146 @@ def test_sync_free_stage1_trains_like_the_plain_run(runs):
     assert info["turbo_swaps"] == {"moe_permute_fusion": 2, "moe_use_fused_router_with_aux_score": 2}
     assert info["turbo_providers"]["turbo.turbo_sync_free_moe_stage"] == "stage 1: fused router, permute fusion"
     assert stage1["losses"] == pytest.approx(plain["losses"], abs=2e-3)
+    # SequentialMLP splits on host counts: megatron's dispatcher stays, and says what it would need
+    assert info["moe_dispatch"].startswith("megatron's alltoall dispatcher")
+    assert "sync-free needs turbo.use_turbo_grouped_gemm=true" in info["moe_dispatch"]
+    assert plain["backend_info"]["moe_dispatch"].startswith("megatron's alltoall dispatcher")
+
+
+# One MoE layer of a built trainer, forward + backward, on the sync-free path and then with megatron's own dispatcher
+# methods back ("off"), counting what reads a tensor on the host (a device sync on a GPU) and what schedules the
+# dispatcher's D2H copy. On a GPU the sync-free pass also runs under torch.cuda.set_sync_debug_mode("error").
+SYNC_SCRIPT = r"""
+import json, os, sys
+import torch
+from primus.backends.megatron.testing import compose
+from primus.backends.megatron.trainer import MegatronTrainer
+from primus.config.validate import validate
+from primus.context import resolve
+from primus.patches import apply_cpu_patches
+
+cfg = compose(json.loads(sys.argv[2]))
+ctx = resolve(cfg, sys.argv[1])
+validate(cfg, ctx)
+apply_cpu_patches(ctx.device)
+trainer = MegatronTrainer(cfg, ctx)
+info = trainer.setup()
+from megatron.core.transformer.moe import token_dispatcher as td
+from megatron.core.transformer.moe.moe_layer import MoELayer
+
+layer = next(m for m in trainer.model[0].modules() if isinstance(m, MoELayer))
+d = layer.token_dispatcher
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+seen = {"host": [], "d2h": 0, "sort_chunks": 0}
+
+
+def host_read(name, fn):
+    def read(*a, **k):
+        f = sys._getframe(1)
+        where = f.f_code.co_filename
+        # Triton's CPU interpreter (and primus' patch of it) reads kernel arguments on the host; a GPU launch does not
+        if os.sep + "triton" + os.sep not in where and not where.endswith("triton_interpreter.py"):
+            seen["host"].append(f"{name} at {os.path.relpath(where)}:{f.f_lineno}")
+        return fn(*a, **k)
+    return read
+
+
+def d2h(fn):
+    def move(t, *a, **k):
+        seen["d2h"] += torch.is_tensor(t)
+        return fn(t, *a, **k)
+    return move
+
+
+def sort_chunks(fn):
+    def sort(*a, **k):
+        seen["sort_chunks"] += 1
+        return fn(*a, **k)
+    return sort
+
+
+def fwd_bwd(strict):
+    torch.manual_seed(0)
+    p = next(layer.parameters())
+    x = torch.randn(cfg.training.seq_length, cfg.training.micro_batch_size, cfg.model.hidden_size, dtype=p.dtype,
+                    device=p.device, requires_grad=True)
+    seen.update(host=[], d2h=0, sort_chunks=0)
+    saved = {n: getattr(torch.Tensor, n) for n in HOST_READS}
+    saved_td = (td.maybe_move_tensor_to_cpu, td.sort_chunks_by_idxs)
+    for n, fn in saved.items():
+        setattr(torch.Tensor, n, host_read(n, fn))
+    td.maybe_move_tensor_to_cpu, td.sort_chunks_by_idxs = d2h(saved_td[0]), sort_chunks(saved_td[1])
+    raised = None
+    try:
+        if strict and p.is_cuda:
+            torch.cuda.set_sync_debug_mode("error")
+        out, _ = layer(x)
+        out.float().sum().backward()
+    except RuntimeError as e:
+        raised = str(e)[:300]
+    finally:
+        if p.is_cuda:
+            torch.cuda.set_sync_debug_mode("default")
+        for n, fn in saved.items():
+            setattr(torch.Tensor, n, fn)
+        td.maybe_move_tensor_to_cpu, td.sort_chunks_by_idxs = saved_td
+    res = {**seen, "sync_point": d.cuda_sync_point, "raised": raised}
+    if raised is None:
+        res["out"], res["dx"] = out.float().sum().item(), x.grad.float().abs().sum().item()
+    return res
+
+
+if next(layer.parameters()).is_cuda:
+    fwd_bwd(strict=False)  # Triton's first launches compile and autotune (they synchronise); not the layer's doing
+on = fwd_bwd(strict=True)
+for n in ("preprocess", "dispatch_postprocess", "combine_preprocess"):  # megatron's own methods back
+    delattr(d, n)
+d.cuda_dtoh_point = "before_permutation_1"
+off = fwd_bwd(strict=False)
+moe_info = {k: v for k, v in info.items() if k in ("moe_dispatch", "turbo_swaps")}
+print("RESULT " + json.dumps({"rank": 0, "info": moe_info, "on": on, "off": off}), flush=True)
+trainer.close()
+"""
+SYNC_CONFIG = [*MOE_TURBO, "model.num_layers=1", "training.seq_length=16", "training.micro_batch_size=1",
+               "training.global_batch_size=1", "logging.tensorboard=false", "backend.layer_spec=local"]
+
+
+def sync_probe(tmp_path, device):
+    """SYNC_SCRIPT on `device`: (backend_info's MoE keys, the sync-free pass, the pass with megatron's methods)."""
+    import json
+
+    from rank_script import run_ranks
+
+    [r] = run_ranks(tmp_path, "sync_free_probe.py", SYNC_SCRIPT, [json.dumps([f"device={device}", *SYNC_CONFIG])])
+    assert r["info"]["turbo_swaps"]["sync_free_dispatch"] == 1 and r["info"]["moe_dispatch"].startswith("sync-free")
+    on, off = r["on"], r["off"]
+    assert on["raised"] is None and on["host"] == [] and on["d2h"] == 0 and on["sort_chunks"] == 0, on
+    assert on["sync_point"] == "no_sync"
+    assert off["raised"] is None and off["sort_chunks"] == 2 and off["d2h"] > 0, off  # dispatch and combine
+    assert off["sync_point"] != "no_sync"
+    return on, off
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")
+def test_a_sync_free_moe_layer_reads_nothing_on_the_host(tmp_path):
+    """A real megatron MoELayer (alltoall dispatcher, GroupedMLP on the turbo grouped GEMM, Triton router, permute and
+    SwiGLU; CPU, Triton's interpreter), forward + backward: no tensor is read on the host (item / tolist / cpu /
+    bool / int ...), no D2H copy is scheduled, sort_chunks is never called and the sync point stays "no_sync". With
+    megatron's dispatcher methods back, the same layer reads the counts on the host (so the probe can fail) and
+    gives the same numbers."""
+    on, off = sync_probe(tmp_path, "cpu")
+    assert any(h.startswith("tolist at ") and "moe_utils.py" in h for h in off["host"]), off["host"]
+    assert (on["out"], on["dx"]) == (off["out"], off["dx"])  # the same math, to the bit
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not gpu_present(), reason="torch.cuda.set_sync_debug_mode needs a GPU")
+def test_a_sync_free_moe_layer_runs_under_cuda_sync_debug_mode_error(tmp_path):
+    """On a GPU the sync-free pass runs under torch.cuda.set_sync_debug_mode("error"): any synchronising op in the
+    MoE layer's forward or backward would raise."""
+    on, off = sync_probe(tmp_path, "cuda")
+    assert on["out"] == pytest.approx(off["out"], rel=1e-6) and on["dx"] == pytest.approx(off["dx"], rel=1e-6)
 
 
 FP8_SCRIPT = r"""

@@ -13,6 +13,7 @@ primus/backends/torchtitan/turbo.py:
   use_turbo_fused_act_with_probs       megatron apply (activation_func_with_probs)
   use_turbo_deepep                     megatron's flex token dispatcher (DeepEP)
   turbo_sync_free_moe_stage            megatron install (_turbo_permute: sync_free)
+  (no flag) sync-free MoE dispatch     megatron apply (the alltoall dispatcher where SYNC_FREE_DISPATCH holds)
   use_turbo_float8_linear              torchtitan Float8LinearConverter (swap_float8_linears)
   use_turbo_async_tp                   torchtitan's own async TP (parallelism.enable_async_tensor_parallel)
 """
@@ -99,6 +100,47 @@ def sync_free_components(stage: int) -> Tuple[Tuple[str, str], ...]:
 def _get(cfg, key: str):
     group, name = key.split(".", 1)
     return getattr(getattr(cfg, group), name)
+
+
+# megatron's alltoall token dispatcher runs sync-free (megatron/turbo.py `_sync_free_dispatcher`) where every one
+# of these holds: the token counts per expert stay on the device (no copy to the host, no stream sync, no identity
+# sort of the expert chunks), the math is megatron's. Automatic: it changes no number, and each condition is a
+# setting the user chose for itself. Each: (config keys, what it needs, holds(cfg)), in the order a miss is named.
+# Dropless routing is needed too and is not a row: no key here sets a capacity factor, padding to capacity or the
+# router's padding for quantization (the importer refuses them); the swap checks megatron's config for them.
+SYNC_FREE_DISPATCH = (
+    (("moe.moe_token_dispatcher_type",), "moe.moe_token_dispatcher_type=alltoall",
+     lambda c: c.moe.moe_token_dispatcher_type.value == "alltoall"),
+    (("parallel.expert_model_parallel_size",), "parallel.expert_model_parallel_size=1 (no token all-to-all)",
+     lambda c: c.parallel.expert_model_parallel_size == 1),
+    (("parallel.tensor_model_parallel_size",), "parallel.tensor_model_parallel_size=1 (the experts' tp: no token "
+     "all-gather)", lambda c: c.parallel.tensor_model_parallel_size == 1),
+    (("moe.moe_permute_fusion", "backend.layer_spec"), "moe.moe_permute_fusion=true on the local spec (the Triton "
+     "permute, given the static token count)", lambda c: turbo_permute_fusion(c)),
+    (("turbo.use_turbo_grouped_gemm",), "turbo.use_turbo_grouped_gemm=true (GroupedMLP on the turbo grouped GEMM, "
+     "which reads the counts on the device; SequentialMLP splits on host counts)",
+     lambda c: turbo_on(c, "use_turbo_grouped_gemm")),
+)
+
+
+def sync_free_dispatch(cfg) -> Optional[List[Tuple[Tuple[str, ...], str]]]:
+    """The SYNC_FREE_DISPATCH rows this megatron MoE run misses, as (keys, what is needed): [] = the MoE dispatch
+    runs sync-free; None = no MoE layer (a dense model)."""
+    if not cfg.model.num_experts:
+        return None
+    return [(keys, need) for keys, need, holds in SYNC_FREE_DISPATCH if not holds(cfg)]
+
+
+def moe_dispatch_info(cfg) -> Optional[str]:
+    """backend_info.moe_dispatch (megatron): whether the MoE dispatch runs sync-free and, if not, what it needs."""
+    missing = sync_free_dispatch(cfg)
+    if missing is None:
+        return None
+    if not missing:
+        return ("sync-free: token counts stay on the device (alltoall dispatcher, ep = tp = 1, Triton permute, "
+                "turbo grouped GEMM; no host copy, no stream sync, no chunk sort)")
+    return (f"megatron's {cfg.moe.moe_token_dispatcher_type.value} dispatcher: token counts read on the host in "
+            "every MoE layer; sync-free needs " + "; ".join(need for _, need in missing))
 
 
 def turbo_on(cfg, flag: str) -> bool:
@@ -310,6 +352,8 @@ def turbo_args(cfg) -> Dict[str, Any]:
         out["grouped_gemm_fp8"] = cfg.precision.fp8.value  # experts' GEMMs in fp8 too (tensorwise, fp8 format)
     if turbo_permute_fusion(cfg):
         out["moe_permute_fusion"] = True
+    if sync_free_dispatch(cfg) == []:
+        out["sync_free_dispatch"] = True
     if out and cfg.model.num_experts:
         out["topk"] = cfg.model.moe_router_topk
     return out

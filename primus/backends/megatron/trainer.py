@@ -247,6 +247,13 @@ class MegatronTrainer(Trainer):
         if self.kept_init:
             info["megatron_init_params"] = len(self.kept_init)
         info.update(self._turbo_built(turbo_info))
+        from primus.features.turbo import moe_dispatch_info
+
+        moe_dispatch = moe_dispatch_info(cfg)  # sync-free or not, and what it would need (features/turbo.py)
+        if moe_dispatch is not None:
+            info["moe_dispatch"] = moe_dispatch
+            if ctx.is_rank0:
+                log.info("MoE dispatch: %s", moe_dispatch)
         if tuned_stage3:
             info["tuned_gemm_linears"] = getattr(self, "tuned_linears", 0)
         if a["compile"]:

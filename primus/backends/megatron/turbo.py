@@ -29,6 +29,8 @@ and logs the providers (`primus.turbo.providers`), then uses this module at thre
                                  (sequence parallel: reduce-scatter). bf16 GEMMs, or fp8 (portable recipe) under
                                  precision.fp8 for the linears fp8 would convert (first/last bf16 layers kept).
       use_turbo_fused_act_with_probs  GroupedMLP's activation_func_with_probs -> moe_ops.swiglu_with_probs
+      sync_free_dispatch         each MoE layer's alltoall dispatcher -> `_sync_free_dispatcher`: token counts kept
+                                 on the device (features/turbo.py SYNC_FREE_DISPATCH says where; no flag of its own)
 A flag that finds nothing to swap in the model raises (never a silent no-op). `SWAPS` counts swaps per flag.
 
 Under training.compile (perf.py compiles each TransformerLayer) the attention (SDPA under an sdpa_kernel
@@ -409,9 +411,74 @@ def apply(model, config, fp8_settings: Optional[Dict[str, Any]] = None) -> Dict[
                 mod.activation_func_with_probs = swiglu_with_probs  # a custom op: compiled graphs keep it
                 n += 1
         done["use_turbo_fused_act_with_probs"] = n
+    if flags.get("sync_free_dispatch"):
+        from megatron.core.transformer.moe.moe_layer import MoELayer
+
+        done["sync_free_dispatch"] = sum(_sync_free_dispatcher(m) for m in model.modules() if isinstance(m, MoELayer))
     for k, v in done.items():
         _count(k, v)
     return done
+
+
+# ------------------------------------------------------------------------------------------------ sync-free dispatch
+# megatron-core 0.16.1's MoEAlltoAllTokenDispatcher copies the token counts per expert to the host in every MoE layer
+# (preprocess: a D2H copy at cuda_dtoh_point, a stream sync at "before_finish", or "before_permutation_2" while its
+# own permute fusion, TE's, is off) for the token all-to-all / all-gather split sizes, for sort_chunks_by_idxs and
+# for experts that split on host counts. At ep = tp = 1 there is no collective, the sort is the identity (one chunk
+# row: arange(num_experts)), the Triton permute takes the static count (tokens x topk) and the turbo grouped GEMM
+# walks device counts; GroupedMLP, the router's aux losses and the MoE logging read none on the host. So the swapped
+# methods below keep the counts on the device; the rest (permute, shared experts, combine) is megatron's code.
+
+
+def _sync_free_dispatcher(layer) -> int:
+    """Swap one MoE layer's dispatcher methods (this instance only: a later run builds its own dispatchers, with
+    megatron's methods); returns 1, the layer counted. The rule (features/turbo.py SYNC_FREE_DISPATCH) chose this
+    run; megatron's config and the built layer are checked again here: a layer that does not qualify stops the run."""
+    from megatron.core.transformer.moe.experts import GroupedMLP
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    d, c = layer.token_dispatcher, layer.config
+    why = [w for bad, w in (
+        (not isinstance(d, MoEAlltoAllTokenDispatcher), f"the dispatcher is {type(d).__name__}, not alltoall"),
+        (getattr(d, "ep_size", 0) != 1 or getattr(d, "tp_size", 0) != 1,
+         f"ep = {getattr(d, 'ep_size', '?')}, expert tp = {getattr(d, 'tp_size', '?')}"),
+        (bool(getattr(d, "drop_and_pad", False)) or c.moe_expert_capacity_factor is not None
+         or bool(c.moe_router_padding_for_quantization), "token dropping or padding (not dropless)"),
+        (c.moe_permute_fusion, "megatron's own (TE) permute fusion is on"),
+        (not isinstance(layer.experts, GroupedMLP) or not _on("use_turbo_grouped_gemm"),
+         f"the experts are {type(layer.experts).__name__} without the turbo grouped GEMM"),
+    ) if bad]
+    if why:
+        raise RuntimeError(f"sync-free MoE dispatch chosen for layer {layer.layer_number}, but " + "; ".join(why)
+                           + ": primus/features/turbo.py SYNC_FREE_DISPATCH and this model disagree")
+    d.preprocess = types.MethodType(_sf_preprocess, d)
+    d.dispatch_postprocess = types.MethodType(_sf_dispatch_postprocess, d)
+    d.combine_preprocess = types.MethodType(_sf_combine_preprocess, d)
+    return 1
+
+
+def _sf_preprocess(self, routing_map):
+    """Dropless, ep = tp = 1: megatron's counts, left on the device. The D2H point is set to "no_sync", which the
+    dispatcher never reaches (megatron's name for "no sync"), and the sync point is left at "no_sync"."""
+    counts = routing_map.sum(dim=0).long()
+    self.num_out_tokens = routing_map.size(0) * self.config.moe_router_topk  # static: the Triton permute's size
+    if self.num_local_experts > 1:
+        self.num_global_tokens_per_local_expert = counts.view(-1, self.num_local_experts)
+    self.cuda_dtoh_point = "no_sync"
+    return counts
+
+
+def _sf_dispatch_postprocess(self, global_input_tokens, global_probs):
+    """No all-gather (tp = 1), no sort (the identity at ep x tp = 1): the permuted tokens go to the experts with the
+    device counts."""
+    if self.shared_experts is not None:
+        self.shared_experts.linear_fc1_forward_and_act(global_input_tokens)
+    tokens_per_expert, self.tokens_per_expert = self.tokens_per_expert, None
+    return global_input_tokens, tokens_per_expert, global_probs
+
+
+def _sf_combine_preprocess(self, hidden_states):
+    return hidden_states  # the identity un-sort, no reduce-scatter (tp = 1)
 
 
 def count_modules(model) -> Dict[str, int]:
