@@ -118,7 +118,7 @@ def _device_patches(ctx: RunContext) -> bool:
     if apply_rocm_patches():
         _say(ctx, "[primus] ROCm: Triton kernels whose buffer stores are clobbered get recompiled without buffer "
                   "ops (docs/rocm-bufops.md)")
-    if ctx.device == "cpu" and apply_cpu_patches(ctx.device):
+    if apply_cpu_patches(ctx.device):
         _say(ctx, "[primus] CPU without native bf16 GEMMs: bf16 / fp16 GEMMs run as fp32 ones, rounded once "
                   "(primus/patches/cpu_gemm.py)")
         return True

@@ -51,7 +51,6 @@ COMPILE_CACHE_TAG = Workaround(
 # Applied on another torch too: a tag only makes cache keys more specific.
 
 
-
 def _cpu_gemm(_cond: Conditions) -> bool:
     from .cpu_gemm import install
 

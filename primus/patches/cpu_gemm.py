@@ -34,42 +34,22 @@ def native_low_precision_gemm() -> bool:
         return False
 
 
-def _low(*ts) -> bool:
-    return ts[0].dtype in _LOW and all(t.dtype == ts[0].dtype for t in ts)
+def _routed(out_op):
+    """The kernel for one op: its tensors (the last two the GEMM's operands, an addend first for addmm / baddbmm)
+    all bf16 or all fp16 -> the op's fp32 `out=` kernel on fp32 copies, rounded once; else torch's own `out=`."""
+
+    def kernel(*ts, **scalars):
+        a, b = ts[-2], ts[-1]
+        shape = (*a.shape[:-1], b.shape[-1])  # (m, n), or (batch, m, n)
+        if a.dtype in _LOW and all(t.dtype == a.dtype for t in ts):
+            out = a.new_empty(shape, dtype=torch.float32)
+            return out_op(*(t.float() for t in ts), **scalars, out=out).to(a.dtype)
+        return out_op(*ts, **scalars, out=a.new_empty(shape))
+
+    return kernel
 
 
-def _mm(a, b):
-    if _low(a, b):
-        out = a.new_empty((a.shape[0], b.shape[1]), dtype=torch.float32)
-        return torch.ops.aten.mm.out(a.float(), b.float(), out=out).to(a.dtype)
-    return torch.ops.aten.mm.out(a, b, out=a.new_empty((a.shape[0], b.shape[1])))
-
-
-def _addmm(c, a, b, *, beta=1, alpha=1):
-    if _low(c, a, b):
-        out = a.new_empty((a.shape[0], b.shape[1]), dtype=torch.float32)
-        return torch.ops.aten.addmm.out(c.float(), a.float(), b.float(), beta=beta, alpha=alpha, out=out).to(a.dtype)
-    return torch.ops.aten.addmm.out(c, a, b, beta=beta, alpha=alpha, out=a.new_empty((a.shape[0], b.shape[1])))
-
-
-def _bmm(a, b):
-    shape = (a.shape[0], a.shape[1], b.shape[2])
-    if _low(a, b):
-        out = a.new_empty(shape, dtype=torch.float32)
-        return torch.ops.aten.bmm.out(a.float(), b.float(), out=out).to(a.dtype)
-    return torch.ops.aten.bmm.out(a, b, out=a.new_empty(shape))
-
-
-def _baddbmm(c, a, b, *, beta=1, alpha=1):
-    shape = (a.shape[0], a.shape[1], b.shape[2])
-    if _low(c, a, b):
-        out = a.new_empty(shape, dtype=torch.float32)
-        return torch.ops.aten.baddbmm.out(c.float(), a.float(), b.float(), beta=beta, alpha=alpha,
-                                          out=out).to(a.dtype)
-    return torch.ops.aten.baddbmm.out(c, a, b, beta=beta, alpha=alpha, out=a.new_empty(shape))
-
-
-KERNELS = {"mm": _mm, "addmm": _addmm, "bmm": _bmm, "baddbmm": _baddbmm}
+KERNELS = {name: _routed(getattr(torch.ops.aten, name).out) for name in ("mm", "addmm", "bmm", "baddbmm")}
 
 
 def install() -> bool:

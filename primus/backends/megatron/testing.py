@@ -27,7 +27,6 @@ def train_steps(overrides: Sequence[str], run_dir: str, steps: Optional[int] = N
     from primus.backends.megatron.trainer import MegatronTrainer
     from primus.config.validate import validate
     from primus.context import resolve
-
     from primus.patches import apply_cpu_patches
 
     cfg = compose(overrides)
