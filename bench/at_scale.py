@@ -232,8 +232,9 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
 
 
 def only_points(g: Group, pts: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
-    """POINTS='torchtitan stock,...': the preset (every ratio's baseline), the VARIANTS and these of the group's other
-    points only, e.g. FULL_BATCH=1 without the reference, whose 4x longer run would not fit a part."""
+    """POINTS='torchtitan stock,...': the preset (every ratio's baseline), these of the group's other points in the
+    order given, then the VARIANTS, e.g. FULL_BATCH=1 without the reference, whose 4x longer run would not fit a
+    part. The named points run before the variants so that a part's deadline drops a variant, not the peer."""
     raw = os.environ.get("POINTS", "").strip()
     if not raw:
         return pts
@@ -245,7 +246,9 @@ def only_points(g: Group, pts: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
     if bad:
         sys.exit(f"[at_scale] POINTS={raw!r}: {', '.join(map(repr, bad))} is not a point of {g.name}; its points are "
                  f"{', '.join(map(repr, known))} (the preset always runs)")
-    return [(f, s) for f, s in pts if label(s) == "megatron preset" or label(s) in wanted or label(s) in asked]
+    by = {label(s): (f, s) for f, s in pts}
+    return ([by["megatron preset"]] + [by[w] for w in wanted if w != "megatron preset"]
+            + [(f, s) for f, s in pts if label(s) in asked and label(s) not in wanted])
 
 
 def parts() -> List[Tuple[Group, int]]:

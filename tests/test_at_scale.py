@@ -248,10 +248,10 @@ def test_variants_run_the_preset_with_each_variants_overrides_beside_the_peers(m
         assert (cfg.training.compile, cfg.turbo.grouped_gemm_fp8) == (compiled, fp8_experts)
         assert cfg.training.global_batch_size == at_scale.bench_batch(g)
         validate(cfg, RunContext(device="cuda", world_size=1, planned=True))
-    monkeypatch.setenv("POINTS", "torchtitan stock")
+    monkeypatch.setenv("POINTS", "torchtitan stock")  # the named peer before the variants: a deadline drops those
     assert [spec.split("=", 1)[0] for _, spec in at_scale.points(g)] == [
-        "deepseek_v2_lite megatron preset", "deepseek_v2_lite compile", "deepseek_v2_lite bf16experts",
-        "deepseek_v2_lite torchtitan stock"]
+        "deepseek_v2_lite megatron preset", "deepseek_v2_lite torchtitan stock", "deepseek_v2_lite compile",
+        "deepseek_v2_lite bf16experts"]
     checks = [s for f, s in at_scale.points(g, check=True) if s.startswith("deepseek_v2_lite compile=")]
     assert len(checks) == 1 and checks[0].endswith("training.compile=true dry_run=true")
     monkeypatch.delenv("POINTS")
