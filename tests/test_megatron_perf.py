@@ -74,6 +74,51 @@ def test_enable_dynamo_starts_the_compile_counters_afresh(monkeypatch):
             torch._dynamo.utils.counters[k].update(v)
 
 
+def test_the_moe_aux_loss_scaler_compiles_without_a_graph_break_and_keeps_its_scale(monkeypatch):
+    """Workaround megatron.compile.moe_aux_loss_scale: MoEAuxLossAutoScaler.apply inside a compiled function is one
+    graph (megatron-core 0.16.1's backward breaks it), and its backward scales the aux loss's gradient by the scale
+    the schedule sets, before (copy_) and after each set_loss_scale."""
+    import torch._dynamo
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler as S
+
+    from primus.backends.megatron.patches import torch_compile as tc
+    from primus.patches.registry import Conditions, apply_all
+
+    for k in ("main_loss_backward_scale", "backward", "set_loss_scale"):  # the class is megatron's: put it back
+        monkeypatch.setattr(S, k, S.__dict__[k])
+    monkeypatch.setattr(S, "__primus_readable__", False, raising=False)
+    monkeypatch.setattr(tc._AuxLossScale, "value", None)
+    S.main_loss_backward_scale = None
+    (w,) = [w for w in tc.WORKAROUNDS if w.name == "megatron.compile.moe_aux_loss_scale"]
+    assert "megatron.compile.moe_aux_loss_scale" in apply_all([w], Conditions(device="cpu", args={"compile": True}))
+
+    p = torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0]))
+
+    def f(x):
+        aux = (p * p).sum()  # d aux / d p = 2 p, times the scale
+        return S.apply(x * 2.0, aux).sum()
+
+    torch._dynamo.reset()
+    saved = {k: dict(v) for k, v in torch._dynamo.utils.counters.items()}
+    torch._dynamo.utils.counters.clear()
+    try:
+        fn = torch.compile(f, backend="aot_eager")
+        x = torch.ones(3)
+        fn(x).backward()  # no scale set yet: 1, megatron's default
+        assert torch.equal(p.grad, 2 * p.detach())
+        for scale in (0.25, 4.0):  # the first set assigns the tensor, the second copies into it (no recompile)
+            S.set_loss_scale(torch.tensor(scale))
+            p.grad = None
+            fn(x).backward()
+            assert torch.equal(p.grad, 2 * p.detach() * scale), scale
+        assert sum(torch._dynamo.utils.counters["graph_break"].values()) == 0, torch._dynamo.utils.counters
+    finally:
+        torch._dynamo.utils.counters.clear()
+        for k, v in saved.items():
+            torch._dynamo.utils.counters[k].update(v)
+        torch._dynamo.reset()
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("megatron_perf")
 def test_compiled_layers_train_like_eager(runs):
