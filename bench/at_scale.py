@@ -29,10 +29,10 @@ runs at its end) copies each profiled run's tables into $OUT: phases_<part tag>_
 (router, dispatch/permute, experts, combine/unpermute, shared experts, attention, dense MLP, optimizer, other), and
 kernels_<part tag>_<point>.md, the kernel categories. VARIANTS adds to each group of the call one megatron point
 per variant, the preset with the variant's overrides, in its own row ('<group> <label>') beside the preset and the
-peers (POINTS keeps them): the DeepSeek-V2-Lite preset, the preset compiled, with bf16 experts, and stock TorchTitan
-in one part:
+peers (POINTS keeps them): the DeepSeek-V2-Lite preset, stock TorchTitan, the preset compiled and with fp8
+experts in one part:
 
-    POINTS='torchtitan stock' VARIANTS='compile:training.compile=true;bf16experts:turbo.grouped_gemm_fp8=false' \
+    POINTS='torchtitan stock' VARIANTS='compile:training.compile=true;fp8experts:turbo.grouped_gemm_fp8=true' \
         bash bench/at_scale.sh 13
 
     bash bench/at_scale.sh list          # the parts and their points
@@ -79,6 +79,7 @@ class Group:
     seq: int
     global_batch: int  # the preset's
     layers: int = 0  # MoE: the preset's layer count (0: the model's)
+    micro: int = 1  # the preset's micro batch, which the peers run too
     fp8: bool = False
     moe: bool = False
     titan_ac: str = "none"  # stock TorchTitan's activation checkpointing (row 3: the preset's full recompute)
@@ -98,10 +99,10 @@ GROUPS = [
     # needs FSDP over several GPUs): at 8B it fits only with full activation checkpointing
     Group("llama3_8b_fp8", 1, "llama3_8b_megatron_fp8_gbs256", "llama3_8b", 4096, 256, fp8=True, titan_ac="full"),
     Group("llama3_8b_bf16", 1, "llama3_8b_megatron_bf16_gbs256", "llama3_8b", 4096, 256, titan_ac="full"),
-    Group("deepseek_v2_lite", 2, "deepseek_v2_lite_megatron_fp8", "deepseek_v2_lite", 4096, 256, layers=10, fp8=True,
+    Group("deepseek_v2_lite", 2, "deepseek_v2_lite_megatron_fp8", "deepseek_v2_lite", 4096, 256, layers=10, micro=2,
+          fp8=True, moe=True, reference=False),
+    Group("qwen3_30b_a3b", 2, "qwen3_30b_a3b_megatron_fp8", "qwen3_30b_a3b", 4096, 256, layers=8, micro=2, fp8=True,
           moe=True, reference=False),
-    Group("qwen3_30b_a3b", 2, "qwen3_30b_a3b_megatron_fp8", "qwen3_30b_a3b", 4096, 256, layers=8, fp8=True, moe=True,
-          reference=False),
     # at 8B and seq 16k / 32k stock TorchTitan on one GPU plans 143.7 / 160.7 GiB of 139.8 even with full AC (its
     # 120 GiB of fp32 state plus the compiled loss's 4 B per logit): the bench does not start a run that cannot fit
     Group("llama3_8b_seq16k", 3, "llama3_8b_megatron_bf16_seq16k", "llama3_8b", 16384, 64, titan_ac="full",
@@ -161,7 +162,7 @@ def moe_layers(g: Group) -> int:
 
 
 VARIANT_LABEL = re.compile(r"[A-Za-z0-9_.+-]+")
-VARIANTS_EXAMPLE = "VARIANTS='compile:training.compile=true;bf16experts:turbo.grouped_gemm_fp8=false'"
+VARIANTS_EXAMPLE = "VARIANTS='compile:training.compile=true;fp8experts:turbo.grouped_gemm_fp8=true'"
 
 
 def variants() -> List[Tuple[str, str]]:
@@ -208,13 +209,13 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
         out.append(("--extra", f"{g.name} {label}=experiment={g.preset}{fewer} {batch} {steps} {ov}{dry}"))
     if g.moe:
         out.append(("--extra", f"{g.name} megatron-core stock={STOCK_MEGATRON} model={g.shape} model.num_layers="
-                               f"{layers} training=bench training.micro_batch_size=1 {batch} {steps}{dry}"))
+                               f"{layers} training=bench training.micro_batch_size={g.micro} {batch} {steps}{dry}"))
     if check:  # the peers themselves, small enough for a CPU
         shape = "debug_moe" if g.moe else "debug"
         size = "--seq 64 --batch 2 --global-batch 4 --steps 1 --warmup 1"
     else:
         shape = g.shape + (f" --layers {layers}" if layers else "")
-        size = f"--seq {g.seq} --batch 1 --global-batch {gbs} --steps {n} --warmup 1"
+        size = f"--seq {g.seq} --batch {g.micro} --global-batch {gbs} --steps {n} --warmup 1"
     # torchao makes the peers' float8; a CPU check without it checks their bf16 path (the GPU machine has it)
     fp8 = g.fp8 and (not check or importlib.util.find_spec("torchao") is not None)
     if g.reference:

@@ -47,8 +47,20 @@ def test_moe_presets_have_the_most_layers_that_fit_without_offload(g):
     assert cfg.model.num_layers == g.layers
     v = pick(cfg, H200, 1)
     assert "memory.optimizer_cpu_offload=false" in v.overrides and "recompute=none" in v.overrides
+    assert f"training.micro_batch_size={cfg.training.micro_batch_size}" in v.overrides  # the pick's micro batch
+    assert not cfg.turbo.grouped_gemm_fp8  # experts this narrow ran slower in fp8 (small_experts_warning)
     more = compose_cfg([f"experiment={g.preset}", f"model.num_layers={g.layers + 1}"])
     assert "memory=offload" in pick(more, H200, 1).overrides
+
+
+@pytest.mark.parametrize("g", at_scale.GROUPS, ids=lambda g: g.name)
+def test_the_peers_run_the_presets_micro_batch(g):
+    """Same shape and micro batch: stock TorchTitan and stock megatron-core run the group's micro batch, the
+    preset's."""
+    assert g.micro == compose_cfg([f"experiment={g.preset}"]).training.micro_batch_size
+    specs = [spec for _, spec in at_scale.points(g)]
+    assert all(f"--batch {g.micro} " in s for s in specs if "torchtitan_stock.py" in s or "reference.py" in s)
+    assert all(f"training.micro_batch_size={g.micro} " in s for s in specs if " megatron-core stock=" in s)
 
 
 def test_stock_megatron_is_megatron_core_as_it_ships():
@@ -101,14 +113,14 @@ def test_parts_are_named_one_by_one_in_ranges_or_all():
 def test_cpu_check_runs_every_entry_of_a_dense_and_a_moe_group(tmp_path):
     """`bench/at_scale.sh --check`: the presets' train.py commands as dry runs, the reference and stock TorchTitan
     at the debug shapes (float8 included), stock megatron-core's command, a VARIANTS point; every row ok."""
-    env = dict(os.environ, OUT=str(tmp_path), PYTHON=PY, VARIANTS="bf16experts:turbo.grouped_gemm_fp8=false")
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=PY, VARIANTS="fp8experts:turbo.grouped_gemm_fp8=true")
     r = subprocess.run(["bash", "bench/at_scale.sh", "--check", "--only", "llama2_7b_fp8", "qwen3_30b_a3b"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for g in ("llama2_7b_fp8", "qwen3_30b_a3b"):
         rows = json.load(open(tmp_path / f"bench_atscale_check_{g}.json"))["rows"]
         assert len(rows) == 4 and all(row["status"] == "ok" for row in rows), rows
-        assert f"{g} bf16experts" in [row["name"] for row in rows]  # the VARIANTS point, its own row
+        assert f"{g} fp8experts" in [row["name"] for row in rows]  # the VARIANTS point, its own row
         peers = [row for row in rows if row.get("tokens_per_s")]
         assert peers and all(row["finite"] and row["tokens_per_s"] > 0 for row in peers)
 
@@ -233,17 +245,17 @@ def test_layers_runs_every_moe_point_at_fewer_layers(monkeypatch):
 
 def test_variants_run_the_preset_with_each_variants_overrides_beside_the_peers(monkeypatch):
     """VARIANTS='label:overrides;...': one more megatron point per variant in each group, its own row, kept by POINTS;
-    on the DeepSeek-V2-Lite group the preset compiled and with bf16 experts compose and validate (a planned H200 run);
+    on the DeepSeek-V2-Lite group the preset compiled and with fp8 experts compose and validate (a planned H200 run);
     --check runs them as dry runs."""
     from primus.config.validate import validate
     from primus.context import RunContext
 
     g = next(g for g in MOE if g.name == "deepseek_v2_lite")
-    monkeypatch.setenv("VARIANTS", "compile:training.compile=true; bf16experts:turbo.grouped_gemm_fp8=false")
+    monkeypatch.setenv("VARIANTS", "compile:training.compile=true; fp8experts:turbo.grouped_gemm_fp8=true")
     specs = {spec.split("=", 1)[0]: spec.split("=", 1)[1] for _, spec in at_scale.points(g)}
     assert list(specs)[:3] == ["deepseek_v2_lite megatron preset", "deepseek_v2_lite compile",
-                               "deepseek_v2_lite bf16experts"] and "deepseek_v2_lite torchtitan stock" in specs
-    for label, compiled, fp8_experts in (("compile", True, True), ("bf16experts", False, False)):
+                               "deepseek_v2_lite fp8experts"] and "deepseek_v2_lite torchtitan stock" in specs
+    for label, compiled, fp8_experts in (("compile", True, False), ("fp8experts", False, True)):
         cfg = compose_cfg(specs[f"deepseek_v2_lite {label}"].split())
         assert (cfg.training.compile, cfg.turbo.grouped_gemm_fp8) == (compiled, fp8_experts)
         assert cfg.training.global_batch_size == at_scale.bench_batch(g)
@@ -251,7 +263,7 @@ def test_variants_run_the_preset_with_each_variants_overrides_beside_the_peers(m
     monkeypatch.setenv("POINTS", "torchtitan stock")  # the named peer before the variants: a deadline drops those
     assert [spec.split("=", 1)[0] for _, spec in at_scale.points(g)] == [
         "deepseek_v2_lite megatron preset", "deepseek_v2_lite torchtitan stock", "deepseek_v2_lite compile",
-        "deepseek_v2_lite bf16experts"]
+        "deepseek_v2_lite fp8experts"]
     checks = [s for f, s in at_scale.points(g, check=True) if s.startswith("deepseek_v2_lite compile=")]
     assert len(checks) == 1 and checks[0].endswith("training.compile=true dry_run=true")
     monkeypatch.delenv("POINTS")
