@@ -113,14 +113,14 @@ def test_parts_are_named_one_by_one_in_ranges_or_all():
 def test_cpu_check_runs_every_entry_of_a_dense_and_a_moe_group(tmp_path):
     """`bench/at_scale.sh --check`: the presets' train.py commands as dry runs, the reference and stock TorchTitan
     at the debug shapes (float8 included), stock megatron-core's command, a VARIANTS point; every row ok."""
-    env = dict(os.environ, OUT=str(tmp_path), PYTHON=PY, VARIANTS="fp8experts:turbo.grouped_gemm_fp8=true")
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=PY, VARIANTS="mb1:training.micro_batch_size=1")
     r = subprocess.run(["bash", "bench/at_scale.sh", "--check", "--only", "llama2_7b_fp8", "qwen3_30b_a3b"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for g in ("llama2_7b_fp8", "qwen3_30b_a3b"):
         rows = json.load(open(tmp_path / f"bench_atscale_check_{g}.json"))["rows"]
         assert len(rows) == 4 and all(row["status"] == "ok" for row in rows), rows
-        assert f"{g} fp8experts" in [row["name"] for row in rows]  # the VARIANTS point, its own row
+        assert f"{g} mb1" in [row["name"] for row in rows]  # the VARIANTS point, its own row
         peers = [row for row in rows if row.get("tokens_per_s")]
         assert peers and all(row["finite"] and row["tokens_per_s"] > 0 for row in peers)
 
