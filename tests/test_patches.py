@@ -27,6 +27,7 @@ EXPECTED = {
     "megatron.compile.quiet_tp_group_lookup": ("megatron-core", PINNED_MCORE),
     "megatron.compile.moe_aux_loss_scale": ("megatron-core", PINNED_MCORE),
     "megatron.moe.grouped_gemm_fallback": ("megatron-core", PINNED_MCORE),
+    "megatron.local.grad_accum_fusion": ("megatron-core", PINNED_MCORE),
     "torchtitan.import.deferred_hf_datasets": ("torchtitan", PINNED_TORCHTITAN),
     "torchtitan.import.deferred_attention_compile": ("torchtitan", PINNED_TORCHTITAN),
     "torchtitan.cpu.device_type": ("torchtitan", PINNED_TORCHTITAN),

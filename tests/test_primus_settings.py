@@ -198,16 +198,18 @@ def test_async_tensor_model_parallel_allreduce_is_passed_with_a_warning():
 # ------------------------------------------------------------------------------------------- training
 
 
-def test_gradient_accumulation_fusion_maps_and_is_judged_for_the_target():
+def test_gradient_accumulation_fusion_maps_and_runs_on_the_local_spec_anywhere():
+    """megatron takes it on any device and spec (the local spec without apex through the workaround
+    megatron.local.grad_accum_fusion); TorchTitan has no such setting."""
     tc = megatron_args(["training.gradient_accumulation_fusion=true"], planned())["transformer_config"]
     assert tc["gradient_accumulation_fusion"] is True
     _, ctx = ok(["training.gradient_accumulation_fusion=true"], planned())
-    from primus.features.precision import te_available
-
-    if not te_available():
-        assert [i.needs for i in ctx.needed_on_target] == ["Transformer Engine"]
-    found = errors(["training.gradient_accumulation_fusion=true", "device=cpu"])
-    assert "training.gradient_accumulation_fusion" in keys(found)
+    assert not ctx.needed_on_target
+    _, ctx = ok(["training.gradient_accumulation_fusion=true", "device=cpu"])
+    assert not ctx.warnings
+    _, ctx = ok(["training.gradient_accumulation_fusion=true", "device=cpu", "training.compile=true"])
+    (w,) = [w for w in ctx.warnings if "training.gradient_accumulation_fusion" in w.keys]
+    assert w.keys == ["training.gradient_accumulation_fusion", "training.compile"] and "graph" in w.rule
     found = errors(["backend=torchtitan", "training.gradient_accumulation_fusion=true"])
     assert "training.gradient_accumulation_fusion" in keys(found)
 

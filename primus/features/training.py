@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
-from typing import Optional
-
 from primus.config.errors import ConfigIssue, warning
 from primus.features import rule
 
@@ -65,8 +63,8 @@ class TrainingConfig:
     # global batches of the validation split (val_loss in the step log, TensorBoard and result.json); 0 = none
     eval_interval: int = 0
     eval_iters: int = 10
-    # megatron: fuse the weight-gradient GEMM with the fp32 main-grad accumulation (TE's linears, or apex's
-    # fused_weight_gradient_mlp_cuda with the local spec)
+    # megatron: fuse the weight-gradient GEMM with the fp32 main-grad accumulation (TE's linears; on the local spec
+    # apex's fused_weight_gradient_mlp_cuda, or without apex the workaround megatron.local.grad_accum_fusion)
     gradient_accumulation_fusion: bool = False
 
 
@@ -283,23 +281,20 @@ def evaluates(cfg, step: int) -> bool:
 
 
 def megatron_issues(cfg, ctx) -> list:
-    from primus.backends.megatron.args import _importable, mcore_version, resolved_layer_spec
+    """gradient_accumulation_fusion runs anywhere on megatron (TE's linears; on the local spec apex's kernel or,
+    without apex, the workaround megatron.local.grad_accum_fusion). Under training.compile the local linears'
+    fused backward sets attributes on the weight, inside megatron's activation-offloading context: dynamo cannot
+    resume there and leaves most of each layer eager (debug model: 0 -> 20 graph breaks)."""
+    from primus.backends.megatron.args import resolved_layer_spec
 
-    t, out = cfg.training, []
-    if t.gradient_accumulation_fusion and resolved_layer_spec(cfg) == "local":
-        if ctx.device == "cpu":
-            out.append(ConfigIssue(["training.gradient_accumulation_fusion", "device"], True,
-                                   "the fused weight-gradient accumulation is a GPU kernel",
-                                   "set training.gradient_accumulation_fusion=false on CPU"))
-        elif not _importable("fused_weight_gradient_mlp_cuda"):
-            te = cfg.backend.layer_spec.value == "auto"  # the target's TE spec would do it
-            out.append(ConfigIssue(["training.gradient_accumulation_fusion"], True,
-                                   f"megatron-core {mcore_version()} fuses it in Transformer Engine's linears, or "
-                                   "with apex's fused_weight_gradient_mlp_cuda in the local spec: neither is here",
-                                   "install Transformer Engine (or apex), or set "
-                                   "training.gradient_accumulation_fusion=false",
-                                   needs="Transformer Engine" if te else None))
-    return out
+    t = cfg.training
+    if t.gradient_accumulation_fusion and t.compile and resolved_layer_spec(cfg) == "local":
+        return [warning(["training.gradient_accumulation_fusion", "training.compile"], [True, True],
+                        "on the local spec the fused weight-gradient linears break each compiled layer's graph "
+                        "(most of the layer then runs eagerly): the two settings undo each other",
+                        "keep one: training.compile=true (the bf16 presets) or training.gradient_accumulation_fusion"
+                        "=true with training.compile=false")]
+    return []
 
 
 def megatron_only(cfg) -> tuple:

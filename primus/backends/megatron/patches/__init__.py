@@ -9,6 +9,8 @@ and says so in the log when it differs (see the registry for what is applied any
   no_te.py         without Transformer Engine: MoE router's te_general_gemm name, MLA's HAVE_TE
   optimizer.py     without TE / apex: torch foreach kernels for the optimizer's per-tensor fallbacks
   grouped_gemm.py  local-spec GroupedMLP without the grouped_gemm package: a torch grouped GEMM
+  grad_accum_fusion.py  local-spec gradient_accumulation_fusion without apex: the weight gradient accumulated
+                   into main_grad by a torch GEMM
   torch_compile.py training.compile: the TP-group lookup's per-call warning that breaks compiled graphs
   deferred_compile.py  `import megatron.core`: its torch.compile decorations import the compiler stack (seconds);
                    applied by `deferred_compile.import_megatron_core()`, from the trainer, before megatron loads
@@ -24,13 +26,13 @@ from typing import Any, Dict
 
 from primus.patches.registry import Conditions, apply_all
 
-from . import cpu, deferred_compile, grouped_gemm, no_te, optimizer, torch_compile
+from . import cpu, deferred_compile, grad_accum_fusion, grouped_gemm, no_te, optimizer, torch_compile
 
 # applied in this order: the CPU redirections after the TE-less fixes and before what the compile step re-enables.
 # The deferred compile is applied before megatron is imported (the trainer's first step); listed here with the
 # others, it finds megatron imported and does nothing.
 WORKAROUNDS = (deferred_compile.DEFERRED_COMPILE,) + no_te.WORKAROUNDS + optimizer.WORKAROUNDS + cpu.WORKAROUNDS \
-    + torch_compile.WORKAROUNDS + grouped_gemm.WORKAROUNDS
+    + torch_compile.WORKAROUNDS + grouped_gemm.WORKAROUNDS + grad_accum_fusion.WORKAROUNDS
 
 
 def apply(device: str, args: Dict[str, Any]) -> Dict[str, Any]:
