@@ -208,8 +208,12 @@ def test_gradient_accumulation_fusion_maps_and_runs_on_the_local_spec_anywhere()
     _, ctx = ok(["training.gradient_accumulation_fusion=true", "device=cpu"])
     assert not ctx.warnings
     _, ctx = ok(["training.gradient_accumulation_fusion=true", "device=cpu", "training.compile=true"])
+    assert not ctx.warnings  # tp = 1 without overlap_grad_reduce: primus' fused linear, traced
+    _, ctx = ok(["training.gradient_accumulation_fusion=true", "device=cpu", "training.compile=true",
+                 "overlap.overlap_grad_reduce=true", "launcher.nproc_per_node=2"])
     (w,) = [w for w in ctx.warnings if "training.gradient_accumulation_fusion" in w.keys]
-    assert w.keys == ["training.gradient_accumulation_fusion", "training.compile"] and "graph" in w.rule
+    assert w.keys[:3] == ["training.gradient_accumulation_fusion", "training.compile", "overlap.overlap_grad_reduce"]
+    assert "graph" in w.rule
     found = errors(["backend=torchtitan", "training.gradient_accumulation_fusion=true"])
     assert "training.gradient_accumulation_fusion" in keys(found)
 

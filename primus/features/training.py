@@ -282,18 +282,23 @@ def evaluates(cfg, step: int) -> bool:
 
 def megatron_issues(cfg, ctx) -> list:
     """gradient_accumulation_fusion runs anywhere on megatron (TE's linears; on the local spec apex's kernel or,
-    without apex, the workaround megatron.local.grad_accum_fusion). Under training.compile the local linears'
-    fused backward sets attributes on the weight, inside megatron's activation-offloading context: dynamo cannot
-    resume there and leaves most of each layer eager (debug model: 0 -> 20 graph breaks)."""
+    without apex, the workaround megatron.local.grad_accum_fusion). Under training.compile the local linears that keep
+    megatron's fused linear (overlap_grad_reduce on, or tensor parallel) set attributes on the weight in their
+    backward, inside megatron's activation-offloading context: dynamo cannot resume there and leaves most of each
+    layer eager (debug model: 0 -> 20 graph breaks). The workaround's own linear (tp = 1, no overlap) stays traced."""
     from primus.backends.megatron.args import resolved_layer_spec
 
-    t = cfg.training
-    if t.gradient_accumulation_fusion and t.compile and resolved_layer_spec(cfg) == "local":
-        return [warning(["training.gradient_accumulation_fusion", "training.compile"], [True, True],
-                        "on the local spec the fused weight-gradient linears break each compiled layer's graph "
-                        "(most of the layer then runs eagerly): the two settings undo each other",
-                        "keep one: training.compile=true (the bf16 presets) or training.gradient_accumulation_fusion"
-                        "=true with training.compile=false")]
+    t, p = cfg.training, cfg.parallel
+    megatrons = cfg.overlap.overlap_grad_reduce or p.tensor_model_parallel_size > 1
+    if t.gradient_accumulation_fusion and t.compile and megatrons and resolved_layer_spec(cfg) == "local":
+        keys = ["training.gradient_accumulation_fusion", "training.compile", "overlap.overlap_grad_reduce",
+                "parallel.tensor_model_parallel_size"]
+        return [warning(keys, [True, True, cfg.overlap.overlap_grad_reduce, p.tensor_model_parallel_size],
+                        "with overlap_grad_reduce or tensor parallel, megatron's fused weight-gradient linears break "
+                        "each compiled layer's graph (most of the layer then runs eagerly): the two settings undo "
+                        "each other",
+                        "keep one: training.compile=true, or training.gradient_accumulation_fusion=true with "
+                        "training.compile=false")]
     return []
 
 

@@ -15,10 +15,15 @@ the same two functions as torch ops:
   - bf16 / fp16 main_grad: `main_grad.addmm_` in that dtype.
 megatron then gives the weight a placeholder gradient and marks it `grad_added_to_main_grad`, as with apex.
 
-Under training.compile megatron's fused linear sets attributes on the weight in its backward, which dynamo cannot
-trace, inside megatron's activation-offloading context, where dynamo cannot resume: most of each layer runs eagerly
-(debug model on CPU: 0 -> 20 graph breaks), with apex's kernel as with these. The training feature warns of the
-combination (primus/features/training.py).
+Without overlap_grad_reduce (one GPU, or data parallel reducing after the backward), and at tensor-parallel size 1
+without sequence parallel, the local linears go further through `_FusedLinear` (megatron's
+`linear_with_grad_accumulation_and_async_allreduce` answers for them): the same GEMMs, the accumulation as the
+custom op `primus::wgrad_accumulate` (it declares `main_grad` mutated), and no weight gradient returned, so that
+DDP's hook, which would only skip it, does not run. Nothing in that backward touches Python state, so under
+training.compile the linear stays inside the layer's graph. megatron's own fused linear, which the other cases keep,
+sets attributes on the weight in its backward inside megatron's activation-offloading context, where dynamo can
+neither trace nor resume: most of each layer then runs eagerly (debug model on CPU: 0 -> 20 graph breaks), with
+apex's kernel as with these; the training feature warns of that combination (primus/features/training.py).
 """
 from __future__ import annotations
 
@@ -72,6 +77,59 @@ def wgrad_gemm_accum_fp16(total_input: torch.Tensor, grad_output: torch.Tensor, 
     main_grad.addmm_(grad_output.t().to(main_grad.dtype), total_input.to(main_grad.dtype))
 
 
+@torch.library.custom_op("primus::wgrad_accumulate", mutates_args=("main_grad",))
+def wgrad_accumulate(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
+    """main_grad += grad_output^T @ total_input (2-D operands), in main_grad's dtype's accumulation."""
+    if main_grad.dtype == torch.float32:
+        wgrad_gemm_accum_fp32(total_input, grad_output, main_grad)
+    else:
+        wgrad_gemm_accum_fp16(total_input, grad_output, main_grad)
+
+
+@wgrad_accumulate.register_fake
+def _(total_input, grad_output, main_grad) -> None:
+    return None
+
+
+class _FusedLinear(torch.autograd.Function):
+    """y = x W^T (+ b) at tp = 1; backward: dx = dy W, the weight gradient accumulated into `main_grad`, none
+    returned for the weight (see the module doc)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, main_grad):
+        ctx.save_for_backward(x, weight)
+        ctx.main_grad = main_grad  # not saved_tensors: it changes in place between micro batches, by design
+        ctx.has_bias = bias is not None
+        y = torch.matmul(x, weight.t())
+        return y + bias if bias is not None else y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dx = dy.matmul(weight)
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        torch.ops.primus.wgrad_accumulate(x.reshape(-1, x.shape[-1]), dy2, ctx.main_grad)
+        return dx, None, (dy2.sum(0) if ctx.has_bias else None), None
+
+
+def _fused_linear(orig):
+    """megatron's linear_with_grad_accumulation_and_async_allreduce, with the cases `_FusedLinear` serves."""
+    def linear_with_grad_accumulation_and_async_allreduce(input, weight, bias, gradient_accumulation_fusion,
+                                                          allreduce_dgrad, sequence_parallel, grad_output_buffer=None,
+                                                          wgrad_deferral_limit=0, async_grad_allreduce=None,
+                                                          tp_group=None):
+        main_grad = getattr(weight, "main_grad", None)
+        if gradient_accumulation_fusion and main_grad is not None and not (allreduce_dgrad or sequence_parallel) \
+                and grad_output_buffer is None:
+            return _FusedLinear.apply(input, weight, bias, main_grad)
+        return orig(input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel,
+                    grad_output_buffer, wgrad_deferral_limit, async_grad_allreduce, tp_group)
+
+    linear_with_grad_accumulation_and_async_allreduce.warned = False  # megatron's own flag, read from this name
+    linear_with_grad_accumulation_and_async_allreduce.__primus_orig__ = orig
+    return linear_with_grad_accumulation_and_async_allreduce
+
+
 KERNELS = types.SimpleNamespace(__name__="primus.backends.megatron.patches.grad_accum_fusion",
                                 wgrad_gemm_accum_fp32=wgrad_gemm_accum_fp32,
                                 wgrad_gemm_accum_fp16=wgrad_gemm_accum_fp16)
@@ -82,14 +140,22 @@ def _wanted(c: Conditions) -> bool:
     return bool(tc.get("gradient_accumulation_fusion")) and c.args.get("layer_spec") == "local"
 
 
-def _install(_c: Conditions) -> None:
+def _install(c: Conditions) -> str:
+    """Returns which path the run's linears take (logged with the applied workarounds)."""
     from megatron.core.tensor_parallel import layers
 
+    linear = layers.linear_with_grad_accumulation_and_async_allreduce
+    orig = getattr(linear, "__primus_orig__", linear)
+    layers.linear_with_grad_accumulation_and_async_allreduce = orig  # this run decides afresh
     if getattr(layers, "_grad_accum_fusion_available", False) and \
             getattr(layers, "fused_weight_gradient_mlp_cuda", None) is not KERNELS:
-        return  # apex is installed: megatron uses its kernel
+        return "apex"  # installed: megatron uses its kernel
     layers._grad_accum_fusion_available = True
     layers.fused_weight_gradient_mlp_cuda = KERNELS
+    if (c.args.get("ddp_config") or {}).get("overlap_grad_reduce"):
+        return "megatron's linear, torch accumulation"  # DDP's hook must see every weight gradient
+    layers.linear_with_grad_accumulation_and_async_allreduce = _fused_linear(orig)
+    return "primus fused linear at tp = 1 (megatron's linear elsewhere), torch accumulation"
 
 
 WORKAROUNDS = (
