@@ -556,6 +556,46 @@ def test_gmm_entry_point_routes_fp8(monkeypatch):
         mturbo.reset({})
 
 
+def test_the_bf16_grouped_gemm_stays_in_the_compiled_graph_where_torch_grouped_mm_serves_it():
+    """`_gmm` under torch.compile: where apply() found torch._grouped_mm for the experts (gmm_traced: CUDA sm90 /
+    sm100; faked here on the CPU, whose torch._grouped_mm takes the same call) one graph with no break, the same
+    output and gradients as the eager entry; elsewhere, or with fp8 experts, the eager entry (a graph break)."""
+    import torch._dynamo
+
+    from primus.backends.megatron import turbo as mturbo
+
+    torch.manual_seed(0)
+    x = torch.randn(12, 32).bfloat16().requires_grad_()
+    w = torch.randn(2, 16, 32).bfloat16().requires_grad_()  # (G, N, K): trans_b as GroupedMLP's fc2 in some specs
+    sizes = torch.tensor([5, 7])
+
+    def run(fn):
+        x.grad = w.grad = None
+        y = fn(x, w, sizes, True)
+        y.float().square().sum().backward()
+        return y.detach(), x.grad.clone(), w.grad.clone()
+
+    try:
+        mturbo.reset({"use_turbo_grouped_gemm": True})
+        eager = run(mturbo._gmm)
+        assert mturbo.SWAPS == {"gmm_calls": 1}
+        mturbo._STATE["gmm_traced"] = True
+        torch._dynamo.reset()
+        traced = run(torch.compile(mturbo._gmm, backend="aot_eager", fullgraph=True))
+        for a, b in zip(traced, eager):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        for flags, traced_ok in (({"use_turbo_grouped_gemm": True}, False),
+                                 ({"use_turbo_grouped_gemm": True, "grouped_gemm_fp8": "e4m3"}, True)):
+            mturbo.reset(flags)
+            mturbo._STATE["gmm_traced"] = traced_ok
+            torch._dynamo.reset()
+            with pytest.raises(Exception, match="disable|graph break|Skip"):  # fullgraph: the eager entry breaks
+                torch.compile(mturbo._gmm, backend="aot_eager", fullgraph=True)(x, w, sizes, True)
+    finally:
+        mturbo.reset({})
+        torch._dynamo.reset()
+
+
 def test_only_tp1_turbo_linears_are_traced_under_compile():
     """tp=1 turbo linears stay inside compiled layers (bf16: torch GEMMs; fp8: the fp8_ops custom ops, the delayed
     recipe's pair declaring its histories mutated); tp > 1 (collectives with async handles) stays out of dynamo."""

@@ -37,7 +37,8 @@ Under training.compile (perf.py compiles each TransformerLayer) the attention (S
 priority, which dynamo traces), the RMSNorm (a torch custom op pair) and tp=1 parallel linears (bf16: torch GEMMs;
 fp8: primus.turbo.fp8_ops' custom ops, delayed included) stay inside the compiled graph; the other entry points
 here run eagerly (`torch.compiler.disable`: one graph break each): dynamo must not trace into their Triton
-launchers or the TP collectives. result.json's `compile` counts the run's graph breaks.
+launchers or the TP collectives; the grouped GEMM of bf16 experts on sm90 / sm100 is the exception (`_gmm`: the
+torch._grouped_mm it runs there is traced). result.json's `compile` counts the run's graph breaks.
 """
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ def reset(flags: Optional[Dict[str, Any]]) -> None:
     """The flags of this run (args["turbo"]); clears the swap counts."""
     SWAPS.clear()
     _STATE["flags"] = dict(flags or {})
+    _STATE["gmm_traced"] = False  # apply() decides it for the run's device
 
 
 def _on(name: str) -> bool:
@@ -127,8 +129,22 @@ def swap_spec(layer_spec, flags: Dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------------------------ megatron internals
 
 
-@_eager
 def _gmm(a, b, batch_sizes, trans_b=False):
+    """GroupedMLP's grouped GEMM. Compiled (training.compile) with bf16 experts where torch._grouped_mm serves the
+    GPU (`apply` says so in _STATE["gmm_traced"]: CUDA sm90/sm100), the call stays in the layer's graph: the same
+    torch._grouped_mm that grouped_gemm's "torch" provider runs eagerly, the counts on the device. Otherwise the
+    eager entry below (a graph break under compile)."""
+    if torch.compiler.is_compiling() and _STATE.get("gmm_traced") and _on("use_turbo_grouped_gemm") \
+            and not _STATE["flags"].get("grouped_gemm_fp8"):
+        wb = b.transpose(1, 2) if trans_b else b
+        if a.dtype == wb.dtype == torch.bfloat16 and a.shape[1] % 8 == 0 and wb.shape[1] % 8 == 0 \
+                and wb.shape[2] % 8 == 0:
+            return torch._grouped_mm(a, wb, offs=torch.cumsum(batch_sizes.to(a.device), 0, dtype=torch.int32))
+    return _gmm_eager(a, b, batch_sizes, trans_b)
+
+
+@_eager
+def _gmm_eager(a, b, batch_sizes, trans_b=False):
     if not _on("use_turbo_grouped_gemm"):  # a later run in this process without the flag
         from primus.backends.megatron.patches.grouped_gemm import gmm
 
@@ -400,6 +416,8 @@ def apply(model, config, fp8_settings: Optional[Dict[str, Any]] = None) -> Dict[
         done["use_turbo_parallel_linear"] = n
         if recipe:
             done["use_turbo_parallel_linear_fp8"] = n_fp8
+    if flags.get("use_turbo_grouped_gemm"):
+        _STATE["gmm_traced"] = _grouped_mm_traceable(next(model.parameters()).device)
     if flags.get("use_turbo_fused_act_with_probs"):
         from megatron.core.transformer.moe.experts import GroupedMLP
 
@@ -418,6 +436,14 @@ def apply(model, config, fp8_settings: Optional[Dict[str, Any]] = None) -> Dict[
     for k, v in done.items():
         _count(k, v)
     return done
+
+
+def _grouped_mm_traceable(device) -> bool:
+    """Whether `_gmm` may run torch._grouped_mm inside a compiled graph on `device`: where grouped_gemm's "torch"
+    provider serves bf16 experts (CUDA sm90 / sm100, not ROCm)."""
+    if device.type != "cuda" or torch.version.hip is not None or not hasattr(torch, "_grouped_mm"):
+        return False
+    return torch.cuda.get_device_capability(device)[0] in (9, 10)
 
 
 # ------------------------------------------------------------------------------------------------ sync-free dispatch
