@@ -298,17 +298,25 @@ def copy_profiles(runs_json: str, out: str) -> List[str]:
     return copied
 
 
+def group_tag(g: Group) -> str:
+    """The tag of a group's parts, without the repeat: a run at fewer layers (LAYERS) is another group's, tagged and
+    pooled apart from the preset's."""
+    return f"atscale_{g.name}" + (f"_{moe_layers(g)}layers" if moe_layers(g) != g.layers else "")
+
+
 def tables(out: str) -> int:
+    """Pools each group's parts found in `out` (at this call's LAYERS) into one table."""
     rc = 0
     for g in GROUPS:
         # a finished part's bench_<tag>.json carries the measuring machine's versions; a killed part left its runs
         files = []
-        for runs in sorted(glob.glob(os.path.join(out, f"bench_atscale_{g.name}_r*_runs.json"))):
+        tag = group_tag(g)
+        for runs in sorted(glob.glob(os.path.join(out, f"bench_{tag}_r*_runs.json"))):
             copy_profiles(runs, out)
             full = runs[: -len("_runs.json")] + ".json"
             files.append(full if os.path.exists(full) else runs)
         if files:
-            rc |= run([PY, "bench/e2e.py", "--tag", f"atscale_{g.name}", "--ref", f"{g.name} megatron preset",
+            rc |= run([PY, "bench/e2e.py", "--tag", tag, "--ref", f"{g.name} megatron preset",
                        "--merge", *files], out)
         else:
             ks = ", ".join(str(i + 1) for i, (h, _) in enumerate(parts()) if h is g)
@@ -365,8 +373,7 @@ def main(argv=None) -> int:
     for k in ks:
         g, r = parts()[k - 1]
         print(f"[at_scale] part {k} of {len(parts())}: {g.name}, repeat {r}/{REPEATS}", flush=True)
-        # a run at fewer layers is another group's: its own tag, not pooled by `tables` with the preset's
-        tag = f"atscale_{g.name}" + (f"_{moe_layers(g)}layers" if moe_layers(g) != g.layers else "") + f"_r{r}"
+        tag = f"{group_tag(g)}_r{r}"
         rc |= run(e2e_cmd(g, tag, False, 420, deadline), out)
     tables(out)
     return rc

@@ -206,6 +206,27 @@ def test_tables_copy_each_profiled_runs_phase_table(tmp_path):
     assert sorted(p.name for p in out.glob("phases_*")) == [want.name]
 
 
+def test_tables_pool_the_runs_at_this_calls_layer_count_apart(tmp_path, monkeypatch):
+    """`tables` merges a group's repeats of its own layer count: with LAYERS=5 the 5-layer parts (tag
+    atscale_<group>_5layers_r<k>), without it the preset's; never the two in one table."""
+    for tag in ("atscale_deepseek_v2_lite_5layers_r1", "atscale_deepseek_v2_lite_5layers_r2",
+                "atscale_deepseek_v2_lite_r1"):
+        (tmp_path / f"bench_{tag}_runs.json").write_text("{}")
+        (tmp_path / f"bench_{tag}.json").write_text("{}")
+    merged = {}
+    monkeypatch.setattr(at_scale, "run", lambda cmd, out=None: merged.setdefault(cmd[cmd.index("--tag") + 1],
+                                                                                cmd[cmd.index("--merge") + 1:]) and 0)
+    monkeypatch.setenv("LAYERS", "5")
+    at_scale.tables(str(tmp_path))
+    assert [os.path.basename(f) for f in merged.pop("atscale_deepseek_v2_lite_5layers")] == [
+        "bench_atscale_deepseek_v2_lite_5layers_r1.json", "bench_atscale_deepseek_v2_lite_5layers_r2.json"]
+    monkeypatch.delenv("LAYERS")
+    at_scale.tables(str(tmp_path))
+    assert [os.path.basename(f) for f in merged.pop("atscale_deepseek_v2_lite")] == [
+        "bench_atscale_deepseek_v2_lite_r1.json"]
+    assert not merged
+
+
 def test_bad_knobs_stop_the_script_naming_the_value(monkeypatch):
     monkeypatch.setenv("TIMED_STEPS", "two")
     with pytest.raises(SystemExit, match=r"TIMED_STEPS='two': not allowed; TIMED_STEPS is a whole number >= 1"):
