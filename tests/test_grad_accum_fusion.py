@@ -27,6 +27,22 @@ def test_fp32_accumulation_is_the_fp32_sum_of_the_bf16_products():
     torch.testing.assert_close(main_grad, want, rtol=1e-6, atol=1e-5)
 
 
+def test_the_in_gemm_accumulation_is_checked_once_and_a_refusal_is_said(monkeypatch, caplog):
+    """The CUDA check of torch.addmm(out_dtype=float32, out=main_grad), run here on the CPU, where torch has no such
+    kernel: the op is refused, the run is told (warning) that the gradients are summed unfused, and the verdict is
+    kept for the process."""
+    import logging
+
+    monkeypatch.setitem(gaf._STATE, "cuda", None)
+    caplog.set_level(logging.WARNING, logger="primus.megatron")
+    assert gaf._cuda_fused_ok(torch.device("cpu")) is False
+    (msg,) = [r.getMessage() for r in caplog.records if "gradient_accumulation_fusion" in r.getMessage()]
+    assert "not usable here" in msg and "unfused" in msg
+    assert gaf._STATE["cuda"] is False
+    gaf._cuda_fused_ok(torch.device("cpu"))
+    assert len([r for r in caplog.records if "gradient_accumulation_fusion" in r.getMessage()]) == 1
+
+
 def test_low_precision_main_grad_accumulates_in_its_own_dtype():
     x, dy = _operands()
     main_grad = torch.zeros(16, 24, dtype=torch.bfloat16)

@@ -224,16 +224,25 @@ def _ends(group_sizes, device) -> torch.Tensor:
     return torch.cumsum(group_sizes.to(device), 0).to(torch.int32)
 
 
+def grouped_mm_gpu(device) -> bool:
+    """torch._grouped_mm's CUDA kernel runs on `device`: CUDA sm90 / sm100, not ROCm."""
+    return (device.type == "cuda" and torch.version.hip is None and hasattr(torch, "_grouped_mm")
+            and torch.cuda.get_device_capability(device)[0] in (9, 10))
+
+
+def grouped_mm_aligned(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """bf16 operands whose K and N are 16-byte aligned, as torch._grouped_mm's CUDA kernel needs (shapes only:
+    dynamo evaluates it while tracing)."""
+    return (x.dtype == w.dtype == torch.bfloat16 and x.shape[1] % 8 == 0 and w.shape[-1] % 8 == 0
+            and w.shape[-2] % 8 == 0)
+
+
 def torch_grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     """torch._grouped_mm serves this device/dtype (CUDA sm90/sm100 bf16; K and N 16-byte aligned)."""
     if not hasattr(torch, "_grouped_mm") or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
         return False
     if x.device.type == "cuda":
-        if torch.version.hip is not None:
-            return False
-        if torch.cuda.get_device_capability(x.device)[0] not in (9, 10):
-            return False
-        return x.shape[1] % 8 == 0 and w.shape[-1] % 8 == 0 and w.shape[-2] % 8 == 0
+        return grouped_mm_gpu(x.device) and grouped_mm_aligned(x, w)
     return x.device.type == "cpu"
 
 

@@ -136,10 +136,10 @@ def _gmm(a, b, batch_sizes, trans_b=False):
     eager entry below (a graph break under compile)."""
     if torch.compiler.is_compiling() and _STATE.get("gmm_traced") and _on("use_turbo_grouped_gemm") \
             and not _STATE["flags"].get("grouped_gemm_fp8"):
-        wb = b.transpose(1, 2) if trans_b else b
-        if a.dtype == wb.dtype == torch.bfloat16 and a.shape[1] % 8 == 0 and wb.shape[1] % 8 == 0 \
-                and wb.shape[2] % 8 == 0:
-            return torch._grouped_mm(a, wb, offs=torch.cumsum(batch_sizes.to(a.device), 0, dtype=torch.int32))
+        from primus.turbo.grouped_gemm import grouped_gemm, grouped_mm_aligned
+
+        if grouped_mm_aligned(a, b):
+            return grouped_gemm(a, b, batch_sizes, trans_b=trans_b, provider="torch")
     return _gmm_eager(a, b, batch_sizes, trans_b)
 
 
@@ -417,7 +417,9 @@ def apply(model, config, fp8_settings: Optional[Dict[str, Any]] = None) -> Dict[
         if recipe:
             done["use_turbo_parallel_linear_fp8"] = n_fp8
     if flags.get("use_turbo_grouped_gemm"):
-        _STATE["gmm_traced"] = _grouped_mm_traceable(next(model.parameters()).device)
+        from primus.turbo.grouped_gemm import grouped_mm_gpu
+
+        _STATE["gmm_traced"] = grouped_mm_gpu(next(model.parameters()).device)
     if flags.get("use_turbo_fused_act_with_probs"):
         from megatron.core.transformer.moe.experts import GroupedMLP
 
@@ -436,14 +438,6 @@ def apply(model, config, fp8_settings: Optional[Dict[str, Any]] = None) -> Dict[
     for k, v in done.items():
         _count(k, v)
     return done
-
-
-def _grouped_mm_traceable(device) -> bool:
-    """Whether `_gmm` may run torch._grouped_mm inside a compiled graph on `device`: where grouped_gemm's "torch"
-    provider serves bf16 experts (CUDA sm90 / sm100, not ROCm)."""
-    if device.type != "cuda" or torch.version.hip is not None or not hasattr(torch, "_grouped_mm"):
-        return False
-    return torch.cuda.get_device_capability(device)[0] in (9, 10)
 
 
 # ------------------------------------------------------------------------------------------------ sync-free dispatch
