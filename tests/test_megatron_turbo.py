@@ -314,19 +314,48 @@ def fwd_bwd(strict):
     return res
 
 
+# The layer under torch.compile (aot_eager: dynamo and AOT autograd, the kernels as they are), with the grouped GEMM
+# traced as on sm90 (the CPU's torch._grouped_mm takes the same call): its graph breaks and numbers.
+def compiled_fwd_bwd():
+    import torch._dynamo
+    from primus.backends.megatron import turbo as mturbo
+
+    torch.manual_seed(0)
+    p = next(layer.parameters())
+    x = torch.randn(cfg.training.seq_length, cfg.training.micro_batch_size, cfg.model.hidden_size, dtype=p.dtype,
+                    device=p.device, requires_grad=True)
+    traced, mturbo._STATE["gmm_traced"] = mturbo._STATE["gmm_traced"], True
+    disabled, torch._dynamo.config.disable = torch._dynamo.config.disable, False  # the CPU patches' (perf.py's undo)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        out, _ = torch.compile(layer, backend="aot_eager")(x)
+        out.float().sum().backward()
+        breaks = dict(torch._dynamo.utils.counters["graph_break"])
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    finally:
+        mturbo._STATE["gmm_traced"], torch._dynamo.config.disable = traced, disabled
+        torch._dynamo.reset()
+    return {"breaks": breaks, "graphs": graphs, "out": out.float().sum().item(),
+            "dx": x.grad.float().abs().sum().item()}
+
+
 if next(layer.parameters()).is_cuda:
     fwd_bwd(strict=False)  # Triton's first launches compile and autotune (they synchronise); not the layer's doing
 on = fwd_bwd(strict=True)
+compiled = compiled_fwd_bwd() if sys.argv[3] == "compile" else None
 for n in ("preprocess", "dispatch_postprocess", "combine_preprocess"):  # megatron's own methods back
     delattr(d, n)
 d.cuda_dtoh_point = "before_permutation_1"
 off = fwd_bwd(strict=False)
 moe_info = {k: v for k, v in info.items() if k in ("moe_dispatch", "turbo_swaps")}
-print("RESULT " + json.dumps({"rank": 0, "info": moe_info, "on": on, "off": off}), flush=True)
+print("RESULT " + json.dumps({"rank": 0, "info": moe_info, "on": on, "off": off, "compiled": compiled}),
+      flush=True)
 trainer.close()
 """
 SYNC_CONFIG = [*MOE_TURBO, "model.num_layers=1", "training.seq_length=16", "training.micro_batch_size=1",
-               "training.global_batch_size=1", "logging.tensorboard=false", "backend.layer_spec=local"]
+               "training.global_batch_size=1", "logging.tensorboard=false", "backend.layer_spec=local",
+               "training.compile=true"]  # the compiled pass: the workarounds a compiled run applies
 
 
 def sync_probe(tmp_path, device):
@@ -335,9 +364,11 @@ def sync_probe(tmp_path, device):
 
     from rank_script import run_ranks
 
-    [r] = run_ranks(tmp_path, "sync_free_probe.py", SYNC_SCRIPT, [json.dumps([f"device={device}", *SYNC_CONFIG])])
+    [r] = run_ranks(tmp_path, "sync_free_probe.py", SYNC_SCRIPT, [json.dumps([f"device={device}", *SYNC_CONFIG]),
+                                                                 "compile"])
     assert r["info"]["turbo_swaps"]["sync_free_dispatch"] == 1 and r["info"]["moe_dispatch"].startswith("sync-free")
     on, off = r["on"], r["off"]
+    sync_probe.compiled = r["compiled"]
     assert on["raised"] is None and on["host"] == [] and on["d2h"] == 0 and on["sort_chunks"] == 0, on
     assert on["sync_point"] == "no_sync"
     assert off["raised"] is None and off["sort_chunks"] == 2 and off["d2h"] > 0, off  # dispatch and combine
@@ -356,6 +387,11 @@ def test_a_sync_free_moe_layer_reads_nothing_on_the_host(tmp_path):
     on, off = sync_probe(tmp_path, "cpu")
     assert any(h.startswith("tolist at ") and "moe_utils.py" in h for h in off["host"]), off["host"]
     assert (on["out"], on["dx"]) == (off["out"], off["dx"])  # the same math, to the bit
+    # compiled, the whole layer is dynamo's: the router, permute and unpermute are custom ops, the grouped GEMM is
+    # torch._grouped_mm (as on sm90), the aux-loss scaler is readable (workaround megatron.compile.moe_aux_loss_scale)
+    compiled = sync_probe.compiled
+    assert compiled["breaks"] == {} and compiled["graphs"] == 1, compiled
+    assert compiled["out"] == pytest.approx(on["out"], rel=1e-5) and compiled["dx"] == pytest.approx(on["dx"], rel=1e-5)
 
 
 @pytest.mark.e2e

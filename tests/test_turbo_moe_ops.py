@@ -83,3 +83,63 @@ def test_permute_unpermute(T, E, k, H, dtype):
     assert torch.equal(M.make_row_id_map(rmap).ne(-1).sum(0).cpu(), rmap.sum(1).cpu())
     tol = BAND[dtype]
     assert relerr(out, outr) < tol and relerr(x.grad, xd.grad) < tol and relerr(pr.grad, pd.grad) < tol
+
+
+def _moe_ops_chain(logits, x, k):
+    """router -> permute (with probs) -> a per-expert scale on its rows -> unpermute weighted by the probs; the aux
+    scores used; the routing map summed per expert on the device (the sync-free dispatcher's group sizes)."""
+    probs, rmap, aux = M.fused_router(logits, k)
+    y, py, row_map = M.permute(x, rmap, probs, num_out_tokens=x.shape[0] * k)
+    counts = rmap.sum(0)
+    scale = torch.repeat_interleave(torch.arange(1, rmap.shape[1] + 1, device=x.device, dtype=y.dtype), counts,
+                                    output_size=y.shape[0])
+    out = M.unpermute(y * (py.to(y.dtype) * scale)[:, None], row_map, probs)
+    return out, aux
+
+
+def test_router_permute_unpermute_are_custom_ops_that_pass_opcheck():
+    """Schema, fake kernels (shapes, dtypes) and autograd registration of every op, as torch.compile relies on."""
+    T, E, k, H = 9, 6, 2, 40
+    logits = torch.randn(T, E, device=DEV, requires_grad=True)
+    x = torch.randn(T, H, device=DEV, requires_grad=True)
+    p, rmap, aux = M._router_op(logits, k, False, False, 1.0, None)
+    bias = torch.randn(E, device=DEV)
+    row_map = M.make_row_id_map(rmap)
+    probs = p.detach().requires_grad_()
+    y = torch.randn(T * k, H, device=DEV, requires_grad=True)
+    cases = [(M._router_op, (logits, k, False, False, 1.0, None)), (M._router_op, (logits, k, True, False, 2.0, bias)),
+             (M._router_bwd_op, (logits.detach(), rmap, torch.randn(T, E, device=DEV), None, k, False, False, 1.0)),
+             (M._permute_op, (x, row_map, T * k, probs)), (M._permute_op, (x, row_map, T * k, None)),
+             (M._unpermute_op, (y, row_map, T, probs)), (M._unpermute_op, (y, row_map, T, None)),
+             (M._unpermute_bwd_op, (torch.randn(T, H, device=DEV), y.detach(), row_map, probs.detach()))]
+    for op, args in cases:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_router_permute_unpermute_compile_as_one_graph(backend):
+    """fullgraph=True (a graph break raises): the chain compiles with no break and gives eager's outputs and
+    gradients (aot_eager: bit for bit, the same kernels and torch ops; inductor: its own code around the same kernels,
+    which must also build - a bool routing map it had to bit-cast from int8 did not on a CPU)."""
+    import torch._dynamo
+
+    T, E, k, H = 12, 8, 2, 48
+    logits0, x0 = torch.randn(T, E, device=DEV), torch.randn(T, H, device=DEV)
+
+    def run(fn):
+        logits, x = logits0.clone().requires_grad_(), x0.clone().requires_grad_()
+        out, aux = fn(logits, x, k)
+        (out.square().sum() + aux.square().sum()).backward()
+        return out.detach(), aux.detach(), logits.grad, x.grad
+
+    eager = run(_moe_ops_chain)
+    torch._dynamo.reset()
+    try:
+        compiled = run(torch.compile(_moe_ops_chain, backend=backend, fullgraph=True))
+    finally:
+        torch._dynamo.reset()
+    for a, b in zip(compiled, eager):
+        if backend == "aot_eager":
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

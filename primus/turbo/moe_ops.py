@@ -14,7 +14,7 @@ row of token t for expert e, or -1. Pass `num_out_tokens` (T * topk for dropless
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -143,44 +143,76 @@ _ROUTER_FWD = _common.Tuned(_router_fwd, _ROUTER_SPACE, key=["T", "E"], valid=_r
 _ROUTER_BWD = _common.Tuned(_router_bwd, _ROUTER_SPACE, key=["T", "E"], valid=_router_config_ok)
 
 
-class _RouterFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, topk, sigmoid, pre_softmax, scale, expert_bias):
-        T, E = logits.shape
-        if logits.stride(1) != 1:
-            logits = logits.contiguous()
-        p = _common.empty((T, E), torch.float32, logits.device)
-        rmap = _common.empty((T, E), torch.int8, logits.device)
-        aux = _common.empty((T, E), torch.float32, logits.device)
-        BT, BE = _router_blocks(E)
-        has_bias = expert_bias is not None
-        _ROUTER_FWD.launch(lambda meta: (triton.cdiv(T, meta["BT"]),),
-                           (logits, p, rmap, aux, expert_bias if has_bias else p, T, E, logits.stride(0)),
-                           default={"BT": BT, "num_warps": 4}, TOPK=topk, SIGMOID=sigmoid, PRE_SOFTMAX=pre_softmax,
-                           HAS_BIAS=has_bias, SCALE=scale, BE=BE)
-        ctx.save_for_backward(logits, rmap)
-        ctx.cfg = (topk, sigmoid, pre_softmax, scale)
-        routing_map = rmap.view(torch.bool)
-        ctx.mark_non_differentiable(routing_map)
-        return p, routing_map, aux
+# Each kernel pair is a torch custom op with a fake kernel and its autograd: torch.compile keeps the router, permute
+# and unpermute inside a compiled MoE layer as single nodes (an autograd.Function launching Triton would be a graph
+# break on each side of it), and eager calls run the same ops.
+@torch.library.custom_op("primus::moe_router", mutates_args=())
+def _router_op(logits: torch.Tensor, topk: int, sigmoid: bool, pre_softmax: bool, scale: float,
+               expert_bias: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    T, E = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    p = _common.empty((T, E), torch.float32, logits.device)
+    rmap = _common.empty((T, E), torch.int8, logits.device)
+    aux = _common.empty((T, E), torch.float32, logits.device)
+    BT, BE = _router_blocks(E)
+    has_bias = expert_bias is not None
+    _ROUTER_FWD.launch(lambda meta: (triton.cdiv(T, meta["BT"]),),
+                       (logits, p, rmap, aux, expert_bias if has_bias else p, T, E, logits.stride(0)),
+                       default={"BT": BT, "num_warps": 4}, TOPK=topk, SIGMOID=sigmoid, PRE_SOFTMAX=pre_softmax,
+                       HAS_BIAS=has_bias, SCALE=scale, BE=BE)
+    # bool out of the op (a view of the kernel's int8 map): a dtype view inside a compiled graph would be inductor's
+    # to generate, and its CPU code cannot convert a bit-cast bool vector (torch 2.13: a C++ compile error)
+    return p, rmap.view(torch.bool), aux
 
-    @staticmethod
-    def backward(ctx, gp, _gmap, ga):
-        logits, rmap = ctx.saved_tensors
-        topk, sigmoid, pre_softmax, scale = ctx.cfg
-        T, E = logits.shape
-        if gp is None:
-            gp = torch.zeros(T, E, device=logits.device, dtype=torch.float32)
-        gp = gp.contiguous()
-        has_ga = ga is not None
-        ga = ga.contiguous() if has_ga else gp
-        dl = _common.empty((T, E), logits.dtype, logits.device)
-        BT, BE = _router_blocks(E)
-        _ROUTER_BWD.launch(lambda meta: (triton.cdiv(T, meta["BT"]),), (logits, rmap, gp, ga, dl, T, E,
-                                                                      logits.stride(0)),
-                           default={"BT": BT, "num_warps": 4}, TOPK=topk, SIGMOID=sigmoid, PRE_SOFTMAX=pre_softmax,
-                           SCALE=scale, HAS_GA=has_ga, BE=BE)
-        return dl, None, None, None, None, None
+
+@_router_op.register_fake
+def _(logits, topk, sigmoid, pre_softmax, scale, expert_bias):
+    shape = tuple(logits.shape)
+    return (logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.bool),
+            logits.new_empty(shape, dtype=torch.float32))
+
+
+@torch.library.custom_op("primus::moe_router_bwd", mutates_args=())
+def _router_bwd_op(logits: torch.Tensor, rmap: torch.Tensor, gp: torch.Tensor, ga: Optional[torch.Tensor], topk: int,
+                   sigmoid: bool, pre_softmax: bool, scale: float) -> torch.Tensor:
+    T, E = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    gp = gp.contiguous()
+    has_ga = ga is not None
+    ga = ga.contiguous() if has_ga else gp
+    dl = _common.empty((T, E), logits.dtype, logits.device)
+    BT, BE = _router_blocks(E)
+    rmap = rmap.view(torch.int8)
+    _ROUTER_BWD.launch(lambda meta: (triton.cdiv(T, meta["BT"]),), (logits, rmap, gp, ga, dl, T, E, logits.stride(0)),
+                       default={"BT": BT, "num_warps": 4}, TOPK=topk, SIGMOID=sigmoid, PRE_SOFTMAX=pre_softmax,
+                       SCALE=scale, HAS_GA=has_ga, BE=BE)
+    return dl
+
+
+@_router_bwd_op.register_fake
+def _(logits, rmap, gp, ga, topk, sigmoid, pre_softmax, scale):
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+def _router_setup(ctx, inputs, output):
+    logits, topk, sigmoid, pre_softmax, scale, _ = inputs
+    ctx.save_for_backward(logits, output[1])
+    ctx.cfg = (topk, sigmoid, pre_softmax, scale)
+    ctx.set_materialize_grads(False)  # an unused aux-score output gets no zero gradient (the kernel skips it)
+
+
+def _router_backward(ctx, gp, _grmap, ga):
+    if gp is None and ga is None:
+        return None, None, None, None, None, None
+    logits, rmap = ctx.saved_tensors
+    if gp is None:
+        gp = torch.zeros(logits.shape, device=logits.device, dtype=torch.float32)
+    return _router_bwd_op(logits, rmap, gp, ga, *ctx.cfg), None, None, None, None, None
+
+
+_router_op.register_autograd(_router_backward, setup_context=_router_setup)
 
 
 def fused_router(logits: torch.Tensor, topk: int, score_function: str = "softmax", pre_softmax: bool = False,
@@ -191,8 +223,8 @@ def fused_router(logits: torch.Tensor, topk: int, score_function: str = "softmax
         raise ValueError(f"score_function must be softmax or sigmoid, not {score_function!r}")
     if logits.shape[-1] > 1024:
         raise ValueError("fused_router supports up to 1024 experts")
-    return _RouterFn.apply(logits, int(topk), score_function == "sigmoid", bool(pre_softmax),
-                           float(scaling_factor or 1.0), expert_bias)
+    return _router_op(logits, int(topk), score_function == "sigmoid", bool(pre_softmax), float(scaling_factor or 1.0),
+                      expert_bias)
 
 
 def router_reference(logits, topk, score_function="softmax", pre_softmax=False, scaling_factor=None,
@@ -330,49 +362,81 @@ def _unpermute_rows(y, row_id_map, T, probs=None, out_dtype=None):
     return out
 
 
-class _PermuteFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, row_id_map, n_out, probs):
-        ctx.save_for_backward(row_id_map)
-        ctx.T = x.shape[0]
-        ctx.has_p = probs is not None
-        y, py = _permute_rows(x, row_id_map, n_out, probs)
-        return y, py
-
-    @staticmethod
-    def backward(ctx, dy, dpy):
-        (row_id_map,) = ctx.saved_tensors
-        dx = _unpermute_rows(dy.contiguous(), row_id_map, ctx.T)
-        dp = None
-        if ctx.has_p and dpy is not None:  # probs move with the rows: gather the grads back to (T, E)
-            E, T = row_id_map.shape
-            idx = row_id_map.t().long()
-            dp = torch.where(idx >= 0, dpy[idx.clamp_min(0)], torch.zeros((), dtype=dpy.dtype, device=dpy.device))
-        return dx, None, None, dp
+@torch.library.custom_op("primus::moe_permute", mutates_args=())
+def _permute_op(x: torch.Tensor, row_id_map: torch.Tensor, n_out: int,
+                probs: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    y, py = _permute_rows(x, row_id_map, n_out, probs)
+    return y, py if py is not None else x.new_empty((0,))  # an op returns tensors: (0,) stands for "no probs"
 
 
-class _UnpermuteFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y, row_id_map, T, probs):
-        ctx.has_p = probs is not None
-        ctx.save_for_backward(y, row_id_map, probs)
-        return _unpermute_rows(y, row_id_map, T, probs)
+@_permute_op.register_fake
+def _(x, row_id_map, n_out, probs):
+    return x.new_empty((n_out, x.shape[1])), probs.new_empty((n_out,)) if probs is not None else x.new_empty((0,))
 
-    @staticmethod
-    def backward(ctx, dout):
-        y, row_id_map, probs = ctx.saved_tensors
-        dout = dout.contiguous()
-        if not ctx.has_p:
-            dy, _ = _permute_rows(dout, row_id_map, y.shape[0])
-            return dy, None, None, None
-        E, T = row_id_map.shape
-        H = y.shape[1]
-        dy = _common.empty(y.shape, y.dtype, y.device)
-        dp = _common.empty((T, E), torch.float32, y.device)
-        BH = _bh(H)
-        _unpermute_bwd_kernel[(T,)](dout, y, row_id_map, probs, dy, dp, T, E, H, dout.stride(0), y.stride(0),
-                                    dy.stride(0), triton.cdiv(H, BH), BH=BH, num_warps=4)
-        return dy, None, None, dp.to(probs.dtype)
+
+def _permute_setup(ctx, inputs, output):
+    x, row_id_map, _, probs = inputs
+    ctx.save_for_backward(row_id_map)
+    ctx.T, ctx.has_p = x.shape[0], probs is not None
+
+
+def _permute_backward(ctx, dy, dpy):
+    (row_id_map,) = ctx.saved_tensors
+    dx = _unpermute_op(dy.contiguous(), row_id_map, ctx.T, None)
+    dp = None
+    if ctx.has_p:  # probs move with the rows: gather the grads back to (T, E)
+        idx = row_id_map.t().long()
+        dp = torch.where(idx >= 0, dpy[idx.clamp_min(0)], torch.zeros((), dtype=dpy.dtype, device=dpy.device))
+    return dx, None, None, dp
+
+
+_permute_op.register_autograd(_permute_backward, setup_context=_permute_setup)
+
+
+@torch.library.custom_op("primus::moe_unpermute", mutates_args=())
+def _unpermute_op(y: torch.Tensor, row_id_map: torch.Tensor, T: int, probs: Optional[torch.Tensor]) -> torch.Tensor:
+    return _unpermute_rows(y, row_id_map, T, probs)
+
+
+@_unpermute_op.register_fake
+def _(y, row_id_map, T, probs):
+    return y.new_empty((T, y.shape[1]))
+
+
+@torch.library.custom_op("primus::moe_unpermute_bwd", mutates_args=())
+def _unpermute_bwd_op(dout: torch.Tensor, y: torch.Tensor, row_id_map: torch.Tensor,
+                      probs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    E, T = row_id_map.shape
+    H = y.shape[1]
+    dout = dout.contiguous()
+    dy = _common.empty(y.shape, y.dtype, y.device)
+    dp = _common.empty((T, E), torch.float32, y.device)
+    BH = _bh(H)
+    _unpermute_bwd_kernel[(T,)](dout, y, row_id_map, probs, dy, dp, T, E, H, dout.stride(0), y.stride(0),
+                                dy.stride(0), triton.cdiv(H, BH), BH=BH, num_warps=4)
+    return dy, dp.to(probs.dtype)
+
+
+@_unpermute_bwd_op.register_fake
+def _(dout, y, row_id_map, probs):
+    return y.new_empty(y.shape), probs.new_empty(tuple(row_id_map.shape[::-1]))
+
+
+def _unpermute_setup(ctx, inputs, output):
+    y, row_id_map, _, probs = inputs
+    ctx.has_p, ctx.rows = probs is not None, y.shape[0]
+    ctx.save_for_backward(y if ctx.has_p else None, row_id_map, probs)  # y is read back only to weight probs' grad
+
+
+def _unpermute_backward(ctx, dout):
+    y, row_id_map, probs = ctx.saved_tensors
+    if not ctx.has_p:
+        return _permute_op(dout.contiguous(), row_id_map, ctx.rows, None)[0], None, None, None
+    dy, dp = _unpermute_bwd_op(dout, y, row_id_map, probs)
+    return dy, None, None, dp
+
+
+_unpermute_op.register_autograd(_unpermute_backward, setup_context=_unpermute_setup)
 
 
 def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[torch.Tensor] = None,
@@ -384,8 +448,8 @@ def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[tor
     row_id_map = make_row_id_map(routing_map)
     n_out = int(num_out_tokens) if num_out_tokens is not None else int(routing_map.sum().item())
     p = probs.contiguous() if probs is not None else None
-    y, py = _PermuteFn.apply(tokens, row_id_map, n_out, p)
-    return y, py, row_id_map
+    y, py = _permute_op(tokens, row_id_map, n_out, p)
+    return y, (py if p is not None else None), row_id_map
 
 
 def unpermute(permuted: torch.Tensor, row_id_map: torch.Tensor, probs: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -393,7 +457,7 @@ def unpermute(permuted: torch.Tensor, row_id_map: torch.Tensor, probs: Optional[
     if permuted.stride(-1) != 1:
         permuted = permuted.contiguous()
     T = row_id_map.shape[1]
-    return _UnpermuteFn.apply(permuted, row_id_map, T, probs.contiguous() if probs is not None else None)
+    return _unpermute_op(permuted, row_id_map, T, probs.contiguous() if probs is not None else None)
 
 
 def permute_reference(tokens, routing_map, probs=None):

@@ -34,11 +34,12 @@ and logs the providers (`primus.turbo.providers`), then uses this module at thre
 A flag that finds nothing to swap in the model raises (never a silent no-op). `SWAPS` counts swaps per flag.
 
 Under training.compile (perf.py compiles each TransformerLayer) the attention (SDPA under an sdpa_kernel
-priority, which dynamo traces), the RMSNorm (a torch custom op pair) and tp=1 parallel linears (bf16: torch GEMMs;
-fp8: primus.turbo.fp8_ops' custom ops, delayed included) stay inside the compiled graph; the other entry points
-here run eagerly (`torch.compiler.disable`: one graph break each): dynamo must not trace into their Triton
-launchers or the TP collectives; the grouped GEMM of bf16 experts on sm90 / sm100 is the exception (`_gmm`: the
-torch._grouped_mm it runs there is traced). result.json's `compile` counts the run's graph breaks.
+priority, which dynamo traces), the RMSNorm, the router, permute and unpermute (torch custom op pairs: the patched
+entries below are plain Python dynamo reads) and tp=1 parallel linears (bf16: torch GEMMs; fp8: primus.turbo.fp8_ops'
+custom ops, delayed included) stay inside the compiled graph, as does the grouped GEMM of bf16 experts on sm90 /
+sm100 (`_gmm`: the torch._grouped_mm it runs there is traced). The other entry points here run eagerly
+(`torch.compiler.disable`: one graph break each): dynamo must not trace into their Triton launchers or the TP
+collectives. result.json's `compile` counts the run's graph breaks.
 """
 from __future__ import annotations
 
@@ -204,7 +205,6 @@ def resolve(cfg, ctx) -> Dict[str, str]:
 
 
 def _fused_topk(orig):
-    @_eager
     def topk_routing_with_score_function(logits, topk, use_pre_softmax=False, num_groups=None, group_topk=None,
                                          scaling_factor=None, score_function="softmax", expert_bias=None,
                                          fused=False, router_replay=None, **kw):
@@ -237,7 +237,6 @@ def _fused_aux_scores(orig):
 
 
 def _turbo_permute(orig):
-    @_eager
     def permute(tokens, routing_map, probs=None, num_out_tokens=None, fused=False, drop_and_pad=False):
         if not _on("moe_permute_fusion") or drop_and_pad:
             return orig(tokens, routing_map, probs=probs, num_out_tokens=num_out_tokens, fused=fused,
@@ -264,7 +263,6 @@ class _RowIdMap:
 
 
 def _turbo_unpermute(orig):
-    @_eager
     def unpermute(permuted_tokens, sorted_indices, restore_shape, probs=None, routing_map=None, fused=False,
                   drop_and_pad=False):
         if not isinstance(sorted_indices, _RowIdMap):
