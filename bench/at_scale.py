@@ -29,10 +29,10 @@ runs at its end) copies each profiled run's tables into $OUT: phases_<part tag>_
 (router, dispatch/permute, experts, combine/unpermute, shared experts, attention, dense MLP, optimizer, other), and
 kernels_<part tag>_<point>.md, the kernel categories. VARIANTS adds to each group of the call one megatron point
 per variant, the preset with the variant's overrides, in its own row ('<group> <label>') beside the preset and the
-peers (POINTS keeps them): the DeepSeek-V2-Lite preset, stock TorchTitan, the preset compiled and with fp8
+peers (POINTS keeps them): the DeepSeek-V2-Lite preset, stock TorchTitan, the preset uncompiled and with fp8
 experts in one part:
 
-    POINTS='torchtitan stock' VARIANTS='compile:training.compile=true;fp8experts:turbo.grouped_gemm_fp8=true' \
+    POINTS='torchtitan stock' VARIANTS='eager:training.compile=false;fp8experts:turbo.grouped_gemm_fp8=true' \
         bash bench/at_scale.sh 13
 
     bash bench/at_scale.sh list          # the parts and their points

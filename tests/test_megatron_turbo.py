@@ -315,7 +315,8 @@ def fwd_bwd(strict):
 
 
 # The layer under torch.compile (aot_eager: dynamo and AOT autograd, the kernels as they are), with the grouped GEMM
-# traced as on sm90 (the CPU's torch._grouped_mm takes the same call): its graph breaks and numbers.
+# traced as on sm90 (the CPU's torch._grouped_mm takes the same call), run 3 times as micro batches would: its graph
+# breaks, the graphs compiled (more than one: a recompile per call, e.g. on a counter dynamo guards) and its numbers.
 def compiled_fwd_bwd():
     import torch._dynamo
     from primus.backends.megatron import turbo as mturbo
@@ -329,8 +330,11 @@ def compiled_fwd_bwd():
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     try:
-        out, _ = torch.compile(layer, backend="aot_eager")(x)
-        out.float().sum().backward()
+        fn = torch.compile(layer, backend="aot_eager")
+        for _ in range(3):
+            x.grad = None
+            out, _ = fn(x)
+            out.float().sum().backward()
         breaks = dict(torch._dynamo.utils.counters["graph_break"])
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     finally:

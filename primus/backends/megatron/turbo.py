@@ -63,6 +63,8 @@ def _eager(fn):
 
 
 def _count(key: str, n: int = 1) -> None:
+    """Only from code dynamo does not trace: there the count it reads becomes a guard, and every call would recompile
+    the layer (the compiled MoE layer hit dynamo's recompile limit when its router and permute counted calls)."""
     SWAPS[key] = SWAPS.get(key, 0) + n
 
 
@@ -220,7 +222,6 @@ def _fused_topk(orig):
                                                expert_bias=expert_bias)
         # the aux-loss scores came from the same pass; compute_routing_scores_for_aux_loss picks them up
         _STATE["aux"] = (logits, routing_map if expert_bias is None else None, aux)
-        _count("router_calls")
         return probs.to(logits.dtype), routing_map
 
     return topk_routing_with_score_function
@@ -247,7 +248,6 @@ def _turbo_permute(orig):
         if _on("sync_free") and n is None:
             n = routing_map.shape[0] * int(_STATE["flags"].get("topk", 1))
         out, pprobs, row_id_map = moe_ops.permute(tokens, routing_map, probs, num_out_tokens=n)
-        _count("permute_calls")
         return out, pprobs, _RowIdMap(row_id_map)
 
     return permute
