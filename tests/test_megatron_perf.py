@@ -74,6 +74,30 @@ def test_enable_dynamo_starts_the_compile_counters_afresh(monkeypatch):
             torch._dynamo.utils.counters[k].update(v)
 
 
+def test_compiled_layers_get_room_in_dynamos_recompile_limit(monkeypatch):
+    """Past cache_size_limit graphs of one code object dynamo runs it uncompiled: a compiled MoE layer gets one graph
+    per layer (its router's layer_number is guarded), so the limit grows with the layers compiled, over every model
+    chunk (virtual pipeline), and never shrinks."""
+    import types
+
+    import torch._dynamo
+
+    for k in ("cache_size_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, k):
+            monkeypatch.setattr(torch._dynamo.config, k, 8)
+    compiled = []
+    chunk = lambda n: types.SimpleNamespace(decoder=types.SimpleNamespace(
+        layers=[types.SimpleNamespace(compile=lambda: compiled.append(1)) for _ in range(n)]))
+    assert perf.compile_layers(chunk(61)) == 61 and len(compiled) == 61
+    assert torch._dynamo.config.cache_size_limit == 2 * 61 + 16
+    assert perf.compile_layers(chunk(40), before=61) == 40
+    assert torch._dynamo.config.cache_size_limit == 2 * 101 + 16
+    perf.compile_layers(chunk(2))
+    assert torch._dynamo.config.cache_size_limit == 2 * 101 + 16
+    if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
+        assert torch._dynamo.config.accumulated_cache_size_limit == 8 * (2 * 101 + 16)
+
+
 def test_the_moe_aux_loss_scaler_compiles_without_a_graph_break_and_keeps_its_scale(monkeypatch):
     """Workaround megatron.compile.moe_aux_loss_scale: MoEAuxLossAutoScaler.apply inside a compiled function is one
     graph (megatron-core 0.16.1's backward breaks it), and its backward scales the aux loss's gradient by the scale

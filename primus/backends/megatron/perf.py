@@ -66,20 +66,32 @@ def enable_dynamo() -> None:
     # result.json's compile stats (graph breaks, graphs) are this run's: not an earlier run's in this process (a
     # sweep point)
     torch._dynamo.utils.counters.clear()
-    # one compiled call per layer instance; guards may specialise on per-layer attributes (layer_number)
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    leave_room(24)  # 64 graphs a code object at least
+
+
+def leave_room(layers: int) -> None:
+    """dynamo compiles a code object at most cache_size_limit times, then runs it uncompiled, silently but for a
+    warning. The layers share their code objects, and guards specialise on per-layer attributes (megatron-core
+    0.16.1's MoE layer on its router's layer_number: one graph per MoE layer), with a few one-time recompiles besides
+    (the aux-loss tracker's first entry, the loss scale's first set): room for two graphs a layer and 16 more."""
+    import torch._dynamo
+
+    need = 2 * layers + 16
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, need)
     if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
         torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit,
-                                                                 512)
+                                                                 8 * need)
 
 
-def compile_layers(model) -> int:
-    """torch.compile each TransformerLayer of one GPTModel chunk (decoder and MTP layers); returns how many."""
+def compile_layers(model, before: int = 0) -> int:
+    """torch.compile each TransformerLayer of one GPTModel chunk (decoder and MTP layers), with room for them and the
+    `before` layers of earlier chunks in dynamo's recompile limit; returns how many."""
     n = 0
     decoder = getattr(model, "decoder", None)
     for layer in (decoder.layers if decoder is not None else []):
         layer.compile()
         n += 1
+    leave_room(before + n)
     return n
 
 

@@ -166,7 +166,8 @@ class MegatronTrainer(Trainer):
             if a["turbo_loss"]:
                 self.turbo_loss = perf.turbo_loss(model) or getattr(self, "turbo_loss", False)
             if a["compile"]:
-                self.compiled_layers = getattr(self, "compiled_layers", 0) + perf.compile_layers(model)
+                before = getattr(self, "compiled_layers", 0)
+                self.compiled_layers = before + perf.compile_layers(model, before)
                 if a["compile_loss"]:
                     self.compiled_loss = perf.compile_loss(model) or getattr(self, "compiled_loss", False)
             if not cpu:
