@@ -52,50 +52,49 @@ def test_compile_is_accepted_and_reaches_the_args():
     assert margs.build_args(compose(["training.optimizer=sgd"]), cpu)["fused_adamw"] is False
 
 
-def test_enable_dynamo_starts_the_compile_counters_afresh(monkeypatch):
+def test_enable_dynamo_starts_the_compile_counters_afresh():
     """A compiled run reports its own graph breaks and graphs, not those of an earlier run in the process (a sweep
     point)."""
     import torch._dynamo
 
     from primus.train_loop import compile_stats
 
-    for k in ("disable", "cache_size_limit", "accumulated_cache_size_limit"):  # set by enable_dynamo: put back
-        if hasattr(torch._dynamo.config, k):
-            monkeypatch.setattr(torch._dynamo.config, k, getattr(torch._dynamo.config, k))
+    # set by enable_dynamo: put back (config.patch: monkeypatch's undo of an aliased config hides it for good)
+    config = torch._dynamo.config
     saved = {k: dict(v) for k, v in torch._dynamo.utils.counters.items()}
     try:
         torch._dynamo.utils.counters["graph_break"]["an earlier run's break"] += 1
         torch._dynamo.utils.counters["stats"]["unique_graphs"] += 3
-        perf.enable_dynamo()
-        assert compile_stats() == {"graph_breaks": 0, "break_reasons": [], "unique_graphs": 0}
+        with config.patch(disable=config.disable, recompile_limit=config.recompile_limit,
+                          accumulated_recompile_limit=config.accumulated_recompile_limit):
+            perf.enable_dynamo()
+            assert compile_stats() == {"graph_breaks": 0, "break_reasons": [], "unique_graphs": 0}
     finally:
         torch._dynamo.utils.counters.clear()
         for k, v in saved.items():
             torch._dynamo.utils.counters[k].update(v)
 
 
-def test_compiled_layers_get_room_in_dynamos_recompile_limit(monkeypatch):
-    """Past cache_size_limit graphs of one code object dynamo runs it uncompiled: a compiled MoE layer gets one graph
+def test_compiled_layers_get_room_in_dynamos_recompile_limit():
+    """Past recompile_limit graphs of one code object dynamo runs it uncompiled: a compiled MoE layer gets one graph
     per layer (its router's layer_number is guarded), so the limit grows with the layers compiled, over every model
     chunk (virtual pipeline), and never shrinks."""
     import types
 
     import torch._dynamo
 
-    for k in ("cache_size_limit", "accumulated_cache_size_limit"):
-        if hasattr(torch._dynamo.config, k):
-            monkeypatch.setattr(torch._dynamo.config, k, 8)
+    config = torch._dynamo.config
     compiled = []
     chunk = lambda n: types.SimpleNamespace(decoder=types.SimpleNamespace(
         layers=[types.SimpleNamespace(compile=lambda: compiled.append(1)) for _ in range(n)]))
-    assert perf.compile_layers(chunk(61)) == 61 and len(compiled) == 61
-    assert torch._dynamo.config.cache_size_limit == 2 * 61 + 16
-    assert perf.compile_layers(chunk(40), before=61) == 40
-    assert torch._dynamo.config.cache_size_limit == 2 * 101 + 16
-    perf.compile_layers(chunk(2))
-    assert torch._dynamo.config.cache_size_limit == 2 * 101 + 16
-    if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
-        assert torch._dynamo.config.accumulated_cache_size_limit == 8 * (2 * 101 + 16)
+    with config.patch(recompile_limit=8, accumulated_recompile_limit=8):
+        assert perf.compile_layers(chunk(61)) == 61 and len(compiled) == 61
+        assert config.recompile_limit == 2 * 61 + 16 and config.cache_size_limit == 2 * 61 + 16  # (its alias)
+        assert perf.compile_layers(chunk(40), before=61) == 40
+        assert config.recompile_limit == 2 * 101 + 16
+        perf.compile_layers(chunk(2))
+        assert config.recompile_limit == 2 * 101 + 16
+        assert config.accumulated_recompile_limit == 8 * (2 * 101 + 16)
 
 
 def test_the_moe_aux_loss_scaler_compiles_without_a_graph_break_and_keeps_its_scale(monkeypatch):

@@ -70,17 +70,16 @@ def enable_dynamo() -> None:
 
 
 def leave_room(layers: int) -> None:
-    """dynamo compiles a code object at most cache_size_limit times, then runs it uncompiled, silently but for a
+    """dynamo compiles a code object at most recompile_limit times, then runs it uncompiled, silently but for a
     warning. The layers share their code objects, and guards specialise on per-layer attributes (megatron-core
     0.16.1's MoE layer on its router's layer_number: one graph per MoE layer), with a few one-time recompiles besides
     (the aux-loss tracker's first entry, the loss scale's first set): room for two graphs a layer and 16 more."""
     import torch._dynamo
 
     need = 2 * layers + 16
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, need)
-    if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
-        torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit,
-                                                                 8 * need)
+    cfg = torch._dynamo.config  # the names since torch 2.6; cache_size_limit and its accumulated twin are aliases
+    cfg.recompile_limit = max(cfg.recompile_limit, need)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 8 * need)
 
 
 def compile_layers(model, before: int = 0) -> int:
