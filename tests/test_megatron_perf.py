@@ -78,7 +78,7 @@ def test_enable_dynamo_starts_the_compile_counters_afresh():
 def test_compiled_layers_get_room_in_dynamos_recompile_limit():
     """Past recompile_limit graphs of one code object dynamo runs it uncompiled: a compiled MoE layer gets one graph
     per layer (its router's layer_number is guarded), so the limit grows with the layers compiled, over every model
-    chunk (virtual pipeline), and never shrinks."""
+    chunk (virtual pipeline), from 64 up, and never shrinks."""
     import types
 
     import torch._dynamo
@@ -88,6 +88,8 @@ def test_compiled_layers_get_room_in_dynamos_recompile_limit():
     chunk = lambda n: types.SimpleNamespace(decoder=types.SimpleNamespace(
         layers=[types.SimpleNamespace(compile=lambda: compiled.append(1)) for _ in range(n)]))
     with config.patch(recompile_limit=8, accumulated_recompile_limit=8):
+        assert perf.compile_layers(chunk(3)) == 3 and config.recompile_limit == 64  # the floor
+        compiled.clear()
         assert perf.compile_layers(chunk(61)) == 61 and len(compiled) == 61
         assert config.recompile_limit == 2 * 61 + 16 and config.cache_size_limit == 2 * 61 + 16  # (its alias)
         assert perf.compile_layers(chunk(40), before=61) == 40

@@ -56,9 +56,9 @@ log = logging.getLogger("primus.megatron")
 
 
 def enable_dynamo() -> None:
-    """Undo the CPU redirections' `torch._dynamo.config.disable` (compile requested), start the compile counters
-    afresh and leave room for per-layer graphs. megatron's per-call TP-group warning, which would break every
-    layer's graph, is quietened by the registered workaround `megatron.compile.quiet_tp_group_lookup`
+    """Undo the CPU redirections' `torch._dynamo.config.disable` (compile requested) and start the compile counters
+    afresh (compile_layers leaves room for the per-layer graphs). megatron's per-call TP-group warning, which would
+    break every layer's graph, is quietened by the registered workaround `megatron.compile.quiet_tp_group_lookup`
     (patches/torch_compile.py)."""
     import torch._dynamo
 
@@ -66,17 +66,17 @@ def enable_dynamo() -> None:
     # result.json's compile stats (graph breaks, graphs) are this run's: not an earlier run's in this process (a
     # sweep point)
     torch._dynamo.utils.counters.clear()
-    leave_room(24)  # 64 graphs a code object at least
 
 
 def leave_room(layers: int) -> None:
     """dynamo compiles a code object at most recompile_limit times, then runs it uncompiled, silently but for a
     warning. The layers share their code objects, and guards specialise on per-layer attributes (megatron-core
     0.16.1's MoE layer on its router's layer_number: one graph per MoE layer), with a few one-time recompiles besides
-    (the aux-loss tracker's first entry, the loss scale's first set): room for two graphs a layer and 16 more."""
+    (the aux-loss tracker's first entry, the loss scale's first set): room for two graphs a layer and 16 more, and
+    never less than 64."""
     import torch._dynamo
 
-    need = 2 * layers + 16
+    need = max(64, 2 * layers + 16)
     cfg = torch._dynamo.config  # the names since torch 2.6; cache_size_limit and its accumulated twin are aliases
     cfg.recompile_limit = max(cfg.recompile_limit, need)
     cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 8 * need)
