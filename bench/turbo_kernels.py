@@ -695,21 +695,36 @@ def b_router():
 
 @guarded("permute")
 def b_permute():
+    """Mixtral-like (8 experts top-2) and the at-scale MoE rows' layers: DeepSeek-V2-Lite (64 top-6) and
+    Qwen3-30B-A3B (128 top-8), a micro batch of 2 x 4096 tokens at hidden 2048."""
     from primus.turbo.moe_ops import fused_router, permute, permute_reference, unpermute, unpermute_reference
-    T, E, k, H = sz((16384, 8, 2, 4096), (20, 4, 2, 64))
-    logits = torch.randn(T, E, device=DEV)
-    probs, rmap, _ = fused_router(logits, k)
-    x = torch.randn(T, H, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-    y, py, rid = permute(x, rmap, probs, num_out_tokens=T * k)
-    yr, pyr, idx = permute_reference(x, rmap, probs)
-    note = f"permute exact {bool(torch.equal(y, yr))}"
-    n = T * k
-    row("permute", f"fwd T{T} E{E} k{k} H{H}", ms(lambda: permute(x, rmap, probs, num_out_tokens=n)),
-        try_ms(lambda: permute_reference(x, rmap, probs)), None, gbytes=(T * H + n * H) * 2 / 1e9,
-        note=note + "; eager = nonzero + index (syncs)")
-    yd = y.detach()
-    row("unpermute", f"fwd (with probs) T{T} E{E} k{k} H{H}", ms(lambda: unpermute(yd, rid, probs)),
-        try_ms(lambda: unpermute_reference(yd, idx, T, probs)), None, gbytes=(T * H + n * H) * 2 / 1e9)
+    shapes = sz([(16384, 8, 2, 4096), (8192, 64, 6, 2048), (8192, 128, 8, 2048)], [(20, 4, 2, 64), (12, 16, 6, 32)])
+    for T, E, k, H in shapes:
+        logits = torch.randn(T, E, device=DEV)
+        probs, rmap, _ = fused_router(logits, k)
+        x = torch.randn(T, H, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        y, py, rid = permute(x, rmap, probs, num_out_tokens=T * k)
+        yr, pyr, idx = permute_reference(x, rmap, probs)
+        note = f"permute exact {bool(torch.equal(y, yr))}"
+        n = T * k
+        gb = (T * H + n * H) * 2 / 1e9
+        row("permute", f"fwd T{T} E{E} k{k} H{H}", ms(lambda: permute(x, rmap, probs, num_out_tokens=n)),
+            try_ms(lambda: permute_reference(x, rmap, probs)), None, gbytes=gb,
+            note=note + "; eager = nonzero + index (syncs)")
+        yd = y.detach()
+        row("unpermute", f"fwd (with probs) T{T} E{E} k{k} H{H}", ms(lambda: unpermute(yd, rid, probs)),
+            try_ms(lambda: unpermute_reference(yd, idx, T, probs)), None, gbytes=gb)
+        yg, pg = yd.clone().requires_grad_(), probs.detach().clone().requires_grad_()
+        dout = torch.randn(T, H, device=DEV, dtype=torch.bfloat16)
+
+        def fb(f):
+            return lambda: f().backward(dout)
+
+        # bytes: forward as above; backward reads dout and the rows, writes their gradient
+        row("unpermute", f"fwd+bwd (with probs) T{T} E{E} k{k} H{H}",
+            ms(fb(lambda: unpermute(yg, rid, pg)), [yg, pg]),
+            try_ms(fb(lambda: unpermute_reference(yg, idx, T, pg)), grad_to_none=[yg, pg]), None,
+            gbytes=gb + (T * H + 2 * n * H) * 2 / 1e9)
 
 
 def table():

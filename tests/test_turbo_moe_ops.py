@@ -85,6 +85,42 @@ def test_permute_unpermute(T, E, k, H, dtype):
     assert relerr(out, outr) < tol and relerr(x.grad, xd.grad) < tol and relerr(pr.grad, pd.grad) < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_permute_unpermute_tokens_with_more_routes_than_the_average(dtype):
+    """The kernels size their route slots by rows / tokens (top-k when dropless); a token with more routes than that
+    (uneven routing) takes the extra slot groups: token 0 has 7 routes where the slots hold 2, token 3 none."""
+    T, E, H = 6, 9, 40
+    rmap = torch.zeros(T, E, dtype=torch.bool, device=DEV)
+    rmap[0, :7] = True
+    rmap[1, 2] = rmap[2, 8] = rmap[4, 0] = rmap[5, 3] = rmap[5, 4] = True
+    n = int(rmap.sum())
+    assert M._blocks(E, H, n, T)[1] == 2  # 12 rows over 6 tokens: 2 slots a group
+    probs = torch.where(rmap, torch.rand(T, E, device=DEV), torch.zeros((), device=DEV)).requires_grad_()
+    x = torch.randn(T, H, device=DEV).to(dtype).requires_grad_()
+    y, py, row_map = M.permute(x, rmap, probs, num_out_tokens=n)
+    scale = torch.randn(n, 1, device=DEV).to(dtype)
+    out = M.unpermute(y * scale, row_map, probs)
+    dout = torch.randn(T, H, device=DEV).to(dtype)
+    (out * dout).sum().add((py * torch.arange(n, device=DEV)).sum()).backward()
+
+    xd, pd = x.detach().double().requires_grad_(), probs.detach().double().requires_grad_()
+    yr, pyr, idx = M.permute_reference(xd, rmap, pd)
+    outr = M.unpermute_reference(yr * scale.double(), idx, T, pd)
+    (outr * dout.double()).sum().add((pyr * torch.arange(n, device=DEV)).sum()).backward()
+    assert torch.equal(y.detach().double(), yr.detach()) and torch.equal(py.detach().double(), pyr.detach())
+    assert torch.equal(out[3].float(), torch.zeros(H))  # no route: zeros
+    tol = BAND[dtype]
+    assert relerr(out, outr) < tol and relerr(x.grad, xd.grad) < tol and relerr(probs.grad, pd.grad) < tol
+
+
+def test_permute_tiles_grow_with_top_k_not_with_the_experts():
+    """[route slots x columns] tiles: DeepSeek-V2-Lite's 64 experts top-6 and Qwen3-30B-A3B's 128 top-8 both take 8
+    slots of 1024 columns (the [experts x columns] tiles before: 128 and 64 columns, most lanes masked off)."""
+    assert M._blocks(64, 2048, 8192 * 6, 8192) == (64, 8, M._bh(2048))
+    assert M._blocks(128, 2048, 8192 * 8, 8192) == (128, 8, M._bh(2048))
+    assert M._blocks(8, 4096, 4096 * 2, 4096) == (8, 2, M._bh(4096))
+
+
 def _moe_ops_chain(logits, x, k):
     """router -> permute (with probs) -> a per-expert scale on its rows -> unpermute weighted by the probs; the aux
     scores used; the routing map summed per expert on the device (the sync-free dispatcher's group sizes)."""

@@ -258,69 +258,111 @@ def router_reference(logits, topk, score_function="softmax", pre_softmax=False, 
 from primus.turbo.swiglu import swiglu_with_probs, swiglu_with_probs_reference  # noqa: E402,F401
 
 
+# Each token's program reads its column of the (E, T) row-id map once and gathers its routed (expert, row) pairs into
+# BK slots (BK = the routes a token has, top-k when dropless), so the row traffic runs as [BK, columns] tiles whose
+# lanes are all routed. The kernels before walked [E, columns] tiles with the unrouted rows masked off: at 64
+# experts top-6, 58 of every 64 lanes did nothing, and the unpermute ran at a tenth of the copy bandwidth on an
+# H100 (docs/benchmarks.md, "Where the compiled step goes"); the work grew with the expert count, not with top-k.
+
+
+@triton.jit
+def _token_routes(MAP, t, T, E, BE: tl.constexpr):
+    """Token t's column of the row-id map: (row per expert, -1 unrouted; the slot of each routed expert among the
+    token's routes, in expert order; how many routes it has)."""
+    es = tl.arange(0, BE)
+    row = tl.load(MAP + es * T + t, mask=es < E, other=-1)
+    routed = row >= 0
+    slot = tl.cumsum(routed.to(tl.int32), axis=0) - 1
+    return row, slot, tl.sum(routed.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _slots(row, slot, k0, BE: tl.constexpr, BK: tl.constexpr):
+    """Routes k0 .. k0+BK-1 of a token: (their rows, -1 past its last route; their experts)."""
+    es = tl.arange(0, BE)
+    ks = k0 + tl.arange(0, BK)
+    hit = (row[None, :] >= 0) & (slot[None, :] == ks[:, None])  # [BK, BE]: at most one hit per slot
+    rows = tl.sum(tl.where(hit, row[None, :] + 1, 0), axis=1) - 1
+    return rows, tl.sum(tl.where(hit, es[None, :], 0), axis=1)
+
+
 @triton.jit
 def _permute_kernel(X, MAP, P, Y, PY, T, E, H, s_x, s_y, NCHUNK, HAS_P: tl.constexpr, BH: tl.constexpr,
-                    BE: tl.constexpr):
-    """Scatter token t to every expert row it is routed to, and its probs. One program per token: all E
-    destinations are loaded once (not once per H chunk: with 256 experts that was more bytes than the row), then
-    each H chunk goes out as one masked [BE, BH] store (unrouted experts masked off: no traffic) - no chain of
-    dependent scalar loads and branches per expert (an earlier version ran at 22% of copy bandwidth)."""
+                    BE: tl.constexpr, BK: tl.constexpr):
+    """Copy token t to each of its routed rows (and its probs), as [BK, BH] stores."""
     t = tl.program_id(0)
-    es = tl.arange(0, BE)
-    dst = tl.load(MAP + es * T + t, mask=es < E, other=-1)
-    routed = dst >= 0
-    drow = dst.to(tl.int64)[:, None] * s_y
-    for i in range(0, NCHUNK):
-        cols = i * BH + tl.arange(0, BH)
-        cm = cols < H
-        x = tl.load(X + t.to(tl.int64) * s_x + cols, mask=cm, other=0.0)
-        tl.store(Y + drow + cols[None, :], tl.broadcast_to(x[None, :], (BE, BH)), mask=routed[:, None] & cm[None, :])
-    if HAS_P:
-        tl.store(PY + dst, tl.load(P + t.to(tl.int64) * E + es, mask=routed, other=0.0), mask=routed)
+    t64 = t.to(tl.int64)
+    row, slot, n = _token_routes(MAP, t, T, E, BE)
+    for k0 in range(0, n, BK):
+        dst, ex = _slots(row, slot, k0, BE, BK)
+        ok = dst >= 0
+        drow = dst.to(tl.int64)[:, None] * s_y
+        for i in range(0, NCHUNK):
+            cols = i * BH + tl.arange(0, BH)
+            cm = cols < H
+            x = tl.load(X + t64 * s_x + cols, mask=cm, other=0.0)
+            tl.store(Y + drow + cols[None, :], tl.broadcast_to(x[None, :], (BK, BH)), mask=ok[:, None] & cm[None, :])
+        if HAS_P:
+            tl.store(PY + dst, tl.load(P + t64 * E + ex, mask=ok, other=0.0), mask=ok)
 
 
 @triton.jit
 def _unpermute_kernel(Y, MAP, P, OUT, T, E, H, s_y, s_o, NCHUNK, HAS_P: tl.constexpr, BH: tl.constexpr,
-                      BE: tl.constexpr):
-    """out[t] = sum over experts e of token t: y[map[e, t]] (* probs[t, e]). One program per token, its sources
-    loaded once; each H chunk is one masked [BE, BH] gather summed over the experts (all loads in flight at once,
-    not a per-expert chain of scalar loads and branches)."""
+                      BE: tl.constexpr, BK: tl.constexpr):
+    """out[t] = sum over the routes of token t: y[row] (* probs[t, expert]). The first BK routes' rows and weights
+    are gathered once; a token with more (a caller's BK below its routes) adds the rest slot group by group."""
     t = tl.program_id(0)
-    es = tl.arange(0, BE)
-    src = tl.load(MAP + es * T + t, mask=es < E, other=-1)
-    routed = src >= 0
+    t64 = t.to(tl.int64)
+    row, slot, n = _token_routes(MAP, t, T, E, BE)
+    src, ex = _slots(row, slot, 0, BE, BK)
+    ok = src >= 0
     srow = src.to(tl.int64)[:, None] * s_y
     if HAS_P:
-        w = tl.load(P + t.to(tl.int64) * E + es, mask=routed, other=0.0).to(tl.float32)
+        w = tl.load(P + t64 * E + ex, mask=ok, other=0.0).to(tl.float32)
     for i in range(0, NCHUNK):
         cols = i * BH + tl.arange(0, BH)
         cm = cols < H
-        v = tl.load(Y + srow + cols[None, :], mask=routed[:, None] & cm[None, :], other=0.0).to(tl.float32)
+        v = tl.load(Y + srow + cols[None, :], mask=ok[:, None] & cm[None, :], other=0.0).to(tl.float32)
         if HAS_P:
             v = v * w[:, None]
-        tl.store(OUT + t.to(tl.int64) * s_o + cols, tl.sum(v, axis=0).to(OUT.dtype.element_ty), mask=cm)
+        acc = tl.sum(v, axis=0)
+        for k0 in range(BK, n, BK):
+            src2, ex2 = _slots(row, slot, k0, BE, BK)
+            ok2 = src2 >= 0
+            v2 = tl.load(Y + src2.to(tl.int64)[:, None] * s_y + cols[None, :], mask=ok2[:, None] & cm[None, :],
+                         other=0.0).to(tl.float32)
+            if HAS_P:
+                v2 = v2 * tl.load(P + t64 * E + ex2, mask=ok2, other=0.0).to(tl.float32)[:, None]
+            acc += tl.sum(v2, axis=0)
+        tl.store(OUT + t64 * s_o + cols, acc.to(OUT.dtype.element_ty), mask=cm)
 
 
 @triton.jit
-def _unpermute_bwd_kernel(DO, Y, MAP, P, DY, DP, T, E, H, s_do, s_y, s_dy, NCHUNK, BH: tl.constexpr):
-    """d y[map[e,t]] = dout[t] * probs[t,e];  d probs[t,e] = <dout[t], y[map[e,t]]> (0 off the routing map)."""
+def _unpermute_bwd_kernel(DO, Y, MAP, P, DY, DP, T, E, H, s_do, s_y, s_dy, NCHUNK, BH: tl.constexpr,
+                          BE: tl.constexpr, BK: tl.constexpr):
+    """d y[row of (t, e)] = dout[t] * probs[t, e];  d probs[t, e] = <dout[t], y[row of (t, e)]> (0 off the routing
+    map), [BK, BH] tiles per slot group; the token's d probs row is written once, [BE] wide."""
     t = tl.program_id(0)
     t64 = t.to(tl.int64)
-    for e in range(0, E):
-        src = tl.load(MAP + e * T + t)
-        if src >= 0:
-            p = tl.load(P + t64 * E + e).to(tl.float32)
-            acc = tl.zeros((BH,), dtype=tl.float32)
-            for i in range(0, NCHUNK):
-                cols = i * BH + tl.arange(0, BH)
-                cm = cols < H
-                do = tl.load(DO + t64 * s_do + cols, mask=cm, other=0.0).to(tl.float32)
-                y = tl.load(Y + src.to(tl.int64) * s_y + cols, mask=cm, other=0.0).to(tl.float32)
-                acc += do * y
-                tl.store(DY + src.to(tl.int64) * s_dy + cols, (do * p).to(DY.dtype.element_ty), mask=cm)
-            tl.store(DP + t64 * E + e, tl.sum(acc, axis=0))
-        else:
-            tl.store(DP + t64 * E + e, 0.0)
+    es = tl.arange(0, BE)
+    row, slot, n = _token_routes(MAP, t, T, E, BE)
+    dp = tl.zeros((BE,), dtype=tl.float32)
+    for k0 in range(0, n, BK):
+        src, ex = _slots(row, slot, k0, BE, BK)
+        ok = src >= 0
+        p = tl.load(P + t64 * E + ex, mask=ok, other=0.0).to(tl.float32)
+        acc = tl.zeros((BK,), dtype=tl.float32)
+        for i in range(0, NCHUNK):
+            cols = i * BH + tl.arange(0, BH)
+            cm = cols < H
+            m2 = ok[:, None] & cm[None, :]
+            do = tl.load(DO + t64 * s_do + cols, mask=cm, other=0.0).to(tl.float32)
+            y = tl.load(Y + src.to(tl.int64)[:, None] * s_y + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+            acc += tl.sum(y * do[None, :], axis=1)
+            tl.store(DY + src.to(tl.int64)[:, None] * s_dy + cols[None, :],
+                     (do[None, :] * p[:, None]).to(DY.dtype.element_ty), mask=m2)
+        dp += tl.sum(tl.where(ok[:, None] & (ex[:, None] == es[None, :]), acc[:, None], 0.0), axis=0)
+    tl.store(DP + t64 * E + es, dp, mask=es < E)
 
 
 def make_row_id_map(routing_map: torch.Tensor) -> torch.Tensor:
@@ -334,10 +376,12 @@ def _bh(H):
     return min(1024 if not _common.interpreting() else 256, triton.next_power_of_2(H))
 
 
-def _tile(E: int, H: int):
-    """(BE, BH) of the permute / unpermute [experts, H-chunk] tile: at most 8K elements."""
+def _blocks(E: int, H: int, rows: int, T: int):
+    """(BE, BK, BH): the row-id map's column, the route slots (the routes per token when every token has as many,
+    as dropless top-k routing gives: rows = T x top-k) and the column chunk of a [BK, BH] tile of at most 8K."""
     BE = triton.next_power_of_2(E)
-    return BE, max(16, min(_bh(H), 8192 // BE))
+    BK = min(BE, triton.next_power_of_2(max(1, -(-rows // max(T, 1)))))
+    return BE, BK, max(16, min(_bh(H), 8192 // BK))
 
 
 def _permute_rows(x, row_id_map, n_out, probs=None):
@@ -345,10 +389,10 @@ def _permute_rows(x, row_id_map, n_out, probs=None):
     E = row_id_map.shape[0]
     y = _common.empty((n_out, H), x.dtype, x.device)
     py = _common.empty((n_out,), probs.dtype, x.device) if probs is not None else None
-    BE, BH = _tile(E, H)
+    BE, BK, BH = _blocks(E, H, n_out, T)
     _permute_kernel[(T,)](x, row_id_map, probs if probs is not None else x, y, py if py is not None else y, T, E, H,
                           x.stride(0), y.stride(0), triton.cdiv(H, BH), HAS_P=probs is not None, BH=BH, BE=BE,
-                          num_warps=4)
+                          BK=BK, num_warps=4)
     return y, py
 
 
@@ -356,9 +400,10 @@ def _unpermute_rows(y, row_id_map, T, probs=None, out_dtype=None):
     H = y.shape[1]
     E = row_id_map.shape[0]
     out = _common.empty((T, H), out_dtype or y.dtype, y.device)
-    BE, BH = _tile(E, H)
+    BE, BK, BH = _blocks(E, H, y.shape[0], T)
     _unpermute_kernel[(T,)](y, row_id_map, probs if probs is not None else y, out, T, E, H, y.stride(0),
-                            out.stride(0), triton.cdiv(H, BH), HAS_P=probs is not None, BH=BH, BE=BE, num_warps=4)
+                            out.stride(0), triton.cdiv(H, BH), HAS_P=probs is not None, BH=BH, BE=BE, BK=BK,
+                            num_warps=4)
     return out
 
 
@@ -411,9 +456,9 @@ def _unpermute_bwd_op(dout: torch.Tensor, y: torch.Tensor, row_id_map: torch.Ten
     dout = dout.contiguous()
     dy = _common.empty(y.shape, y.dtype, y.device)
     dp = _common.empty((T, E), torch.float32, y.device)
-    BH = _bh(H)
+    BE, BK, BH = _blocks(E, H, y.shape[0], T)
     _unpermute_bwd_kernel[(T,)](dout, y, row_id_map, probs, dy, dp, T, E, H, dout.stride(0), y.stride(0),
-                                dy.stride(0), triton.cdiv(H, BH), BH=BH, num_warps=4)
+                                dy.stride(0), triton.cdiv(H, BH), BH=BH, BE=BE, BK=BK, num_warps=4)
     return dy, dp.to(probs.dtype)
 
 
