@@ -108,7 +108,7 @@ def test_permute_unpermute_tokens_with_more_routes_than_the_average(dtype):
     outr = M.unpermute_reference(yr * scale.double(), idx, T, pd)
     (outr * dout.double()).sum().add((pyr * torch.arange(n, device=DEV)).sum()).backward()
     assert torch.equal(y.detach().double(), yr.detach()) and torch.equal(py.detach().double(), pyr.detach())
-    assert torch.equal(out[3].float(), torch.zeros(H))  # no route: zeros
+    assert torch.equal(out[3].float(), torch.zeros(H, device=DEV))  # no route: zeros
     tol = BAND[dtype]
     assert relerr(out, outr) < tol and relerr(x.grad, xd.grad) < tol and relerr(probs.grad, pd.grad) < tol
 
