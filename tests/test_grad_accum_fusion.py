@@ -151,3 +151,44 @@ def test_a_fused_run_accumulates_every_linear_in_main_grad_and_trains_like_the_u
     assert compiled["breaks"] == 0 and both["breaks"] == 0, (compiled, both)
     assert both["calls"] == fused["calls"]
     assert both["losses"] == pytest.approx(compiled["losses"], abs=2e-3)
+
+
+MOE_SCRIPT = r'''
+import json, os, sys
+from primus.turbo import grouped_gemm as gg
+
+calls = {"n": 0}
+backward = gg._GroupedGemmAccum.backward
+def counting(ctx, dy):
+    calls["n"] += 1
+    return backward(ctx, dy)
+gg._GroupedGemmAccum.backward = staticmethod(counting)
+
+from primus.backends.megatron.testing import train_steps
+
+for i, overrides in enumerate(json.loads(sys.argv[2])):
+    calls["n"] = 0
+    ctx, info, losses = train_steps(overrides, os.path.join(sys.argv[1], str(i)), steps=2)
+    print("RESULT " + json.dumps({"config": i, "rank": ctx.rank, "losses": losses, "calls": calls["n"],
+                                  "swaps": info.get("turbo_swaps", {}).get("experts_grad_accum_fusion"),
+                                  "info": info.get("experts_grad_accum")}), flush=True)
+'''
+
+# the interpreted kernels run one program step per expert and tile: 4 narrow experts, 2 layers
+MOE = ["device=cpu", "model=debug_moe", "model.num_layers=2", "model.num_experts=4", "model.moe_ffn_hidden_size=32",
+       "turbo=megatron_moe", "moe.moe_permute_fusion=true", "training.micro_batch_size=2",
+       "training.global_batch_size=4", "training.seq_length=32", "training.lr_warmup_iters=0"]
+
+
+@pytest.mark.slow
+def test_the_moe_experts_accumulate_their_weight_gradients_in_the_gemm_and_train_like_the_unfused_run(tmp_path):
+    """debug_moe on the turbo grouped GEMM: with the fusion each GroupedMLP runs experts_grad_accum_fusion's forward
+    and both grouped GEMMs add their weight gradients into main_grad (2 GEMMs x MoE layers x 2 micro batches x 2
+    steps backward passes, none without it); the losses match megatron's unfused accumulation to bf16 rounding."""
+    from rank_script import run_rank_configs
+
+    [plain], [fused] = run_rank_configs(tmp_path, "gaf_moe.py", MOE_SCRIPT, [MOE, [*MOE, FUSED]])
+    assert plain["calls"] == 0 and plain["swaps"] is None and plain["info"] is None
+    assert fused["swaps"] == 2 and fused["info"].startswith("fused"), fused
+    assert fused["calls"] == 2 * fused["swaps"] * 2 * 2, fused
+    assert fused["losses"] == pytest.approx(plain["losses"], abs=2e-3)

@@ -218,6 +218,32 @@ def test_gradient_accumulation_fusion_maps_and_runs_on_the_local_spec_anywhere()
     assert "training.gradient_accumulation_fusion" in keys(found)
 
 
+def test_gradient_accumulation_fusion_reaches_the_moe_experts_where_its_rule_holds():
+    """On an MoE model with the turbo grouped GEMM the experts' weight gradients accumulate in their GEMM (args
+    turbo.experts_grad_accum_fusion); each EXPERTS_GRAD_ACCUM_FUSION row that fails leaves them unfused with a note
+    naming its key; a dense model or the fusion off asks nothing."""
+    from primus.features.training import EXPERTS_GRAD_ACCUM_FUSION, experts_grad_accum_info
+
+    moe = ["model=debug_moe", "turbo=megatron_moe", "training.gradient_accumulation_fusion=true"]
+    cfg, ctx = ok(moe)
+    assert megatron_args(moe)["turbo"]["experts_grad_accum_fusion"] is True
+    assert not [n for n in ctx.notes if "training.gradient_accumulation_fusion" in n.keys]
+    assert experts_grad_accum_info(cfg).startswith("fused")
+    misses = {"turbo.use_turbo_grouped_gemm": ["turbo.use_turbo_grouped_gemm=false"],
+              "overlap.overlap_grad_reduce": ["overlap.overlap_grad_reduce=true", "launcher.nproc_per_node=2"],
+              "recompute.recompute_modules": ["recompute.recompute_granularity=selective",
+                                              "recompute.recompute_modules=[moe_act]"]}
+    assert set(misses) | {"turbo.grouped_gemm_fp8"} == {keys[0] for keys, _, _ in EXPERTS_GRAD_ACCUM_FUSION}
+    for key, extra in misses.items():
+        cfg, ctx = ok(moe + extra)
+        (n,) = [n for n in ctx.notes if "training.gradient_accumulation_fusion" in n.keys]
+        assert key in n.keys and "experts" in n.rule, (key, n)
+        assert "experts_grad_accum_fusion" not in megatron_args(moe + extra).get("turbo", {})
+        assert experts_grad_accum_info(cfg).startswith("unfused") and key.split(".")[1] in experts_grad_accum_info(cfg)
+    assert experts_grad_accum_info(ok(["model=debug", "training.gradient_accumulation_fusion=true"])[0]) is None
+    assert experts_grad_accum_info(ok(["model=debug_moe", "turbo=megatron_moe"])[0]) is None
+
+
 def test_lr_decay_iters_reaches_megatrons_scheduler():
     s = megatron_args(["training.train_iters=30", "training.lr_decay_iters=20"])["scheduler"]
     assert s["lr_decay_steps"] == 20

@@ -70,3 +70,83 @@ def test_fp8_grouped_gemm_bad_format():
 
     with pytest.raises(ValueError, match="e4m3 or hybrid"):
         fp8_grouped_gemm(torch.randn(4, 16), torch.randn(1, 16, 16), [4], fmt="mxfp8")
+
+
+def _wgrad_reference(x, dy, sizes):
+    out, s = [], 0
+    for m in sizes:
+        out.append(x[s:s + m].double().t() @ dy[s:s + m].double())
+        s += m
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("sizes,K,N", [([5, 0, 17, 3], 24, 40), ([0, 0, 9], 16, 8)])
+@pytest.mark.parametrize("provider", ["triton", "torch"])
+@pytest.mark.parametrize("main_dtype", [torch.float32, torch.bfloat16])
+def test_grouped_gemm_accumulate_adds_each_micro_batch_weight_gradient_into_main_grad(sizes, K, N, provider,
+                                                                                      main_dtype, monkeypatch):
+    """Two micro batches: the output and dx are grouped_gemm's, w gets no gradient, and main_grad (viewed (G, K, N)
+    from its parameter's 2-D shape, as megatron's GroupedMLP views weight1) holds its start plus both weight
+    gradients, summed in fp32. "torch": torch._grouped_mm GEMMs and, on a CPU, the accumulation's host loop."""
+    from primus.turbo import _common
+    from primus.turbo.grouped_gemm import grouped_gemm_accumulate
+
+    if provider == "torch" and (not hasattr(torch, "_grouped_mm") or (DEV == "cuda" and (K % 8 or N % 8))):
+        pytest.skip("torch._grouped_mm missing or these dims unaligned")
+    if provider == "torch" and DEV == "cpu":
+        monkeypatch.setattr(_common, "interpreting", lambda: False)  # the accumulation's CPU path, not Triton's
+    G = len(sizes)
+    param = torch.randn(K, G * N).div(K ** 0.5).to(DEV, torch.bfloat16).requires_grad_()
+    main = torch.randn(K, G * N, device=DEV).to(main_dtype)
+    start = main.double().clone()
+    want = start.view(G, K, N).clone()
+    for _ in range(2):
+        x = torch.randn(sum(sizes), K, device=DEV).to(torch.bfloat16).requires_grad_()
+        w = param.view(G, K, N)
+        y = grouped_gemm_accumulate(x, w, torch.tensor(sizes, device=DEV), main, provider=provider)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        xr = x.detach().double().requires_grad_()
+        yr = grouped_gemm_reference(xr, w.detach().double(), sizes)
+        yr.backward(dy.double())
+        assert relerr(y, yr) < BAND[torch.bfloat16] and relerr(x.grad, xr.grad) < BAND[torch.bfloat16]
+        want += _wgrad_reference(x.detach(), dy, sizes)
+    assert param.grad is None
+    assert relerr(main.view(G, K, N), want) < (1e-4 if main_dtype == torch.float32 else BAND[torch.bfloat16])
+    if 0 in sizes:  # an expert with no rows keeps its main_grad as it was
+        g = sizes.index(0)
+        assert torch.equal(main.view(G, K, N)[g].double(), start.view(G, K, N)[g])
+
+
+def test_grouped_wgrad_accumulate_is_a_custom_op_that_passes_opcheck():
+    from primus.turbo.grouped_gemm import grouped_wgrad_accumulate
+
+    x = torch.randn(12, 16, device=DEV).to(torch.bfloat16)
+    dy = torch.randn(12, 24, device=DEV).to(torch.bfloat16)
+    ends = torch.tensor([5, 5, 12], device=DEV, dtype=torch.int32)
+    torch.library.opcheck(grouped_wgrad_accumulate, (x, dy, ends, torch.zeros(16, 3 * 24, device=DEV)))
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch._grouped_mm missing")
+def test_grouped_gemm_accumulate_compiles_into_one_graph(monkeypatch):
+    """Under torch.compile (fullgraph) the GEMMs and the accumulation stay in the graph, main_grad mutated as in
+    eager: what keeps a compiled MoE layer one graph with the fusion on."""
+    from primus.turbo import _common
+    from primus.turbo.grouped_gemm import grouped_gemm_accumulate
+
+    if DEV == "cpu":
+        monkeypatch.setattr(_common, "interpreting", lambda: False)
+    sizes = torch.tensor([3, 0, 9], device=DEV)
+    param = torch.randn(16, 3 * 32, device=DEV).to(torch.bfloat16).requires_grad_()
+    x = torch.randn(12, 16, device=DEV).to(torch.bfloat16)
+
+    def loss(x, param, main):
+        y = grouped_gemm_accumulate(x, param.view(3, 16, 32), sizes, main, provider="torch")
+        return y.float().square().sum()
+
+    mains = [torch.zeros(16, 3 * 32, device=DEV) for _ in range(2)]
+    loss(x, param, mains[0]).backward()
+    torch._dynamo.reset()
+    torch.compile(loss, backend="aot_eager", fullgraph=True)(x, param, mains[1]).backward()  # the graph's backward
+    assert mains[0].abs().sum() > 0 and torch.equal(mains[0], mains[1])
+    assert param.grad is None

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
+from typing import List, Optional, Tuple
 
-from primus.config.errors import ConfigIssue, warning
+from primus.config.errors import ConfigIssue, note, warning
 from primus.features import rule
 
 
@@ -242,7 +242,7 @@ def megatron(cfg, ctx) -> dict:
     if name == "adam":
         opt.update({"adam_beta1": t.adam_beta1, "adam_beta2": t.adam_beta2, "adam_eps": t.adam_eps,
                     "decoupled_weight_decay": True})
-    return {
+    out = {
         "transformer_config": {"init_method_std": t.init_method_std, "deterministic_mode": t.deterministic,
                                "gradient_accumulation_fusion": t.gradient_accumulation_fusion},
         "ddp_config": {"check_for_nan_in_grad": False},  # the shared loop checks loss and grad norm itself
@@ -268,6 +268,9 @@ def megatron(cfg, ctx) -> dict:
         "seed": t.seed,
         "eval": {"interval": t.eval_interval, "iters": t.eval_iters},
     }
+    if experts_grad_accum_fusion(cfg) == []:
+        out["turbo"] = {"experts_grad_accum_fusion": True}  # megatron/turbo.py swaps GroupedMLP's forward
+    return out
 
 
 def decay_iters(cfg) -> int:
@@ -299,11 +302,59 @@ def megatron_issues(cfg, ctx) -> list:
                         "each other",
                         "keep one: training.compile=true, or training.gradient_accumulation_fusion=true with "
                         "training.compile=false")]
+    missing = experts_grad_accum_fusion(cfg)
+    if missing:
+        keys = ["training.gradient_accumulation_fusion"] + [k for ks, _ in missing for k in ks]
+        return [note(keys, True, "the MoE experts' weight gradients stay unfused (the linears' are fused): that "
+                                 "needs " + "; ".join(need for _, need in missing))]
     return []
 
 
 def megatron_only(cfg) -> tuple:
     return ("gradient_accumulation_fusion",)
+
+
+# gradient_accumulation_fusion reaches the MoE experts (megatron-core 0.16.1's GroupedMLP has no fused path of its
+# own) where every row holds: megatron/turbo.py then runs each GroupedMLP's two grouped GEMMs through
+# primus.turbo.grouped_gemm.grouped_gemm_accumulate, whose weight-gradient GEMM adds into main_grad. Elsewhere the
+# experts keep megatron's unfused accumulation, and a note names the rows missing. Each: (keys, what it needs,
+# holds(cfg)).
+def _moe_act_recomputed(c) -> bool:
+    r = c.recompute
+    return r.recompute_granularity is not None and r.recompute_granularity.value == "selective" \
+        and "moe_act" in r.recompute_modules
+
+
+EXPERTS_GRAD_ACCUM_FUSION = (
+    (("turbo.use_turbo_grouped_gemm",), "turbo.use_turbo_grouped_gemm=true (GroupedMLP on the turbo grouped GEMM)",
+     lambda c: bool(c.turbo.enable_primus_turbo and c.turbo.use_turbo_grouped_gemm)),
+    (("turbo.grouped_gemm_fp8",), "turbo.grouped_gemm_fp8=false (bf16 experts: the fp8 grouped GEMMs return their "
+     "weight gradients)", lambda c: not c.turbo.grouped_gemm_fp8),
+    (("overlap.overlap_grad_reduce",), "overlap.overlap_grad_reduce=false (megatron's bucketed reduce starts from "
+     "each weight's gradient hook, which a weight accumulated in its GEMM does not run)",
+     lambda c: not c.overlap.overlap_grad_reduce),
+    (("recompute.recompute_modules",), "recompute.recompute_modules without moe_act under selective recompute "
+     "(GroupedMLP then checkpoints its activation itself)", lambda c: not _moe_act_recomputed(c)),
+)
+
+
+def experts_grad_accum_fusion(cfg) -> Optional[List[Tuple[Tuple[str, ...], str]]]:
+    """The EXPERTS_GRAD_ACCUM_FUSION rows this run misses ([]: the experts' weight gradients accumulate in their
+    GEMM); None where the question does not arise (the fusion off, a dense model). megatron's mapping asks it."""
+    if not (cfg.training.gradient_accumulation_fusion and cfg.model.num_experts):
+        return None
+    return [(keys, need) for keys, need, holds in EXPERTS_GRAD_ACCUM_FUSION if not holds(cfg)]
+
+
+def experts_grad_accum_info(cfg) -> Optional[str]:
+    """backend_info.experts_grad_accum (megatron, the fusion on, an MoE model): fused or not, and what it needs."""
+    missing = experts_grad_accum_fusion(cfg)
+    if missing is None:
+        return None
+    if not missing:
+        return "fused: each GroupedMLP's weight-gradient GEMM adds into main_grad (primus.turbo.grouped_gemm)"
+    return ("unfused (megatron's GroupedMLP returns bf16 weight gradients, then adds them into main_grad): needs "
+            + "; ".join(need for _, need in missing))
 
 
 # ------------------------------------------------------------------------------------------- TorchTitan

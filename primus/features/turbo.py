@@ -422,9 +422,19 @@ def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
     return out
 
 
+# args["turbo"] keys that other groups' settings turn on -> the user's key (the rest are turbo.<key>)
+SWAP_KEYS = {"moe_permute_fusion": "moe.moe_permute_fusion",
+             "experts_grad_accum_fusion": "training.gradient_accumulation_fusion"}
+
+
 def megatron_swaps() -> Tuple[str, ...]:
     """args["turbo"] keys whose module swaps megatron/turbo.py counts (a flag that swapped nothing is an error)."""
-    return flags("megatron", local_spec_swap=True) + ("moe_permute_fusion",)
+    return flags("megatron", local_spec_swap=True) + tuple(SWAP_KEYS)
+
+
+def swap_key(key: str) -> str:
+    """The config key behind an args["turbo"] swap key."""
+    return SWAP_KEYS.get(key, f"turbo.{key}")
 
 
 # ------------------------------------------------------------------------------------------- torchtitan

@@ -67,9 +67,11 @@ def _gg_fwd(X, W, Y, ENDS, G, N, K, s_xm, s_xk, s_wg, s_wk, s_wn, s_ym, s_yn, NU
 
 @triton.jit
 def _gg_wgrad(X, DY, DW, ENDS, K, N, s_xm, s_xk, s_dm, s_dn, s_wg, s_wk, s_wn, SX, SD,
-              BK: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, SCALED: tl.constexpr = False):
+              BK: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, SCALED: tl.constexpr = False,
+              ACC: tl.constexpr = False):
     """DW[g] (K, N) = X[g rows]^T @ DY[g rows]; grid (G, K tiles, N tiles). Empty groups write zeros.
-    SCALED (fp8 operands): times SX[0] * SD[0] (the two operands' scale_inv)."""
+    SCALED (fp8 operands): times SX[0] * SD[0] (the two operands' scale_inv).
+    ACC: DW[g] += instead (DW is the fp32 / bf16 main_grad; the sum in fp32, rounded once to DW's dtype)."""
     g = tl.program_id(0)
     rk = tl.program_id(1) * BK + tl.arange(0, BK)
     rn = tl.program_id(2) * BN + tl.arange(0, BN)
@@ -86,8 +88,11 @@ def _gg_wgrad(X, DY, DW, ENDS, K, N, s_xm, s_xk, s_dm, s_dn, s_wg, s_wk, s_wn, S
         acc += tl.dot(xt, d)
     if SCALED:
         acc = acc * (tl.load(SX) * tl.load(SD))
-    tl.store(DW + g.to(tl.int64) * s_wg + rk[:, None] * s_wk + rn[None, :] * s_wn, acc.to(DW.dtype.element_ty),
-             mask=(rk[:, None] < K) & (rn[None, :] < N))
+    dw = DW + g.to(tl.int64) * s_wg + rk[:, None] * s_wk + rn[None, :] * s_wn
+    m = (rk[:, None] < K) & (rn[None, :] < N)
+    if ACC:
+        acc += tl.load(dw, mask=m, other=0.0).to(tl.float32)
+    tl.store(dw, acc.to(DW.dtype.element_ty), mask=m)
 
 
 def _cfg():
@@ -145,6 +150,81 @@ class _TritonGroupedGemm(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dw = _triton_wgrad(x, dy, ends, w.shape[0], w.dtype, ctx.trans_b)
         return dx, dw, None, None
+
+
+# ------------------------------------------------------------------ weight gradients accumulated into main_grad
+# training.gradient_accumulation_fusion for the experts: megatron-core's GroupedMLP has no fused path (its flag reaches
+# the linears only), so each micro batch wrote the experts' bf16 weight gradients and megatron's DDP hook then added
+# them into the fp32 main_grad, 10 bytes a parameter in torch's unvectorised mixed-dtype add: with 64 experts that
+# was 15% of a compiled DeepSeek-V2-Lite step on an H100 (docs/benchmarks.md). Here the weight-gradient GEMM adds its
+# fp32 tile into main_grad itself (a read and a write of main_grad, no bf16 gradient, no second kernel).
+
+
+@torch.library.custom_op("primus::grouped_wgrad_accumulate", mutates_args=("main_grad",))
+def grouped_wgrad_accumulate(x: torch.Tensor, dy: torch.Tensor, ends: torch.Tensor, main_grad: torch.Tensor) -> None:
+    """main_grad viewed (G, K, N): main_grad[g] += x[rows of g]^T @ dy[rows of g], summed in fp32. `ends` (G,) the
+    groups' cumulative row ends on the device (nothing read on the host on a GPU)."""
+    G, K, N = ends.shape[0], x.shape[1], dy.shape[1]
+    mg = main_grad.view(G, K, N)
+    if x.is_cuda or _common.interpreting():
+        BK, BN, BM = (32, 32, 16) if _common.interpreting() else (128, 128, 64)
+        _gg_wgrad[(G, triton.cdiv(K, BK), triton.cdiv(N, BN))](
+            x, dy, mg, ends, K, N, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), mg.stride(0), mg.stride(1),
+            mg.stride(2), mg, mg, BK=BK, BN=BN, BM=BM, ACC=True, num_warps=_cfg()[3], num_stages=3)
+        return
+    start = 0
+    for g, end in enumerate(ends.tolist()):  # a CPU tensor: no device to sync with
+        if end > start:
+            mg[g].addmm_(x[start:end].t().to(mg.dtype), dy[start:end].to(mg.dtype))
+        start = end
+
+
+@grouped_wgrad_accumulate.register_fake
+def _(x, dy, ends, main_grad) -> None:
+    return None
+
+
+class _GroupedGemmAccum(torch.autograd.Function):
+    """y = grouped_gemm(x, w); backward: dx as grouped_gemm's, the weight gradient added into `main_grad` by
+    `grouped_wgrad_accumulate` and none returned for w (megatron's DDP hook, which would add it, does not run)."""
+
+    @staticmethod
+    def forward(ctx, x, w, ends, main_grad, provider):
+        ctx.save_for_backward(x, w, ends)
+        ctx.main_grad = main_grad  # not saved_tensors: it changes in place between micro batches, by design
+        ctx.provider = provider
+        return _mm(x, w, ends, provider)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, ends = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = _mm(dy, w.transpose(1, 2), ends, ctx.provider) if ctx.needs_input_grad[0] else None
+        torch.ops.primus.grouped_wgrad_accumulate(x, dy, ends, ctx.main_grad)
+        return dx, None, None, None, None
+
+
+def _mm(x, w_kn, ends, provider):
+    """(M, N) = grouped x @ w_kn (G, K, N) without autograd: torch._grouped_mm, or the Triton kernel."""
+    if provider == "torch":
+        return torch._grouped_mm(x, w_kn, offs=ends)
+    return _triton_fwd(x, w_kn, ends, w_kn.shape[2], w_kn.shape[1])
+
+
+def grouped_gemm_accumulate(x: torch.Tensor, w: torch.Tensor, group_sizes: Union[torch.Tensor, Sequence[int]],
+                            main_grad: torch.Tensor, provider: Optional[str] = None) -> torch.Tensor:
+    """`grouped_gemm(x, w, group_sizes)` (w (G, K, N)) whose weight gradient is added into `main_grad` (w's shape or
+    its parameter's, viewed (G, K, N); fp32 or the weight's dtype) instead of returned. provider: "torch" or
+    "triton" for the two GEMMs (None: grouped_gemm's pick)."""
+    provider = provider or pick_provider(x, w)
+    if provider not in ("torch", "triton"):
+        raise ValueError(f"grouped_gemm_accumulate provider must be torch or triton, not {provider!r}")
+    if main_grad.numel() != w.numel() or not main_grad.is_contiguous():
+        raise ValueError(f"grouped_gemm_accumulate: main_grad {tuple(main_grad.shape)} must be contiguous with the "
+                         f"{w.numel()} elements of w {tuple(w.shape)}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    return _GroupedGemmAccum.apply(x, w, _ends(group_sizes, x.device), main_grad, provider)
 
 
 def _quantize_experts(w: torch.Tensor, dtype):

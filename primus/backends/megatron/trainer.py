@@ -255,6 +255,11 @@ class MegatronTrainer(Trainer):
             info["moe_dispatch"] = moe_dispatch
             if ctx.is_rank0:
                 log.info("MoE dispatch: %s", moe_dispatch)
+        from primus.features.training import experts_grad_accum_info
+
+        experts_accum = experts_grad_accum_info(cfg)  # training.gradient_accumulation_fusion on the MoE experts
+        if experts_accum is not None:
+            info["experts_grad_accum"] = experts_accum
         if tuned_stage3:
             info["tuned_gemm_linears"] = getattr(self, "tuned_linears", 0)
         if a["compile"]:
@@ -304,7 +309,9 @@ class MegatronTrainer(Trainer):
 
         missing = mturbo.check_swapped(self.args["turbo"], mturbo.SWAPS)
         if missing:
-            raise ConfigError([ConfigIssue([f"turbo.{k}"], True, "found nothing to swap in this model",
+            from primus.features.turbo import swap_key
+
+            raise ConfigError([ConfigIssue([swap_key(k)], True, "found nothing to swap in this model",
                                            "turn the flag off") for k in missing])
         return {**turbo_info, "turbo_swaps": dict(mturbo.SWAPS)}
 

@@ -29,6 +29,9 @@ and logs the providers (`primus.turbo.providers`), then uses this module at thre
                                  (sequence parallel: reduce-scatter). bf16 GEMMs, or fp8 (portable recipe) under
                                  precision.fp8 for the linears fp8 would convert (first/last bf16 layers kept).
       use_turbo_fused_act_with_probs  GroupedMLP's activation_func_with_probs -> moe_ops.swiglu_with_probs
+      experts_grad_accum_fusion  (training.gradient_accumulation_fusion, features/training.py
+                                 EXPERTS_GRAD_ACCUM_FUSION) GroupedMLP's forward -> `_grouped_mlp_accum_forward`:
+                                 its two grouped GEMMs add their weight gradients into main_grad
       sync_free_dispatch         each MoE layer's alltoall dispatcher -> `_sync_free_dispatcher`: token counts kept
                                  on the device (features/turbo.py SYNC_FREE_DISPATCH says where; no flag of its own)
 A flag that finds nothing to swap in the model raises (never a silent no-op). `SWAPS` counts swaps per flag.
@@ -164,6 +167,42 @@ def _gmm_eager(a, b, batch_sizes, trans_b=False):
         return fp8_grouped_gemm(a, b, batch_sizes, trans_b=trans_b, fmt=fmt, provider=provider)
     _count("gmm_calls")
     return grouped_gemm(a, b, batch_sizes, trans_b=trans_b)
+
+
+def _gmm_accum(a, b, batch_sizes, main_grad):
+    """`_gmm` for the experts_grad_accum_fusion forward: the weight gradient added into main_grad. Traced under
+    compile where `_gmm` is (torch._grouped_mm and the accumulation op, one graph); otherwise a graph break."""
+    from primus.turbo.grouped_gemm import grouped_gemm_accumulate, grouped_mm_aligned
+
+    if torch.compiler.is_compiling():
+        if _STATE.get("gmm_traced") and grouped_mm_aligned(a, b):
+            return grouped_gemm_accumulate(a, b, batch_sizes, main_grad, provider="torch")
+        return _gmm_accum_eager(a, b, batch_sizes, main_grad)
+    return grouped_gemm_accumulate(a, b, batch_sizes, main_grad)
+
+
+@_eager
+def _gmm_accum_eager(a, b, batch_sizes, main_grad):
+    from primus.turbo.grouped_gemm import grouped_gemm_accumulate
+
+    return grouped_gemm_accumulate(a, b, batch_sizes, main_grad)
+
+
+def _grouped_mlp_accum_forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs):
+    """GroupedMLP.forward (megatron-core 0.16.1: fc1 grouped GEMM, activation with probs, fc2 grouped GEMM) with
+    each weight's gradient added into its main_grad inside the GEMM. Where megatron's forward does more (no tokens
+    under expert parallelism, probs applied to the input, its own activation checkpoint) or no main_grad exists
+    (outside megatron's DDP), megatron's forward runs; the rule (features/training.py) keeps the configs that reach
+    those cases off this path."""
+    x = permuted_local_hidden_states
+    main1, main2 = getattr(self.weight1, "main_grad", None), getattr(self.weight2, "main_grad", None)
+    if main1 is None or main2 is None or x.nelement() == 0 or self.activation_recompute \
+            or self.config.moe_apply_probs_on_input:
+        return type(self).forward(self, x, tokens_per_expert, permuted_probs)
+    e, h = self.num_local_experts, self.config.hidden_size
+    fc1 = _gmm_accum(x, self.weight1.view(e, h, -1), tokens_per_expert, main1)
+    act = self.activation_func_with_probs(fc1, permuted_probs.unsqueeze(-1))
+    return _gmm_accum(act, self.weight2.view(e, -1, h), tokens_per_expert, main2), None
 
 
 def fp8_experts_info(tconfig, device, fmt: str) -> str:
@@ -429,6 +468,15 @@ def apply(model, config, fp8_settings: Optional[Dict[str, Any]] = None) -> Dict[
                 mod.activation_func_with_probs = swiglu_with_probs  # a custom op: compiled graphs keep it
                 n += 1
         done["use_turbo_fused_act_with_probs"] = n
+    if flags.get("experts_grad_accum_fusion"):
+        from megatron.core.transformer.moe.experts import GroupedMLP
+
+        n = 0
+        for mod in model.modules():
+            if isinstance(mod, GroupedMLP):
+                mod.forward = types.MethodType(_grouped_mlp_accum_forward, mod)
+                n += 1
+        done["experts_grad_accum_fusion"] = n
     if flags.get("sync_free_dispatch"):
         from megatron.core.transformer.moe.moe_layer import MoELayer
 
