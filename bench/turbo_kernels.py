@@ -693,6 +693,39 @@ def b_router():
             try_ms(fb(c), grad_to_none=[logits]) if c else None, gbytes=(nb + T * E * (4 + 1 + 4 + 4 + 4)) / 1e9)
 
 
+@guarded("grouped_wgrad_accum")
+def b_grouped_wgrad_accum():
+    """training.gradient_accumulation_fusion on the experts: the grouped GEMM's forward + backward with the weight
+    gradient added into an fp32 main_grad in its GEMM (grouped_gemm_accumulate) against the same GEMMs returning a
+    bf16 weight gradient that is then added (megatron's unfused path), at the at-scale MoE rows' expert GEMMs for a
+    micro batch of 2 x 4096 tokens: DeepSeek-V2-Lite (64 experts top-6, 2048 -> 2x1408 -> 2048) and Qwen3-30B-A3B
+    (128 top-8, 2048 -> 2x768 -> 2048). Bytes: main_grad read + written (8 a parameter) either way; the unfused
+    path also writes and reads the bf16 gradient."""
+    from primus.turbo.grouped_gemm import grouped_gemm, grouped_gemm_accumulate, pick_provider
+    shapes = sz([(64, 49152, 2048, 2816), (64, 49152, 1408, 2048), (128, 65536, 2048, 1536), (128, 65536, 768, 2048)],
+                [(4, 40, 32, 48)])
+    for G, T, K, N in shapes:
+        sizes = torch.full((G,), T // G, dtype=torch.long)
+        sizes[-1] += T - sizes.sum()
+        gs = sizes.to(DEV)
+        x = torch.randn(T, K, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.randn(G, K, N, device=DEV) / K ** 0.5).to(torch.bfloat16).requires_grad_()
+        dy = torch.randn(T, N, device=DEV, dtype=torch.bfloat16)
+        main = torch.zeros(G * K, N, device=DEV)
+
+        def unfused():
+            grouped_gemm(x, w, gs).backward(dy)
+            main.view(G, K, N).add_(w.grad)
+
+        def fused():
+            grouped_gemm_accumulate(x, w, gs, main).backward(dy)
+
+        fl, gb = 3 * 2 * T * K * N, G * K * N * 8 / 1e9
+        row("grouped_wgrad_accum", f"fwd+bwd, accumulated G{G} T{T} {K}->{N} ({pick_provider(x, w)} GEMMs)",
+            ms(fused, [x]), try_ms(unfused, grad_to_none=[x, w]), None, flops=fl, gbytes=gb,
+            note="eager = the same GEMMs returning a bf16 weight gradient, then main_grad.add_")
+
+
 @guarded("permute")
 def b_permute():
     """Mixtral-like (8 experts top-2) and the at-scale MoE rows' layers: DeepSeek-V2-Lite (64 top-6) and
@@ -760,7 +793,7 @@ def main():
     _common.POISON = False  # timing: no poison fills
     env_and_copy()
     run_tests()
-    benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_cross_entropy, b_qkv_rope, b_casts, b_fp8_linear, b_fp8_gemms, b_tuned_spaces, b_attention, b_grouped_gemm, b_router, b_permute]
+    benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_cross_entropy, b_qkv_rope, b_casts, b_fp8_linear, b_fp8_gemms, b_tuned_spaces, b_attention, b_grouped_gemm, b_grouped_wgrad_accum, b_router, b_permute]
     only = [s for s in ARGS.only.split(",") if s]
     for b in benches:
         if not only or b.__name__ in only:
