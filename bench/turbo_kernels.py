@@ -793,7 +793,8 @@ def main():
     _common.POISON = False  # timing: no poison fills
     env_and_copy()
     run_tests()
-    benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_cross_entropy, b_qkv_rope, b_casts, b_fp8_linear, b_fp8_gemms, b_tuned_spaces, b_attention, b_grouped_gemm, b_grouped_wgrad_accum, b_router, b_permute]
+    benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_cross_entropy, b_qkv_rope, b_casts, b_fp8_linear, b_fp8_gemms,
+               b_tuned_spaces, b_attention, b_grouped_gemm, b_grouped_wgrad_accum, b_router, b_permute]
     only = [s for s in ARGS.only.split(",") if s]
     for b in benches:
         if not only or b.__name__ in only:
