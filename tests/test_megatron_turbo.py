@@ -243,6 +243,19 @@ from primus.config.validate import validate
 from primus.context import resolve
 from primus.patches import apply_cpu_patches
 
+from primus.turbo import grouped_gemm as gg
+
+ACCUM = {"n": 0}  # backward passes of the grouped GEMMs that accumulate into main_grad
+_accum_backward = gg._GroupedGemmAccum.backward
+
+
+def _counted(ctx, dy):
+    if not torch.compiler.is_compiling():  # counted eagerly only: a count in traced code would break the graph
+        ACCUM["n"] += 1
+    return _accum_backward(ctx, dy)
+
+
+gg._GroupedGemmAccum.backward = staticmethod(_counted)
 cfg = compose(json.loads(sys.argv[2]))
 ctx = resolve(cfg, sys.argv[1])
 validate(cfg, ctx)
@@ -289,6 +302,7 @@ def fwd_bwd(strict):
     x = torch.randn(cfg.training.seq_length, cfg.training.micro_batch_size, cfg.model.hidden_size, dtype=p.dtype,
                     device=p.device, requires_grad=True)
     seen.update(host=[], d2h=0, sort_chunks=0)
+    ACCUM["n"] = 0
     saved = {n: getattr(torch.Tensor, n) for n in HOST_READS}
     saved_td = (td.maybe_move_tensor_to_cpu, td.sort_chunks_by_idxs)
     for n, fn in saved.items():
@@ -308,7 +322,8 @@ def fwd_bwd(strict):
         for n, fn in saved.items():
             setattr(torch.Tensor, n, fn)
         td.maybe_move_tensor_to_cpu, td.sort_chunks_by_idxs = saved_td
-    res = {**seen, "sync_point": d.cuda_sync_point, "raised": raised}
+    res = {**seen, "sync_point": d.cuda_sync_point, "raised": raised,
+           "accum_swaps": info["turbo_swaps"].get("experts_grad_accum_fusion", 0), "accum_backwards": ACCUM["n"]}
     if raised is None:
         res["out"], res["dx"] = out.float().sum().item(), x.grad.float().abs().sum().item()
     return res
@@ -362,13 +377,14 @@ SYNC_CONFIG = [*MOE_TURBO, "model.num_layers=1", "training.seq_length=16", "trai
                "training.compile=true"]  # the compiled pass: the workarounds a compiled run applies
 
 
-def sync_probe(tmp_path, device):
+def sync_probe(tmp_path, device, extra=()):
     """SYNC_SCRIPT on `device`: (backend_info's MoE keys, the sync-free pass, the pass with megatron's methods)."""
     import json
 
     from rank_script import run_ranks
 
-    [r] = run_ranks(tmp_path, "sync_free_probe.py", SYNC_SCRIPT, [json.dumps([f"device={device}", *SYNC_CONFIG])])
+    [r] = run_ranks(tmp_path, "sync_free_probe.py", SYNC_SCRIPT,
+                    [json.dumps([f"device={device}", *SYNC_CONFIG, *extra])])
     assert r["info"]["turbo_swaps"]["sync_free_dispatch"] == 1 and r["info"]["moe_dispatch"].startswith("sync-free")
     on, off = r["on"], r["off"]
     assert on["raised"] is None and on["host"] == [] and on["d2h"] == 0 and on["sort_chunks"] == 0, on
@@ -391,6 +407,19 @@ def test_a_sync_free_moe_layer_reads_nothing_on_the_host(tmp_path):
     assert (on["out"], on["dx"]) == (off["out"], off["dx"])  # the same math, to the bit
     # compiled, the whole layer is dynamo's: the router, permute and unpermute are custom ops, the grouped GEMM is
     # torch._grouped_mm (as on sm90), the aux-loss scaler is readable (workaround megatron.compile.moe_aux_loss_scale)
+    assert compiled["breaks"] == {} and compiled["graphs"] == 1, compiled
+    assert compiled["out"] == pytest.approx(on["out"], rel=1e-5) and compiled["dx"] == pytest.approx(on["dx"], rel=1e-5)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not HAS_TRITON, reason="turbo kernels need triton")
+def test_the_experts_accumulating_their_weight_gradients_keep_the_moe_layer_sync_free_and_one_graph(tmp_path):
+    """The same layer with training.gradient_accumulation_fusion: GroupedMLP runs experts_grad_accum_fusion's
+    forward (the grouped GEMMs add their weight gradients into main_grad), and still reads nothing on the host and,
+    compiled, is one graph with no break: the accumulation is a custom op dynamo keeps."""
+    on, off, compiled = sync_probe(tmp_path, "cpu", ["training.gradient_accumulation_fusion=true"])
+    assert (on["out"], on["dx"]) == (off["out"], off["dx"])
+    assert on["accum_swaps"] == 1 and on["accum_backwards"] == off["accum_backwards"] == 2, on  # fc1 and fc2
     assert compiled["breaks"] == {} and compiled["graphs"] == 1, compiled
     assert compiled["out"] == pytest.approx(on["out"], rel=1e-5) and compiled["dx"] == pytest.approx(on["dx"], rel=1e-5)
 
