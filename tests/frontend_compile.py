@@ -17,6 +17,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 
 from primus.turbo import fp8_linear as F8  # noqa: E402
+from primus.turbo import grouped_gemm as GG  # noqa: E402
 from primus.turbo import grouped_gemm_fp8 as GF  # noqa: E402
 from primus.turbo import moe_ops as MO  # noqa: E402
 from primus.turbo import rmsnorm as RN  # noqa: E402
@@ -125,14 +126,29 @@ def checks():
         yield (f"qkv_rope bwd {dt}", RP._qkv_rope_bwd,
                {"DQ": dt, "DK": dt, "DV": dt, "CS": "*fp32", "DMIXED": dt, "NROWS": "i32", "B": "i32", "H6": "i32",
                 **{f"s{t}_{a}": "i32" for t in "qkv" for a in ("b", "s", "h")}}, rope)
-    for has_p in (False, True):  # MoE permute / unpermute (E=8 -> BE=8, H=4096 -> BH=1024; E=256 -> BE=256, BH=32)
-        for be, bh in ((8, 1024), (256, 32)):
-            yield (f"permute has_p={has_p} BE={be}", MO._permute_kernel,
+    # MoE permute / unpermute, the blocks `_blocks` picks: Mixtral (E8 k2 H4096), DeepSeek-V2-Lite (E64 k6 H2048),
+    # E256 k8 (DeepSeek-V3)
+    moe_blocks = [MO._blocks(e, h, t * k, t) for e, k, h, t in ((8, 2, 4096, 4096), (64, 6, 2048, 8192),
+                                                                (256, 8, 7168, 4096))]
+    for has_p in (False, True):
+        for be, bk, bh in moe_blocks:
+            blocks = {"BH": bh, "BE": be, "BK": bk}
+            yield (f"permute has_p={has_p} BE={be} BK={bk}", MO._permute_kernel,
                    {"X": "*bf16", "MAP": "*i32", "P": "*fp32", "Y": "*bf16", "PY": "*fp32", "T": "i32", "E": "i32",
-                    "H": "i32", "s_x": "i32", "s_y": "i32", "NCHUNK": "i32"}, {"HAS_P": has_p, "BH": bh, "BE": be})
-            yield (f"unpermute has_p={has_p} BE={be}", MO._unpermute_kernel,
+                    "H": "i32", "s_x": "i32", "s_y": "i32", "NCHUNK": "i32"}, {"HAS_P": has_p, **blocks})
+            yield (f"unpermute has_p={has_p} BE={be} BK={bk}", MO._unpermute_kernel,
                    {"Y": "*bf16", "MAP": "*i32", "P": "*fp32", "OUT": "*bf16", "T": "i32", "E": "i32", "H": "i32",
-                    "s_y": "i32", "s_o": "i32", "NCHUNK": "i32"}, {"HAS_P": has_p, "BH": bh, "BE": be})
+                    "s_y": "i32", "s_o": "i32", "NCHUNK": "i32"}, {"HAS_P": has_p, **blocks})
+    for dw in ("*fp32", "*bf16"):  # experts' weight gradients added into main_grad (gradient_accumulation_fusion)
+        yield (f"grouped wgrad accumulate into {dw}", GG._gg_wgrad,
+               {"X": "*bf16", "DY": "*bf16", "DW": dw, "ENDS": "*i32", "K": "i32", "N": "i32",
+                **{a: "i32" for a in ("s_xm", "s_xk", "s_dm", "s_dn", "s_wg", "s_wk", "s_wn")}, "SX": dw, "SD": dw},
+               {"BK": 128, "BN": 128, "BM": 64, "SCALED": False, "ACC": True})
+    for be, bk, bh in moe_blocks:
+        yield (f"unpermute bwd BE={be} BK={bk}", MO._unpermute_bwd_kernel,
+               {"DO": "*bf16", "Y": "*bf16", "MAP": "*i32", "P": "*fp32", "DY": "*bf16", "DP": "*fp32", "T": "i32",
+                "E": "i32", "H": "i32", "s_do": "i32", "s_y": "i32", "s_dy": "i32", "NCHUNK": "i32"},
+               {"BH": bh, "BE": be, "BK": bk})
     rf = {"L": "*fp32", "P": "*fp32", "RMAP": "*i8", "A": "*fp32", "BIAS": "*fp32", "T": "i32", "E": "i32",
           "s_l": "i32", "SCALE": "fp32"}
     rb = {"L": "*fp32", "RMAP": "*i8", "GP": "*fp32", "GA": "*fp32", "DL": "*fp32", "T": "i32", "E": "i32",
