@@ -670,3 +670,25 @@ def test_only_tp1_turbo_linears_are_traced_under_compile():
     assert mturbo._traced(None, 1) and mturbo._traced("tensorwise", 1) and mturbo._traced("blockwise", 1)
     assert mturbo._traced("delayed", 1) and mturbo._traced("rowwise", 1)
     assert not mturbo._traced(None, 2) and not mturbo._traced("tensorwise", 2) and not mturbo._traced("delayed", 2)
+
+
+def test_a_swap_that_found_nothing_names_the_users_key():
+    """check_swapped's keys are args["turbo"] keys; the error names the config key the user set: moe.* and
+    training.* for the swaps other groups turn on, turbo.* for the rest."""
+    import types
+
+    from primus.backends.megatron import turbo as mturbo
+    from primus.backends.megatron.trainer import MegatronTrainer
+    from primus.config.errors import ConfigError
+
+    flags = {"moe_permute_fusion": True, "experts_grad_accum_fusion": True, "use_turbo_rms_norm": True}
+    saved = dict(mturbo.SWAPS)
+    mturbo.SWAPS.clear()
+    try:
+        with pytest.raises(ConfigError) as e:
+            MegatronTrainer._turbo_built(types.SimpleNamespace(args={"turbo": flags}), {"turbo_providers": {}})
+    finally:
+        mturbo.SWAPS.clear()
+        mturbo.SWAPS.update(saved)
+    assert sorted(k for i in e.value.issues for k in i.keys) == [
+        "moe.moe_permute_fusion", "training.gradient_accumulation_fusion", "turbo.use_turbo_rms_norm"]
