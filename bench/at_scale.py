@@ -26,11 +26,11 @@ the group's name). PROFILE=1 profiles the MoE groups' megatron points (the prese
 step, the first after the compiling step (`profile.enabled=true profile.start_step=2 profile.steps=1`; that step
 stays timed: the profiler costs about 0.2% of a step on the H200, docs/benchmarks.md), and `tables` (which each part
 runs at its end) copies each profiled run's tables into $OUT: phases_<part tag>_<point>.md, the step by phase
-(router, dispatch/permute, experts, combine/unpermute, shared experts, attention, dense MLP, optimizer, other), and
-kernels_<part tag>_<point>.md, the kernel categories. VARIANTS adds to each group of the call one megatron point
-per variant, the preset with the variant's overrides, in its own row ('<group> <label>') beside the preset and the
-peers (POINTS keeps them): the DeepSeek-V2-Lite preset, stock TorchTitan, the preset uncompiled and with fp8
-experts in one part:
+(router, dispatch/permute, experts, combine/unpermute, shared experts, attention, dense MLP, gradient accumulation,
+optimizer, other), and kernels_<part tag>_<point>.md, the kernel categories. VARIANTS adds to each group of the
+call one megatron point per variant, the preset with the variant's overrides, in its own row ('<group> <label>')
+beside the preset and the peers (POINTS keeps them): the DeepSeek-V2-Lite preset, stock TorchTitan, the preset
+uncompiled and with fp8 experts in one part:
 
     POINTS='torchtitan stock' VARIANTS='eager:training.compile=false;fp8experts:turbo.grouped_gemm_fp8=true' \
         bash bench/at_scale.sh 13

@@ -94,6 +94,87 @@ def test_gpu_time_is_the_kernels_each_op_launched():
     assert sum(per.values()) == total
 
 
+def test_compiled_layers_ops_name_their_phase_and_accumulation_is_its_own():
+    """A compiled layer has no ranges: its router / permute / unpermute ops, grouped GEMMs and core attention count
+    for their phase, forward and backward (under an autograd node the permute op is the unpermute's gradient and
+    the unpermute op the permute's: they swap); its other ops stay "other". Whatever runs under an AccumulateGrad
+    node (megatron's main_grad hook) is gradient accumulation; a range still wins over an op's name."""
+    fwd = _ev("CompiledFunction")
+    node = _ev("autograd::engine::evaluate_function: CompiledFunctionBackward", seq=3, thread=2, fwd_thread=1)
+    bwd = _ev("CompiledFunctionBackward", parent=node, thread=2)
+    acc = _ev("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", thread=2)
+    shared = _ev(phases.PREFIX + "shared experts", annotation=True)
+    ops = [  # (op, its parent, kernel us)
+        ("primus::moe_router", fwd, 1.0), ("primus::moe_router_bwd", bwd, 2.0),
+        ("primus::moe_permute", fwd, 10.0), ("primus::moe_unpermute", bwd, 7.0),  # dispatch/permute
+        ("primus::moe_unpermute", fwd, 5.0), ("primus::moe_permute", bwd, 3.0),  # combine/unpermute
+        ("aten::_grouped_mm", fwd, 20.0), ("aten::_grouped_mm", bwd, 40.0),
+        ("aten::_scaled_dot_product_cudnn_attention", fwd, 9.0),
+        ("aten::_scaled_dot_product_cudnn_attention_backward", bwd, 18.0),
+        ("aten::add_", acc, 11.0), ("aten::mm", fwd, 13.0), ("aten::_grouped_mm", shared, 100.0)]
+    evs = [fwd, node, bwd, acc, shared]
+    for name, parent, us in ops:
+        evs.append(_ev(name, parent=parent, kernels=[("k", us)], thread=parent.thread))
+        evs.append(_ev("k", device="DeviceType.CUDA", us=us))
+    # an op inside a named op (a copy in the unpermute's backward kernel op) takes the named op's phase
+    bwd_op = _ev("primus::moe_unpermute_bwd", parent=bwd, thread=2)
+    evs += [bwd_op, _ev("aten::copy_", parent=bwd_op, kernels=[("k", 4.0)], thread=2),
+            _ev("k", device="DeviceType.CUDA", us=4.0)]
+    per, total = phases.phase_breakdown(evs, on_gpu=True)
+    assert total == 243.0 and sum(per.values()) == total
+    assert per["router"] == 3.0
+    assert per["dispatch/permute"] == 17.0 and per["combine/unpermute"] == 12.0
+    assert per["experts"] == 60.0 and per["shared experts"] == 100.0 and per["attention"] == 27.0
+    assert per[phases.GRAD_ACC] == 11.0 and per[phases.OTHER] == 13.0, per
+
+
+def test_a_compiled_moe_chain_profiled_on_the_cpu_splits_into_its_phases():
+    """The real event tree: router -> permute -> grouped GEMM -> unpermute and an attention, compiled (aot_eager,
+    one graph), forward + backward under the profiler, with a main_grad hook on the experts' weight as megatron's
+    DDP sets one. Every named phase gets time; the loss and the rest are "other"."""
+    import torch._dynamo
+
+    from primus.turbo import moe_ops as M
+
+    T, E, k, H = 12, 4, 2, 16
+
+    def chain(logits, x, w, q):
+        probs, rmap, aux = M.fused_router(logits, k)
+        y, py, row_map = M.permute(x, rmap, probs, num_out_tokens=T * k)
+        offs = torch.cumsum(rmap.sum(0), 0).to(torch.int32)
+        h = torch._grouped_mm(y, w, offs=offs) * py[:, None].to(y.dtype)
+        att = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        return M.unpermute(h, row_map, None).float().square().sum() + att.sum() + aux.sum()
+
+    torch.manual_seed(0)
+    logits, q = torch.randn(T, E, requires_grad=True), torch.randn(1, 2, 8, 16, requires_grad=True)
+    x = torch.randn(T, H, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(E, H, H, dtype=torch.bfloat16))
+    w.main_grad = torch.zeros(E, H, H)
+
+    def hook(*_):
+        w.main_grad.add_(w.grad.data)
+        w.grad = None
+
+    w.expand_as(w).grad_fn.next_functions[0][0].register_hook(hook)
+    torch._dynamo.reset()
+    try:
+        fn = torch.compile(chain, backend="aot_eager", fullgraph=True)
+        fn(logits, x, w, q).backward()  # compiles
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fn(logits, x, w, q).backward()
+    finally:
+        torch._dynamo.reset()
+    events = prof.events()
+    assert {"primus::moe_permute", "primus::moe_unpermute", "aten::_grouped_mm"} <= {e.name for e in events}
+    per, total = phases.phase_breakdown(events, on_gpu=False)
+    assert sum(per.values()) == pytest.approx(total)
+    for p in ("router", "dispatch/permute", "experts", "combine/unpermute", "attention", phases.GRAD_ACC):
+        assert per[p] > 0, (p, per)
+    assert per["shared experts"] == per["dense MLP"] == per["optimizer"] == 0.0
+    assert per[phases.OTHER] > 0  # the loss, the cumsum
+
+
 def test_phase_table_rows_and_shares():
     per = {p: 0.0 for p in phases.PHASES}
     per.update({"router": 1000.0, "experts": 3000.0, phases.OTHER: 6000.0})
@@ -148,7 +229,7 @@ def test_megatron_moe_phase_table_and_unchanged_losses(tmp_path):
     assert os.path.isfile(tmp_path / "prof" / "profile" / "kernels_rank0.md")
     got = res["profile"]["phases"]
     for phase in ("router", "dispatch/permute", "experts", "combine/unpermute", "shared experts", "attention",
-                  "optimizer", "other"):
+                  "gradient accumulation", "optimizer", "other"):
         assert got[phase]["ms_per_step"] > 0, (phase, table)
         row = re.search(rf"^\| {re.escape(phase)} \| ([0-9.]+) \|", table, re.M)
         # the table's 2 decimals and result.json's 3 are two roundings of one figure

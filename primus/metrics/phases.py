@@ -1,5 +1,5 @@
 """Where a megatron step goes, by model phase: router, dispatch/permute, experts, combine/unpermute, shared experts,
-attention, dense MLP, optimizer, other.
+attention, dense MLP, gradient accumulation, optimizer, other.
 
 The kernel-category table (profiler.py) names kernels, and a router's top-k, a permute's gather and an expert's
 GEMM share kernel names with everything else. So, while the profiler window is open, `install` wraps the model's
@@ -14,19 +14,27 @@ parts in `torch.profiler.record_function` ranges named `primus.phase:<phase>`:
     attention           TransformerLayer.self_attention (QKV, RoPE, core attention, output projection)
     dense MLP           TransformerLayer.mlp where it is not an MoE layer
     optimizer           the trainer's optimizer.step (grad norm and clipping, Adam, master-weight copies)
+    gradient accumulation  what runs under autograd's AccumulateGrad nodes: megatron DDP's hook adding each micro
+                        batch's weight gradient into the fp32 main_grad (no range needed: the hook runs inside the
+                        node's profiler scope), autograd's own .grad accumulation; a weight gradient fused into its
+                        GEMM (training.gradient_accumulation_fusion) counts for that GEMM's phase
 
 Backward: autograd gives each backward node the sequence number of the forward op that made it (the profiler's
 `autograd::engine::evaluate_function: XBackward` events carry it, with the forward thread). A forward op inside a
 phase range hands its phase to its backward node, so the backward kernels of a phase count as that phase; a
 recomputed forward (activation checkpointing) runs inside the same wrapped calls and is attributed the same way.
-"other" is what no range claims: embedding, layer norms, residual adds, the loss, gradient accumulation into the
-DDP buffers and its reduction, and kernels launched outside any op.
+"other" is what no range claims: embedding, layer norms, residual adds, the loss, the gradients' reduction, and
+kernels launched outside any op.
 
 Time is the GPU time of the kernels each op launched (GPU runs) or the self CPU time of aten ops (CPU runs), the
 same totals as the kernel table. The wrappers are instance attributes set at the window's first step and removed
 after its last, so that the unprofiled steps run the library's own methods. A torch.compile'd layer is left
-unwrapped (new ranges would recompile it inside the window): its phases then count as "other", and the table
-says how many layers that was.
+unwrapped (new ranges would recompile it inside the window, and inductor fuses across them anyway). Inside it the
+ops that keep their names in the compiled graph say their phase (`_OPS`): the router, permute and unpermute custom
+ops, the experts' grouped GEMMs and the core attention, forward and backward (a backward op is one under an
+autograd node; the permute's backward is an unpermute op and the unpermute's a permute op, so those two swap
+phases there). The layer's other kernels (its projections, norms, inductor's fused kernels) stay "other", and the
+table says how many layers that was.
 """
 from __future__ import annotations
 
@@ -34,9 +42,27 @@ from collections import defaultdict
 from typing import Callable, Dict, List, Optional, Tuple
 
 PREFIX = "primus.phase:"
+GRAD_ACC = "gradient accumulation"
 PHASES = ["router", "dispatch/permute", "experts", "combine/unpermute", "shared experts", "attention", "dense MLP",
-          "optimizer"]
+          GRAD_ACC, "optimizer"]
 OTHER = "other"
+# ops of a compiled layer that name their phase: (op name or prefix*, phase in the forward, phase in the backward)
+_OPS = (
+    ("primus::moe_router", "router", "router"),
+    ("primus::moe_router_bwd", "router", "router"),
+    ("primus::moe_permute", "dispatch/permute", "combine/unpermute"),  # backward: the unpermute's gradient
+    ("primus::moe_unpermute", "combine/unpermute", "dispatch/permute"),  # backward: the permute's gradient
+    ("primus::moe_unpermute_bwd", "combine/unpermute", "combine/unpermute"),
+    ("aten::_grouped_mm", "experts", "experts"),
+    ("aten::_scaled_grouped_mm", "experts", "experts"),
+    ("primus::grouped_wgrad_accumulate", "experts", "experts"),
+    ("aten::_scaled_dot_product*", "attention", "attention"),
+    ("aten::_flash_attention*", "attention", "attention"),
+    ("aten::_efficient_attention*", "attention", "attention"),
+    ("aten::_cudnn_attention*", "attention", "attention"),
+)
+_OPS_EXACT = {n: (f, b) for n, f, b in _OPS if not n.endswith("*")}
+_OPS_PREFIX = tuple((n[:-1], (f, b)) for n, f, b in _OPS if n.endswith("*"))
 _DISPATCH = ("dispatch_preprocess", "token_dispatch", "dispatch_postprocess")
 _COMBINE = ("combine_preprocess", "token_combine", "combine_postprocess")
 _MISSING = object()
@@ -123,6 +149,26 @@ def _phase_of_range(name: str) -> Optional[str]:
 
 
 _BACKWARD = "autograd::engine::evaluate_function:"
+_ACCUMULATE = _BACKWARD + " torch::autograd::AccumulateGrad"
+
+
+def _op_phases(name: str) -> Optional[Tuple[str, str]]:
+    hit = _OPS_EXACT.get(name)
+    if hit is None:
+        hit = next((fb for prefix, fb in _OPS_PREFIX if name.startswith(prefix)), None)
+    return hit
+
+
+def _op_phase(e) -> Optional[str]:
+    """The phase the innermost named op (_OPS) above e gives it: its backward phase under an autograd node."""
+    x, hit = e, None
+    while x is not None:
+        if hit is None:
+            hit = _op_phases(x.name)
+        elif x.name.startswith(_BACKWARD):
+            return hit[1]
+        x = x.cpu_parent
+    return hit[0] if hit else None
 
 
 def phase_breakdown(events, on_gpu: bool) -> Tuple[Dict[str, float], float]:
@@ -145,6 +191,9 @@ def phase_breakdown(events, on_gpu: bool) -> Tuple[Dict[str, float], float]:
             p = _phase_of_range(x.name)
             if p is not None:
                 found = p
+                break
+            if x.name == _ACCUMULATE:
+                found = GRAD_ACC
                 break
             if through_backward and x.name.startswith(_BACKWARD):
                 found = by_seq.get((x.fwd_thread, x.sequence_nr))
@@ -175,7 +224,7 @@ def phase_breakdown(events, on_gpu: bool) -> Tuple[Dict[str, float], float]:
                 own = [k for k in e.kernels if not (e.is_user_annotation and k.name == e.name)]
                 t = sum(k.duration for k in own)
                 if t:
-                    p = enclosing(e, through_backward=True)
+                    p = enclosing(e, through_backward=True) or _op_phase(e)
                     if p is not None:
                         per[p] = per.get(p, 0.0) + t
             elif not is_annotation(e):
@@ -183,7 +232,7 @@ def phase_breakdown(events, on_gpu: bool) -> Tuple[Dict[str, float], float]:
         elif e.name.startswith("aten::") and "CPU" in dev:
             t = e.self_cpu_time_total
             total += t
-            p = enclosing(e, through_backward=True)
+            p = enclosing(e, through_backward=True) or _op_phase(e)
             if p is not None:
                 per[p] = per.get(p, 0.0) + t
     per[OTHER] = max(0.0, total - sum(per.values()))
@@ -198,8 +247,9 @@ def phase_table(per: Dict[str, float], total: float, on_gpu: bool, steps: int, c
         lines.append(f"| {p} | {t / 1000 / steps:.2f} | {100 * t / (total or 1.0):.1f}% |")
     lines.append(f"| total | {total / 1000 / steps:.2f} | 100.0% |")
     if compiled_layers:
-        lines += ["", f"{compiled_layers} torch.compile'd layers were not split into phases: their time is in "
-                      "\"other\"."]
+        lines += ["", f"{compiled_layers} torch.compile'd layers: their phases are those of the ops that keep their "
+                      "names in a compiled graph (the router, permute and unpermute ops, the experts' grouped GEMMs, "
+                      "the core attention); their projections, norms and fused kernels are in \"other\"."]
     return "\n".join(lines)
 
 

@@ -4,7 +4,7 @@ The trace is Chrome-trace JSON (opens in Perfetto and TensorBoard's profiler); e
 `ProfilerStep#N` range. The printed table splits step time into GEMM / attention / elementwise / communication /
 optimizer shares: the breakdown performance work starts from. On the megatron backend a second table splits it by
 model phase (router, dispatch/permute, experts, combine/unpermute, shared experts, attention, dense MLP,
-optimizer, other; see phases.py).
+gradient accumulation, optimizer, other; see phases.py).
 """
 from __future__ import annotations
 
