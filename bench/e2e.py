@@ -90,7 +90,7 @@ def run_point(name, argv, timeout, log_dir, rep=0):
                    mfu_fp8_peak=res.get("mfu_fp8_peak"),
                    peak_memory_gib=(res.get("memory") or {}).get("max_allocated_gib", res.get("peak_memory_gib")),
                    step_time_s=(res.get("step_time_s") or {}).get("median"), step_split_s=res.get("step_split_s"),
-                   error=res.get("error"),
+                   optimizer_split_s=res.get("optimizer_split_s"), error=res.get("error"),
                    backend_info=res.get("backend_info"), planned_gib=planned_gib(res))
     else:
         for line in reversed(out.splitlines()):
@@ -136,7 +136,8 @@ def combine(runs):
 def table(rows, ref_name):
     ref = next((r for r in rows if r["name"] == ref_name and r.get("tokens_per_s")), None)
     lines = ["| run | status | tokens/s, median (min-max) | TFLOP/s/GPU | MFU | MFU, causal | MFU, fp8 peak | "
-             "peak mem (GiB) | planned (GiB) | step (s): forward+backward / optimizer | vs " + ref_name + " |",
+             "peak mem (GiB) | planned (GiB) | step (s): forward+backward / optimizer (offloaded: CPU Adam, D2H "
+             "wait) | vs " + ref_name + " |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     f = lambda v, fmt: fmt.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
     pct = lambda v: f(v and 100 * v, "{:.1f}%")  # noqa: E731
@@ -157,11 +158,16 @@ def table(rows, ref_name):
 
 
 def split(r):
-    """A train.py run's step time and the backend's split of it (result.json's step_split_s), median run."""
+    """A train.py run's step time and the backend's split of it (result.json's step_split_s; with an offloaded
+    optimizer its CPU Adam and the waits for the gradients' D2H copies, optimizer_split_s), median run."""
     sp, st = r.get("step_split_s"), r.get("step_time_s")
     if not sp or not st:
         return "-"
-    return f"{st:.2f}: {sp.get('forward_backward_s', 0):.2f} / {sp.get('optimizer_s', 0):.2f}"
+    out = f"{st:.2f}: {sp.get('forward_backward_s', 0):.2f} / {sp.get('optimizer_s', 0):.2f}"
+    op = r.get("optimizer_split_s")
+    if op:
+        out += f" (CPU Adam {op.get('cpu_adam_s', 0):.2f}, D2H wait {op.get('d2h_wait_s', 0):.2f})"
+    return out
 
 
 def environment():

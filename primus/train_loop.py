@@ -238,7 +238,8 @@ def train(cfg: PrimusConfig, ctx: RunContext, meta: Dict[str, Any]) -> Dict[str,
                 r = trainer.train_step(step)
                 dt = time.perf_counter() - t0
                 prof.after_step(step)
-                line = meter.step(step, r.loss, r.grad_norm, r.lr, dt, r.skipped, r.loss_scale, r.phases)
+                line = meter.step(step, r.loss, r.grad_norm, r.lr, dt, r.skipped, r.loss_scale, r.phases,
+                                  r.optimizer_split)
                 for sink in sinks:
                     sink.write(line)
                 if step % t.log_interval == 0 or step == t.train_iters:

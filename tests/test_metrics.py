@@ -68,3 +68,15 @@ def test_meter_splits_the_timed_steps_where_the_backend_times_their_parts():
     plain.step(1, 2.0, 1.0, 1e-4, 1.0)
     plain.step(2, 2.0, 1.0, 1e-4, 1.0)
     assert "step_split_s" not in plain.summary()  # a backend that does not time its parts gets no split
+    assert "optimizer_split_s" not in meter.summary()  # nor an optimizer split where nothing is offloaded
+
+
+def test_meter_gives_the_offloaded_optimizer_steps_parts_as_medians():
+    cfg = compose_cfg(["model=debug", "training.timing_warmup_steps=1"])
+    meter = Meter(cfg, RunContext(device="cpu", world_size=1))
+    for i, (adam, wait) in enumerate([(5.0, 5.0), (0.5, 0.1), (0.7, 0.3), (0.6, 0.2)]):
+        meter.step(i + 1, 2.0, 1.0, 1e-4, 2.0, phases={"forward_backward_s": 1.0, "optimizer_s": 1.0},
+                   optimizer_split={"cpu_adam_s": adam, "d2h_wait_s": wait, "rest_s": 1.0 - adam - wait})
+    s = meter.summary()
+    assert s["optimizer_split_s"] == pytest.approx({"cpu_adam_s": 0.6, "d2h_wait_s": 0.2, "rest_s": 0.2})
+    assert set(s["step_split_s"]) == {"forward_backward_s", "optimizer_s", "other_s"}  # parts are not phases

@@ -20,6 +20,9 @@ class StepResult:
     # seconds of the step's parts where the backend can tell them apart (forward_backward_s, optimizer_s): with an
     # offloaded optimizer the second is the CPU step plus its transfers, the figure that global batch amortises
     phases: Dict[str, float] = field(default_factory=dict)
+    # with an offloaded optimizer (megatron): optimizer_s's parts, cpu_adam_s / d2h_wait_s / rest_s
+    # (primus/backends/megatron/offload_split.py); not added to the step's sum
+    optimizer_split: Dict[str, float] = field(default_factory=dict)
 
 
 class Trainer(abc.ABC):

@@ -37,6 +37,7 @@ class StepLine:
     skipped: bool = False  # the optimizer did not apply this step's update
     loss_scale: Optional[float] = None  # fp16's loss scale after the step
     phases: Optional[Dict[str, float]] = None  # the backend's split of step_time_s (StepResult.phases)
+    optimizer_split: Optional[Dict[str, float]] = None  # the parts of phases["optimizer_s"] (StepResult's)
 
     def format(self, total_steps: int) -> str:
         gn = "n/a" if self.grad_norm is None else f"{self.grad_norm:.3f}"
@@ -67,13 +68,14 @@ class Meter:
 
     def step(self, step: int, loss: float, grad_norm: Optional[float], lr: float, step_time_s: float,
              skipped: bool = False, loss_scale: Optional[float] = None,
-             phases: Optional[Dict[str, float]] = None) -> StepLine:
+             phases: Optional[Dict[str, float]] = None,
+             optimizer_split: Optional[Dict[str, float]] = None) -> StepLine:
         tps = self.tokens_per_step / step_time_s
         per_gpu = tps / self.ctx.world_size
         tflops = per_gpu * self.flops_per_token / 1e12
         mfu = tflops / self.peak_bf16 if self.peak_bf16 else None
         line = StepLine(step, loss, grad_norm, lr, step_time_s, tps, per_gpu, tflops, mfu, peak_memory_gib(self.ctx.device),
-                        skipped, loss_scale, phases or None)
+                        skipped, loss_scale, phases or None, optimizer_split or None)
         self.lines.append(line)
         return line
 
@@ -122,7 +124,11 @@ class Meter:
             return {}
         split = {k: statistics.median(l.phases[k] for l in timed) for k in timed[0].phases}
         split["other_s"] = max(0.0, statistics.median(l.step_time_s - sum(l.phases.values()) for l in timed))
-        return {"step_split_s": split}
+        out = {"step_split_s": split}
+        if all(l.optimizer_split for l in timed):
+            out["optimizer_split_s"] = {k: statistics.median(l.optimizer_split[k] for l in timed)
+                                        for k in timed[0].optimizer_split}
+        return out
 
 
 def is_finite(x: Optional[float]) -> bool:

@@ -192,6 +192,11 @@ class MegatronTrainer(Trainer):
             from primus.backends.megatron import perf
 
             self.fused_optimizer = perf.fused_adamw(self.optimizer)
+        from primus.backends.megatron import offload_split
+
+        # the offloaded step's CPU Adam and its waits on the GPU, timed apart (result.json's optimizer_split_s)
+        self._offload_split = offload_split.install(self.optimizer) if a["optimizer_config"].get(
+            "optimizer_cpu_offload") else None
 
         self._wire_sync_hooks(tconfig, finalize_model_grads)
         self.fb_func = get_forward_backward_func()
@@ -450,9 +455,13 @@ class MegatronTrainer(Trainer):
             torch.cuda.empty_cache()
         sync()
         t1 = time.perf_counter()
+        split = self._offload_split
+        if split is not None:
+            split.start()
         ok, grad_norm, _ = self.optimizer.step()
         sync()
         phases = {"forward_backward_s": t1 - t0, "optimizer_s": time.perf_counter() - t1}
+        parts = split.parts(phases["optimizer_s"]) if split is not None else {}
         if not ok and grad_norm is None and getattr(self, "_guard", None) is not None:
             grad_norm = self._guard.last_norm  # skipped by the non-finite guard: report the norm it saw
         if ok:
@@ -461,7 +470,7 @@ class MegatronTrainer(Trainer):
             torch.cuda.empty_cache()
         scale = float(self.optimizer.get_loss_scale()) if self.cfg.precision.fp16 else None
         return StepResult(loss=self._global_loss(losses), grad_norm=None if grad_norm is None else float(grad_norm),
-                          lr=float(lr), skipped=not ok, loss_scale=scale, phases=phases)
+                          lr=float(lr), skipped=not ok, loss_scale=scale, phases=phases, optimizer_split=parts)
 
     def evaluate(self, step: int):
         """Forward only over training.eval_iters global batches of the validation split, read from its start each
