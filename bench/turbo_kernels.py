@@ -701,6 +701,7 @@ def b_grouped_wgrad_accum():
     micro batch of 2 x 4096 tokens: DeepSeek-V2-Lite (64 experts top-6, 2048 -> 2x1408 -> 2048) and Qwen3-30B-A3B
     (128 top-8, 2048 -> 2x768 -> 2048). Bytes: main_grad read + written (8 a parameter) either way; the unfused
     path also writes and reads the bf16 gradient."""
+    from primus.turbo import grouped_gemm as GG
     from primus.turbo.grouped_gemm import grouped_gemm, grouped_gemm_accumulate, pick_provider
     shapes = sz([(64, 49152, 2048, 2816), (64, 49152, 1408, 2048), (128, 65536, 2048, 1536), (128, 65536, 768, 2048)],
                 [(4, 40, 32, 48)])
@@ -724,6 +725,20 @@ def b_grouped_wgrad_accum():
         row("grouped_wgrad_accum", f"fwd+bwd, accumulated G{G} T{T} {K}->{N} ({pick_provider(x, w)} GEMMs)",
             ms(fused, [x]), try_ms(unfused, grad_to_none=[x, w]), None, flops=fl, gbytes=gb,
             note="eager = the same GEMMs returning a bf16 weight gradient, then main_grad.add_")
+        # the weight-gradient GEMM alone: each config of its tuned space adding into main_grad, against CUTLASS's
+        # (torch._grouped_mm, what autograd runs) writing a bf16 gradient that is then added
+        mg, xd, dyd = main.view(G, K, N), x.detach(), dy
+        ends = torch.cumsum(gs, 0).to(torch.int32)
+        base = None
+        if DEV == "cuda" and hasattr(torch, "_grouped_mm"):
+            base = try_ms(lambda: mg.add_(torch._grouped_mm(xd.t(), dyd, offs=ends)))
+        GG.wgrad_accumulate_launch(xd, dyd, ends, mg)  # tunes this shape (first call), then the pick
+        picked = [v for k, v in GG._WGRAD_ACC.picked.items() if k[0] == (K, N)]
+        for cfg in GG._WGRAD_ACC.configs:
+            row("grouped_wgrad_accum", f"wgrad alone, accumulating G{G} T{T} {K}->{N} {cfg}",
+                ms(lambda: GG.wgrad_accumulate_launch(xd, dyd, ends, mg, config=cfg)), base, None,
+                flops=2 * T * K * N, gbytes=gb, note=("PICKED; " if picked and picked[-1] == cfg else "")
+                + "eager = torch._grouped_mm's bf16 weight gradient, then main_grad.add_")
 
 
 @guarded("permute")

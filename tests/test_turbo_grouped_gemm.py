@@ -118,6 +118,28 @@ def test_grouped_gemm_accumulate_adds_each_micro_batch_weight_gradient_into_main
         assert torch.equal(main.view(G, K, N)[g].double(), start.view(G, K, N)[g])
 
 
+def test_every_tuned_config_of_the_accumulating_wgrad_adds_the_same_sums():
+    """On a GPU the accumulating weight-gradient GEMM autotunes its blocks and warps per (K, N); here each config of
+    its space runs (Triton's interpreter on a CPU) over uneven experts, one empty, dims no block divides, into fp32
+    and bf16 main_grad: start + x^T dy per expert, an empty expert's main_grad unchanged."""
+    from primus.turbo import grouped_gemm as GG
+
+    sizes, K, N = [5, 0, 9], 40, 72
+    ends = torch.tensor(sizes, device=DEV).cumsum(0).to(torch.int32)
+    x = torch.randn(sum(sizes), K, device=DEV).to(torch.bfloat16)
+    dy = torch.randn(sum(sizes), N, device=DEV).to(torch.bfloat16)
+    want = _wgrad_reference(x, dy, sizes)
+    assert len(GG._WGRAD_ACC.configs) > 1
+    for main_dtype in (torch.float32, torch.bfloat16):
+        start = torch.randn(len(sizes), K, N, device=DEV).to(main_dtype)
+        for cfg in GG._WGRAD_ACC.configs:
+            mg = start.clone()
+            GG.wgrad_accumulate_launch(x, dy, ends, mg, config=cfg)
+            tol = 1e-4 if main_dtype == torch.float32 else BAND[torch.bfloat16]
+            assert relerr(mg, start.double() + want) < tol, (cfg, main_dtype)
+            assert torch.equal(mg[1], start[1]), cfg
+
+
 def test_grouped_wgrad_accumulate_is_a_custom_op_that_passes_opcheck():
     from primus.turbo.grouped_gemm import grouped_wgrad_accumulate
 

@@ -167,6 +167,36 @@ class _TritonGroupedGemm(torch.autograd.Function):
 # fp32 tile into main_grad itself (a read and a write of main_grad, no bf16 gradient, no second kernel).
 
 
+# The accumulating weight-gradient GEMM's launch configs, autotuned on the GPU per (K, N) (_common.Tuned; the
+# hand-picked one first). Each output tile is a tile of main_grad read and written once (8 bytes an element) beside a
+# short reduction over one expert's rows (768 at DeepSeek-V2-Lite's 8192 tokens top-6 over 64 experts), so the
+# kernel is as much main_grad traffic as GEMM. At 8 warps and 128 x 128 one program takes most of an SM's registers:
+# a tile's main_grad read and write wait between two GEMMs. The 4-warp configs let two programs share an SM, one's
+# main_grad traffic beside the other's GEMM. Autotuning runs each config on a copy of main_grad (stateful), once per
+# shape: at DeepSeek-V2-Lite's gate/up experts 1.5 GB for a moment.
+_WGRAD_ACC = _common.Tuned(_gg_wgrad, [
+    {"BK": 128, "BN": 128, "BM": 64, "num_warps": 8, "num_stages": 3},
+    {"BK": 128, "BN": 128, "BM": 64, "num_warps": 4, "num_stages": 3},
+    {"BK": 128, "BN": 128, "BM": 32, "num_warps": 4, "num_stages": 4},
+    {"BK": 64, "BN": 128, "BM": 64, "num_warps": 4, "num_stages": 4},
+    {"BK": 128, "BN": 256, "BM": 64, "num_warps": 8, "num_stages": 3},
+], key=["K", "N"])
+_WGRAD_ACC_INTERPRETED = {"BK": 32, "BN": 32, "BM": 16, "num_warps": 4}
+
+
+def wgrad_accumulate_launch(x: torch.Tensor, dy: torch.Tensor, ends: torch.Tensor, mg: torch.Tensor,
+                            config: Optional[dict] = None) -> None:
+    """mg (G, K, N) += the grouped x^T @ dy in the Triton kernel: `config` one of _WGRAD_ACC's (the bench times each),
+    else the tuned pick."""
+    G, K, N = mg.shape
+    args = (x, dy, mg, ends, K, N, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), mg.stride(0), mg.stride(1),
+            mg.stride(2), mg, mg)
+    grid = lambda meta: (G * triton.cdiv(K, meta["BK"]) * triton.cdiv(N, meta["BN"]),)  # noqa: E731
+    if config is not None:
+        return _WGRAD_ACC.run(config, grid, args, SCALED=False, ACC=True)
+    _WGRAD_ACC.launch(grid, args, default=_WGRAD_ACC_INTERPRETED, stateful=(2,), SCALED=False, ACC=True)
+
+
 @torch.library.custom_op("primus::grouped_wgrad_accumulate", mutates_args=("main_grad",))
 def grouped_wgrad_accumulate(x: torch.Tensor, dy: torch.Tensor, ends: torch.Tensor, main_grad: torch.Tensor) -> None:
     """main_grad viewed (G, K, N): main_grad[g] += x[rows of g]^T @ dy[rows of g], summed in fp32. `ends` (G,) the
@@ -174,10 +204,7 @@ def grouped_wgrad_accumulate(x: torch.Tensor, dy: torch.Tensor, ends: torch.Tens
     G, K, N = ends.shape[0], x.shape[1], dy.shape[1]
     mg = main_grad.view(G, K, N)
     if x.is_cuda or _common.interpreting():
-        BK, BN, BM = (32, 32, 16) if _common.interpreting() else (128, 128, 64)
-        _gg_wgrad[(G * triton.cdiv(K, BK) * triton.cdiv(N, BN),)](
-            x, dy, mg, ends, K, N, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), mg.stride(0), mg.stride(1),
-            mg.stride(2), mg, mg, BK=BK, BN=BN, BM=BM, ACC=True, num_warps=_cfg()[3], num_stages=3)
+        wgrad_accumulate_launch(x, dy, ends, mg)
         return
     start = 0
     for g, end in enumerate(ends.tolist()):  # a CPU tensor: no device to sync with
