@@ -65,3 +65,20 @@ def test_cpu_adam_and_the_waits_before_it_are_timed_and_the_parts_add_up():
     # the sub-optimizers' own steps ran, with their hooks: each CPU shard updated twice, its post hook run
     assert h.post_hooks_run == [0, 1, 0, 1]
     assert all(not torch.equal(p.data, torch.ones(4)) for p in params)
+
+
+def test_sub_optimizers_rebuilt_by_a_checkpoint_load_are_timed_too():
+    """HybridDeviceOptimizer's load_state_dict post hook builds new sub-optimizers (megatron-core 0.16.1): the next
+    step's start() wraps them; a wrapped one is not wrapped twice (its time would count twice)."""
+    h, _ = _hybrid(n_cpu=1)
+    split = offload_split.install(SimpleNamespace(optimizer=h))
+    fresh, _ = _hybrid(n_cpu=1)
+    h.cpu_optimizers, h.gpu_optimizer = fresh.cpu_optimizers, fresh.gpu_optimizer  # as _init_sub_optimizers does
+    for _ in range(2):
+        split.start()
+        t0 = time.perf_counter()
+        h.step()
+        parts = split.parts(time.perf_counter() - t0)
+        assert parts["cpu_adam_s"] >= ADAM and parts["d2h_wait_s"] >= WAIT, parts
+        for opt in (h, h.gpu_optimizer, h.cpu_optimizers[0]):  # one wrapper each, over the optimizer's own step
+            assert opt.step._primus_offload_split and not hasattr(opt.step.__wrapped__, "_primus_offload_split")

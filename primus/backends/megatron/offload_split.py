@@ -6,7 +6,8 @@ work already queued), steps its GPU share, then for each CPU sub-optimizer waits
 it; each sub-optimizer's post hook queues its parameters' host-to-device copies, which overlap the next shard's
 CPU step (memory.overlap_cpu_optimizer_d2h_h2d; without it there is one sub-optimizer, and the copies run on the
 current stream). Timed on the host around each CPU sub-optimizer's `step` (instance attributes, as phases.py
-wraps the model: the sub-optimizers' own methods, with their hooks, run inside):
+wraps the model: the sub-optimizers' own methods, with their hooks, run inside; loading a checkpoint builds new
+sub-optimizers, so each step wraps the ones it finds unwrapped):
 
     cpu_adam_s   the CPU sub-optimizers' steps (Adam over the offloaded share; the H2D copies only queued)
     d2h_wait_s   before each of them, the wait for its gradients to reach the host: the D2H copies and, before
@@ -50,13 +51,16 @@ class OffloadSplit:
         self.hybrids = hybrids
         self._acc: Dict[str, float] = dict.fromkeys(KEYS, 0.0)
         self._mark = 0.0
-        for h in hybrids:
-            h.step = self._marking(h.step)  # the GPU share steps inside: the first CPU wait starts after it
+        self._wrap()
+
+    def _wrap(self) -> None:
+        for h in self.hybrids:
+            _wrap_once(h, self._marking)  # the GPU share steps inside: the first CPU wait starts after it
             gpu = getattr(h, "gpu_optimizer", None)
             if gpu is not None:
-                gpu.step = self._marking(gpu.step, on_exit=True)
+                _wrap_once(gpu, lambda fn: self._marking(fn, on_exit=True))
             for sub in h.cpu_optimizers:
-                sub.step = self._timed(sub.step)
+                _wrap_once(sub, self._timed)
 
     def _marking(self, fn, on_exit: bool = False):
         def wrapped(*args, **kwargs):
@@ -83,6 +87,7 @@ class OffloadSplit:
         return wrapped
 
     def start(self) -> None:
+        self._wrap()
         self._acc = dict.fromkeys(KEYS, 0.0)
         self._mark = time.perf_counter()
 
@@ -90,6 +95,13 @@ class OffloadSplit:
         out = dict(self._acc)
         out["rest_s"] = max(0.0, optimizer_s - sum(out.values()))
         return out
+
+
+def _wrap_once(obj, wrap) -> None:
+    if not getattr(obj.step, "_primus_offload_split", False):
+        inner = obj.step
+        obj.step = wrap(inner)
+        obj.step._primus_offload_split, obj.step.__wrapped__ = True, inner
 
 
 def install(optimizer) -> Optional[OffloadSplit]:
