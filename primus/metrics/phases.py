@@ -13,11 +13,11 @@ parts in `torch.profiler.record_function` ranges named `primus.phase:<phase>`:
     shared experts      MoELayer.shared_experts
     attention           TransformerLayer.self_attention (QKV, RoPE, core attention, output projection)
     dense MLP           TransformerLayer.mlp where it is not an MoE layer
-    optimizer           the trainer's optimizer.step (grad norm and clipping, Adam, master-weight copies)
     gradient accumulation  what runs under autograd's AccumulateGrad nodes: megatron DDP's hook adding each micro
                         batch's weight gradient into the fp32 main_grad (no range needed: the hook runs inside the
                         node's profiler scope), autograd's own .grad accumulation; a weight gradient fused into its
                         GEMM (training.gradient_accumulation_fusion) counts for that GEMM's phase
+    optimizer           the trainer's optimizer.step (grad norm and clipping, Adam, master-weight copies)
 
 Backward: autograd gives each backward node the sequence number of the forward op that made it (the profiler's
 `autograd::engine::evaluate_function: XBackward` events carry it, with the forward thread). A forward op inside a
