@@ -44,6 +44,15 @@ def test_the_hybrid_optimizer_is_found_through_megatrons_wrappers():
     chain = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=torch.optim.SGD(
         [torch.nn.Parameter(torch.ones(1))], lr=1.0)), SimpleNamespace(optimizer=h)])
     assert offload_split.hybrid_optimizers(chain) == [h]
+
+    class Chained:  # megatron-core 0.16.1's ChainedOptimizer: `optimizer` asserts once it chains more than one
+        chained_optimizers = chain.chained_optimizers
+
+        @property
+        def optimizer(self):
+            raise AssertionError("ChainedOptimizer has more than one optimizer when accessing self.optimizer")
+
+    assert offload_split.hybrid_optimizers(Chained()) == [h]
     assert offload_split.install(SimpleNamespace(optimizer=torch.optim.SGD(
         [torch.nn.Parameter(torch.ones(1))], lr=1.0))) is None  # nothing offloaded: no split
 

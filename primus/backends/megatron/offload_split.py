@@ -38,8 +38,11 @@ def hybrid_optimizers(optimizer) -> List:
         if isinstance(o, HybridDeviceOptimizer):
             found.append(o)
             continue
-        todo.extend(getattr(o, "chained_optimizers", None) or [])
-        todo.append(getattr(o, "optimizer", None))
+        chained = getattr(o, "chained_optimizers", None)
+        if chained is not None:  # ChainedOptimizer: its `optimizer` asserts when it chains more than one
+            todo.extend(chained)
+        else:
+            todo.append(getattr(o, "optimizer", None))
     return found
 
 

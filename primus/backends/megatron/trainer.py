@@ -194,9 +194,9 @@ class MegatronTrainer(Trainer):
             self.fused_optimizer = perf.fused_adamw(self.optimizer)
         from primus.backends.megatron import offload_split
 
-        # the offloaded step's CPU Adam and its waits on the GPU, timed apart (result.json's optimizer_split_s)
-        self._offload_split = offload_split.install(self.optimizer) if a["optimizer_config"].get(
-            "optimizer_cpu_offload") else None
+        # the offloaded step's CPU Adam and its waits on the GPU, timed apart (result.json's optimizer_split_s);
+        # None where nothing is offloaded
+        self._offload_split = offload_split.install(self.optimizer)
 
         self._wire_sync_hooks(tconfig, finalize_model_grads)
         self.fb_func = get_forward_backward_func()
