@@ -18,7 +18,7 @@ So `git grep <flag>` finds where a flag is defined, checked and applied.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List
+from typing import Any, Callable, Dict, Iterable, List, Tuple
 
 Rule = Callable[..., list]  # (cfg: PrimusConfig, ctx: RunContext) -> List[ConfigIssue]
 RULES: List[Rule] = []  # every feature's rules, in import order; validate() runs them all
@@ -39,6 +39,12 @@ def rule(fn: Rule) -> Rule:
     an issue of severity WARNING (primus.config.errors.warning) lets the run go on and is reported."""
     RULES.append(fn)
     return fn
+
+
+def unmet(rows, cfg) -> List[Tuple[Tuple[str, ...], str]]:
+    """A path's preconditions as data, rows of (config keys, what it needs, holds(cfg)) (turbo.SYNC_FREE_DISPATCH,
+    training.EXPERTS_GRAD_ACCUM_FUSION): the (keys, need) of the rows this config misses, in the rows' order."""
+    return [(keys, need) for keys, need, holds in rows if not holds(cfg)]
 
 
 # Every feature module, in the order their rules run and their backend mappings merge.

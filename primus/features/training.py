@@ -8,7 +8,7 @@ from enum import Enum
 from typing import List, Optional, Tuple
 
 from primus.config.errors import ConfigIssue, note, warning
-from primus.features import rule
+from primus.features import rule, unmet
 
 
 class Optimizer(str, Enum):
@@ -343,7 +343,7 @@ def experts_grad_accum_fusion(cfg) -> Optional[List[Tuple[Tuple[str, ...], str]]
     GEMM); None where the question does not arise (the fusion off, a dense model). megatron's mapping asks it."""
     if not (cfg.training.gradient_accumulation_fusion and cfg.model.num_experts):
         return None
-    return [(keys, need) for keys, need, holds in EXPERTS_GRAD_ACCUM_FUSION if not holds(cfg)]
+    return unmet(EXPERTS_GRAD_ACCUM_FUSION, cfg)
 
 
 def experts_grad_accum_info(cfg) -> Optional[str]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from primus.config.errors import ConfigIssue, note, warning
-from primus.features import resolver, rule
+from primus.features import resolver, rule, unmet
 
 
 @dataclass
@@ -128,7 +128,7 @@ def sync_free_dispatch(cfg) -> Optional[List[Tuple[Tuple[str, ...], str]]]:
     runs sync-free; None = no MoE layer (a dense model)."""
     if not cfg.model.num_experts:
         return None
-    return [(keys, need) for keys, need, holds in SYNC_FREE_DISPATCH if not holds(cfg)]
+    return unmet(SYNC_FREE_DISPATCH, cfg)
 
 
 def moe_dispatch_info(cfg) -> Optional[str]:

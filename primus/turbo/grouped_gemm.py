@@ -201,8 +201,9 @@ def wgrad_accumulate_launch(x: torch.Tensor, dy: torch.Tensor, ends: torch.Tenso
             mg.stride(2), mg, mg)
     grid = lambda meta: (G * triton.cdiv(K, meta["BK"]) * triton.cdiv(N, meta["BN"]),)  # noqa: E731
     if config is not None:
-        return _WGRAD_ACC.run(config, grid, args, SCALED=False, ACC=True)
-    _WGRAD_ACC.launch(grid, args, default=_WGRAD_ACC_INTERPRETED, stateful=(2,), SCALED=False, ACC=True)
+        _WGRAD_ACC.run(config, grid, args, SCALED=False, ACC=True)
+    else:
+        _WGRAD_ACC.launch(grid, args, default=_WGRAD_ACC_INTERPRETED, stateful=(2,), SCALED=False, ACC=True)
 
 
 @torch.library.custom_op("primus::grouped_wgrad_accumulate", mutates_args=("main_grad",))
