@@ -141,11 +141,11 @@ def checks():
                     "s_y": "i32", "s_o": "i32", "NCHUNK": "i32"}, {"HAS_P": has_p, **blocks})
     # experts' weight gradients added into main_grad (gradient_accumulation_fusion), every block shape of its space
     for dw in ("*fp32", "*bf16"):
-        for bk, bn, bm, first in sorted({(c["BK"], c["BN"], c["BM"], c["ACC_FIRST"]) for c in GG._WGRAD_ACC.configs}):
-            yield (f"grouped wgrad accumulate into {dw} BK={bk} BN={bn} BM={bm} ACC_FIRST={first}", GG._gg_wgrad,
+        for bk, bn, bm in sorted({(c["BK"], c["BN"], c["BM"]) for c in GG._WGRAD_ACC.configs}):
+            yield (f"grouped wgrad accumulate into {dw} BK={bk} BN={bn} BM={bm}", GG._gg_wgrad,
                    {"X": "*bf16", "DY": "*bf16", "DW": dw, "ENDS": "*i32", "K": "i32", "N": "i32",
                     **{a: "i32" for a in ("s_xm", "s_xk", "s_dm", "s_dn", "s_wg", "s_wk", "s_wn")}, "SX": dw,
-                    "SD": dw}, {"BK": bk, "BN": bn, "BM": bm, "SCALED": False, "ACC": True, "ACC_FIRST": first})
+                    "SD": dw}, {"BK": bk, "BN": bn, "BM": bm, "SCALED": False, "ACC": True})
     for be, bk, bh in moe_blocks:
         yield (f"unpermute bwd BE={be} BK={bk}", MO._unpermute_bwd_kernel,
                {"DO": "*bf16", "Y": "*bf16", "MAP": "*i32", "P": "*fp32", "DY": "*bf16", "DP": "*fp32", "T": "i32",

@@ -107,6 +107,21 @@ def test_sync_free_dispatch_is_on_in_the_deepseek_preset_and_off_elsewhere():
     assert [keys[0] for keys, _ in stage1] == ["turbo.use_turbo_grouped_gemm"]
 
 
+def test_the_moe_presets_accumulate_the_experts_weight_gradients_in_their_gemm():
+    """Both one-GPU MoE presets set training.gradient_accumulation_fusion and meet every precondition of the experts'
+    fused path (1.045x and 1.073x their steps without it, docs/benchmarks.md); the same preset with fp8 experts
+    misses exactly that row."""
+    from primus.features import training
+
+    for preset in ("deepseek_v2_lite_megatron_fp8", "qwen3_30b_a3b_megatron_fp8"):
+        assert training.experts_grad_accum_fusion(compose([f"experiment={preset}"])) == [], preset
+    fp8 = training.experts_grad_accum_fusion(compose(["experiment=deepseek_v2_lite_megatron_fp8",
+                                                      "turbo.grouped_gemm_fp8=true"]))
+    assert [keys for keys, _ in fp8] == [("turbo.grouped_gemm_fp8",)]
+    assert training.experts_grad_accum_fusion(compose(["experiment=deepseek_v2_lite_megatron_fp8",
+                                                      "training.gradient_accumulation_fusion=false"])) is None
+
+
 def test_a_run_without_turbo_flags_runs_megatrons_own_moe_code():
     """Runs of one process (sweep points) share megatron's patched MoE entry points: a run with no turbo flag clears
     the flags an earlier turbo run left, so the patches fall through to megatron's own router and permutation."""

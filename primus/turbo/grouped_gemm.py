@@ -68,12 +68,10 @@ def _gg_fwd(X, W, Y, ENDS, G, N, K, s_xm, s_xk, s_wg, s_wk, s_wn, s_ym, s_yn, NU
 @triton.jit
 def _gg_wgrad(X, DY, DW, ENDS, K, N, s_xm, s_xk, s_dm, s_dn, s_wg, s_wk, s_wn, SX, SD,
               BK: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, SCALED: tl.constexpr = False,
-              ACC: tl.constexpr = False, ACC_FIRST: tl.constexpr = False):
+              ACC: tl.constexpr = False):
     """DW[g] (K, N) = X[g rows]^T @ DY[g rows]; grid (G * K tiles * N tiles,). Empty groups write zeros.
     SCALED (fp8 operands): times SX[0] * SD[0] (the two operands' scale_inv).
     ACC: DW[g] += instead (DW is the fp32 / bf16 main_grad; the sum in fp32, rounded once to DW's dtype).
-    ACC_FIRST (with ACC): the sum starts from DW's tile, read before the reduction, so that the read's wait overlaps
-    the first operand loads instead of following the last GEMM.
     The group is the slowest index of the program id, so the programs running at once share one group's rows of X
     and DY (a few MB) in L2: with the group fastest, as a (G, K tiles, N tiles) grid runs, each tile read its rows
     from HBM (at 64 experts of 2048 x 2816, 8.9 GB a call instead of 0.5 GB)."""
@@ -88,10 +86,7 @@ def _gg_wgrad(X, DY, DW, ENDS, K, N, s_xm, s_xk, s_dm, s_dn, s_wg, s_wk, s_wn, S
     start = tl.load(ENDS + g - 1, mask=g > 0, other=0)
     dw = DW + g.to(tl.int64) * s_wg + rk[:, None] * s_wk + rn[None, :] * s_wn
     m = (rk[:, None] < K) & (rn[None, :] < N)
-    if ACC and ACC_FIRST:
-        acc = tl.load(dw, mask=m, other=0.0).to(tl.float32)
-    else:
-        acc = tl.zeros((BK, BN), dtype=tl.float32)
+    acc = tl.zeros((BK, BN), dtype=tl.float32)
     for mm in range(0, tl.cdiv(end - start, BM)):
         rm = start + mm * BM + tl.arange(0, BM)
         mmask = rm < end
@@ -102,7 +97,7 @@ def _gg_wgrad(X, DY, DW, ENDS, K, N, s_xm, s_xk, s_dm, s_dn, s_wg, s_wk, s_wn, S
         acc += tl.dot(xt, d)
     if SCALED:
         acc = acc * (tl.load(SX) * tl.load(SD))
-    if ACC and not ACC_FIRST:
+    if ACC:
         acc += tl.load(dw, mask=m, other=0.0).to(tl.float32)
     tl.store(dw, acc.to(DW.dtype.element_ty), mask=m)
 
@@ -175,21 +170,17 @@ class _TritonGroupedGemm(torch.autograd.Function):
 # The accumulating weight-gradient GEMM's launch configs, autotuned on the GPU per (K, N) (_common.Tuned; the
 # hand-picked one first). Each output tile is a tile of main_grad read and written once (8 bytes an element) beside a
 # short reduction over one expert's rows (768 at DeepSeek-V2-Lite's 8192 tokens top-6 over 64 experts), so the
-# kernel is as much main_grad traffic as GEMM. At 8 warps and 128 x 128 one program takes most of an SM's registers:
-# a tile's main_grad read and write wait between two GEMMs. The 4-warp configs let two programs share an SM, one's
-# main_grad traffic beside the other's GEMM; ACC_FIRST reads the tile before the GEMM, beside its first operand
-# loads. Autotuning runs each config on a copy of main_grad (stateful), once per shape: at DeepSeek-V2-Lite's
-# gate/up experts 1.5 GB for a moment.
+# kernel is as much main_grad traffic as GEMM. At 4 warps two programs share an SM, one's main_grad traffic beside
+# the other's GEMM: on an H100 at the four expert shapes of DeepSeek-V2-Lite and Qwen3-30B-A3B these two ran
+# 1.37-1.49x CUTLASS's weight gradient plus the add, where 128 x 128 at 8 warps (one program an SM) ran 0.99-1.16x,
+# reading main_grad's tile before the reduction instead of after it 5-12% slower, and BK 64 or BN 256
+# 1.15-1.29x (docs/turbo.md). Autotuning runs each config on a copy of main_grad (stateful), once per shape: at
+# DeepSeek-V2-Lite's gate/up experts 1.5 GB for a moment.
 _WGRAD_ACC = _common.Tuned(_gg_wgrad, [
-    {"BK": 128, "BN": 128, "BM": 64, "ACC_FIRST": False, "num_warps": 8, "num_stages": 3},
-    {"BK": 128, "BN": 128, "BM": 64, "ACC_FIRST": True, "num_warps": 8, "num_stages": 3},
-    {"BK": 128, "BN": 128, "BM": 64, "ACC_FIRST": False, "num_warps": 4, "num_stages": 3},
-    {"BK": 128, "BN": 128, "BM": 64, "ACC_FIRST": True, "num_warps": 4, "num_stages": 3},
-    {"BK": 128, "BN": 128, "BM": 32, "ACC_FIRST": False, "num_warps": 4, "num_stages": 4},
-    {"BK": 64, "BN": 128, "BM": 64, "ACC_FIRST": False, "num_warps": 4, "num_stages": 4},
-    {"BK": 128, "BN": 256, "BM": 64, "ACC_FIRST": False, "num_warps": 8, "num_stages": 3},
+    {"BK": 128, "BN": 128, "BM": 64, "num_warps": 4, "num_stages": 3},
+    {"BK": 128, "BN": 128, "BM": 32, "num_warps": 4, "num_stages": 4},
 ], key=["K", "N"])
-_WGRAD_ACC_INTERPRETED = {"BK": 32, "BN": 32, "BM": 16, "ACC_FIRST": False, "num_warps": 4}
+_WGRAD_ACC_INTERPRETED = {"BK": 32, "BN": 32, "BM": 16, "num_warps": 4}
 
 
 def wgrad_accumulate_launch(x: torch.Tensor, dy: torch.Tensor, ends: torch.Tensor, mg: torch.Tensor,
