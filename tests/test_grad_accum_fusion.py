@@ -66,20 +66,14 @@ def test_install_gives_megatron_the_functions_only_without_apex(monkeypatch):
     assert not w.applies(Conditions(device="cpu", args={"transformer_config": {}, "layer_spec": "local"}))
     orig = layers.linear_with_grad_accumulation_and_async_allreduce
     monkeypatch.setattr(layers, "linear_with_grad_accumulation_and_async_allreduce", orig)
-    emb = layers.VocabParallelEmbedding.forward
-    monkeypatch.setattr(layers.VocabParallelEmbedding, "forward", emb)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
     monkeypatch.setattr(layers, "fused_weight_gradient_mlp_cuda", None, raising=False)
     assert w.fix(Conditions(device="cpu", args=on)).startswith("primus fused linear")
     assert layers._grad_accum_fusion_available and layers.fused_weight_gradient_mlp_cuda is gaf.KERNELS
     assert layers.linear_with_grad_accumulation_and_async_allreduce.__primus_orig__ is orig
-    assert layers.VocabParallelEmbedding.forward.__primus_orig__ is emb
-    w.fix(Conditions(device="cpu", args=on))  # a second run wraps megatron's functions, not the first run's
-    assert layers.VocabParallelEmbedding.forward.__primus_orig__ is emb
     overlap = {**on, "ddp_config": {"overlap_grad_reduce": True}}  # DDP's hook must see the weight gradients
     assert w.fix(Conditions(device="cpu", args=overlap)) == "megatron's linear, torch accumulation"
     assert layers.linear_with_grad_accumulation_and_async_allreduce is orig
-    assert layers.VocabParallelEmbedding.forward is emb
     apex = object()  # an installed apex extension is left in place
     monkeypatch.setattr(layers, "fused_weight_gradient_mlp_cuda", apex)
     assert w.fix(Conditions(device="cpu", args=on)) == "apex"
@@ -114,32 +108,6 @@ def test_the_fused_linear_matches_megatrons_and_leaves_no_weight_gradient():
     torch.testing.assert_close(b.grad.float(), ref_b, rtol=2e-2, atol=5e-2)
 
 
-@pytest.mark.parametrize("main_dtype", [torch.float32, torch.bfloat16])
-def test_the_fused_embedding_adds_the_touched_rows_into_main_grad_and_leaves_no_weight_gradient(main_dtype):
-    """`_FusedEmbedding` against F.embedding: the same rows out; backward, main_grad gains exactly the dense
-    gradient F.embedding's backward gives (repeated ids summed), over two micro batches, and the weight none."""
-    torch.manual_seed(0)
-    w = torch.nn.Parameter(torch.randn(50, 8, dtype=torch.bfloat16))
-    w.main_grad = torch.randn(50, 8).to(main_dtype)
-    want = w.main_grad.double()
-    for _ in range(2):
-        ids = torch.randint(0, 50, (3, 7))
-        ids[0, :3] = 4  # a token repeated within the micro batch
-        dy = torch.randn(3, 7, 8, dtype=torch.bfloat16)
-        y = gaf._FusedEmbedding.apply(ids, w, w.main_grad)
-        w2 = w.detach().clone().requires_grad_()
-        y2 = torch.nn.functional.embedding(ids, w2)
-        torch.testing.assert_close(y, y2, rtol=0, atol=0)
-        y.backward(dy)
-        y2.backward(dy)
-        want = want + torch.zeros(50, 8, dtype=torch.float64).index_put_((ids.reshape(-1),),
-                                                                         dy.reshape(-1, 8).double(), accumulate=True)
-        assert w.grad is None and w2.grad.abs().sum() > 0
-    tol = 1e-5 if main_dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(w.main_grad.double(), want, rtol=tol, atol=tol)
-    assert (w.main_grad[4] != 0).all()
-
-
 SCRIPT = r'''
 import collections, json, sys
 from primus.backends.megatron.patches import grad_accum_fusion as gaf
@@ -152,15 +120,9 @@ def counting(total_input, grad_output, main_grad):
     calls[tuple(main_grad.shape)] += 1
     return fused(total_input, grad_output, main_grad)
 gaf.wgrad_gemm_accum_fp32 = gaf.KERNELS.wgrad_gemm_accum_fp32 = counting
-emb_backward = gaf._FusedEmbedding.backward
-def counting_emb(ctx, dy):
-    calls["embedding"] += 1
-    return emb_backward(ctx, dy)
-gaf._FusedEmbedding.backward = staticmethod(counting_emb)
 
 ctx, info, losses = train_steps(sys.argv[2:], sys.argv[1], steps=3)
-print("RESULT " + json.dumps({"rank": ctx.rank, "calls": sum(v for k, v in calls.items() if k != "embedding"),
-                              "embedding": calls["embedding"], "losses": losses,
+print("RESULT " + json.dumps({"rank": ctx.rank, "calls": sum(calls.values()), "losses": losses,
                               "breaks": compile_stats().get("graph_breaks")}), flush=True)
 '''
 
@@ -176,20 +138,18 @@ def _run(tmp_path, name, overrides):
 @pytest.mark.slow
 def test_a_fused_run_accumulates_every_linear_in_main_grad_and_trains_like_the_unfused_one(tmp_path):
     """The debug model (4 layers, 4 linears each, the output layer) on the local spec: with the fusion every
-    linear's weight gradient goes through the accumulation (2 micro batches x 3 steps), and the word embedding's
-    through `_FusedEmbedding`, none without it; the losses
+    linear's weight gradient goes through the accumulation (2 micro batches x 3 steps), none without it; the losses
     match the unfused run's to bf16 rounding (the fused sum skips the per-micro-batch bf16 rounding). Compiled, the
     fused linears stay inside the layers' graphs (no graph break) with the same losses as compiled unfused."""
     plain, fused = _run(tmp_path, "plain", []), _run(tmp_path, "fused", [FUSED])
-    assert plain["calls"] == 0 and plain["embedding"] == 0
+    assert plain["calls"] == 0
     assert fused["calls"] == (4 * 4 + 1) * 2 * 3, fused
-    assert fused["embedding"] == 2 * 3, fused  # the word embedding adds its rows into main_grad too
     assert fused["losses"] == pytest.approx(plain["losses"], abs=2e-3)
     assert fused["losses"][-1] < fused["losses"][0]
     compiled = _run(tmp_path, "compiled", ["training.compile=true"])
     both = _run(tmp_path, "both", ["training.compile=true", FUSED])
     assert compiled["breaks"] == 0 and both["breaks"] == 0, (compiled, both)
-    assert both["calls"] == fused["calls"] and both["embedding"] == fused["embedding"]
+    assert both["calls"] == fused["calls"]
     assert both["losses"] == pytest.approx(compiled["losses"], abs=2e-3)
 
 

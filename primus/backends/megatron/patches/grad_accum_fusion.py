@@ -25,13 +25,10 @@ sets attributes on the weight in its backward inside megatron's activation-offlo
 neither trace nor resume: most of each layer then runs eagerly (debug model on CPU: 0 -> 20 graph breaks), with
 apex's kernel as with these; the training feature warns of that combination (primus/features/training.py).
 
-In the same cases the word embedding (megatron's VocabParallelEmbedding at tp = 1, no reduce-scatter of its output)
-adds its gradient into `main_grad` too: F.embedding's backward writes a dense bf16 gradient the size of the whole
-table (vocab x hidden, 0.21 B parameters at DeepSeek-V2-Lite, 0.53 B at Llama-3.1-8B) for a micro batch that
-touches a few thousand rows, which DDP's hook then adds, 10 bytes a parameter; the fused form adds only the
-touched rows, in fp32 (`index_put_` with accumulate, megatron's own deterministic form of the embedding's backward:
-bitwise reproducible under torch's deterministic mode). In a compiled DeepSeek-V2-Lite step on an H100 that add was
-the 61.7 ms (2.8%) left in the gradient-accumulation phase once every GEMM accumulated in place (docs/benchmarks.md).
+The word embedding keeps megatron's path (F.embedding, whose backward writes a dense vocab x hidden bf16 gradient that
+DDP's hook then adds). Adding only the touched rows into main_grad instead (`index_put_` with accumulate, megatron's
+deterministic form of that backward) was measured slower: 0.977x in a compiled DeepSeek-V2-Lite step on an H100
+(5 layers, 2 runs each, interleaved; docs/benchmarks.md), where the dense add it removes is under 3% of the step.
 """
 from __future__ import annotations
 
@@ -141,37 +138,6 @@ def _fused_linear(orig):
     return linear_with_grad_accumulation_and_async_allreduce
 
 
-class _FusedEmbedding(torch.autograd.Function):
-    """F.embedding(ids, weight); backward: main_grad[ids] += dy (the touched rows only, in main_grad's dtype), no
-    gradient returned for the weight (as `_FusedLinear`)."""
-
-    @staticmethod
-    def forward(ctx, ids, weight, main_grad):
-        ctx.save_for_backward(ids)
-        ctx.main_grad = main_grad  # not saved_tensors: it changes in place between micro batches, by design
-        return torch.nn.functional.embedding(ids, weight)
-
-    @staticmethod
-    def backward(ctx, dy):
-        (ids,) = ctx.saved_tensors
-        mg = ctx.main_grad
-        mg.index_put_((ids.reshape(-1),), dy.reshape(-1, dy.shape[-1]).to(mg.dtype), accumulate=True)
-        return None, None, None
-
-
-def _fused_embedding_forward(orig):
-    """VocabParallelEmbedding.forward, with the case `_FusedEmbedding` serves (tp = 1, no reduce-scatter)."""
-    def forward(self, input_):
-        main_grad = getattr(self.weight, "main_grad", None)
-        if main_grad is not None and torch.is_grad_enabled() and self.weight.requires_grad \
-                and self.tp_group.size() == 1 and not self.reduce_scatter_embeddings:
-            return _FusedEmbedding.apply(input_, self.weight, main_grad)
-        return orig(self, input_)
-
-    forward.__primus_orig__ = orig
-    return forward
-
-
 KERNELS = types.SimpleNamespace(__name__="primus.backends.megatron.patches.grad_accum_fusion",
                                 wgrad_gemm_accum_fp32=wgrad_gemm_accum_fp32,
                                 wgrad_gemm_accum_fp16=wgrad_gemm_accum_fp16)
@@ -189,8 +155,6 @@ def _install(c: Conditions) -> str:
     linear = layers.linear_with_grad_accumulation_and_async_allreduce
     orig = getattr(linear, "__primus_orig__", linear)
     layers.linear_with_grad_accumulation_and_async_allreduce = orig  # this run decides afresh
-    emb = layers.VocabParallelEmbedding.forward
-    layers.VocabParallelEmbedding.forward = getattr(emb, "__primus_orig__", emb)
     if getattr(layers, "_grad_accum_fusion_available", False) and \
             getattr(layers, "fused_weight_gradient_mlp_cuda", None) is not KERNELS:
         return "apex"  # installed: megatron uses its kernel
@@ -199,15 +163,13 @@ def _install(c: Conditions) -> str:
     if (c.args.get("ddp_config") or {}).get("overlap_grad_reduce"):
         return "megatron's linear, torch accumulation"  # DDP's hook must see every weight gradient
     layers.linear_with_grad_accumulation_and_async_allreduce = _fused_linear(orig)
-    layers.VocabParallelEmbedding.forward = _fused_embedding_forward(layers.VocabParallelEmbedding.forward)
-    return "primus fused linear and word embedding at tp = 1 (megatron's elsewhere), torch accumulation"
+    return "primus fused linear at tp = 1 (megatron's linear elsewhere), torch accumulation"
 
 
 WORKAROUNDS = (
     Workaround(
         "megatron.local.grad_accum_fusion",
-        "megatron.core.tensor_parallel.layers: fused_weight_gradient_mlp_cuda, _grad_accum_fusion_available "
-        "(and, at tp = 1, linear_with_grad_accumulation_and_async_allreduce, VocabParallelEmbedding.forward)",
+        "megatron.core.tensor_parallel.layers: fused_weight_gradient_mlp_cuda, _grad_accum_fusion_available",
         "the local spec's gradient_accumulation_fusion needs apex's CUDA extension, which is not installed; "
         "megatron refuses the setting when it builds a linear",
         (pin("megatron-core", PINNED_MCORE),), "training.gradient_accumulation_fusion=true on the local spec",
