@@ -122,6 +122,25 @@ def test_the_moe_presets_accumulate_the_experts_weight_gradients_in_their_gemm()
                                                       "training.gradient_accumulation_fusion=false"])) is None
 
 
+def test_the_fusion_says_which_linears_it_does_not_reach():
+    """The presets' fp8 attention linears are turbo's (use_turbo_parallel_linear), which return their weight
+    gradients: a note says so, naming both keys; without the turbo linears, or without the fusion, no such note. A
+    GroupedMLP that cannot fuse gets its own note with what it needs."""
+    from primus.features import training
+
+    def notes(overrides):
+        return [i for i in training.megatron_issues(compose(overrides), None) if i.severity == "note"]
+
+    preset = "experiment=deepseek_v2_lite_megatron_fp8"
+    [n] = notes([preset])
+    assert n.keys == ["training.gradient_accumulation_fusion", "turbo.use_turbo_parallel_linear"]
+    assert "turbo linears" in n.rule and "megatron's own linears accumulate" in n.rule
+    assert notes([preset, "turbo.use_turbo_parallel_linear=false"]) == []
+    assert notes([preset, "training.gradient_accumulation_fusion=false"]) == []
+    [linears, experts] = notes([preset, "turbo.grouped_gemm_fp8=true"])
+    assert "turbo.grouped_gemm_fp8" in experts.keys and "experts' weight gradients stay unfused" in experts.rule
+
+
 def test_a_run_without_turbo_flags_runs_megatrons_own_moe_code():
     """Runs of one process (sweep points) share megatron's patched MoE entry points: a run with no turbo flag clears
     the flags an earlier turbo run left, so the patches fall through to megatron's own router and permutation."""

@@ -302,12 +302,28 @@ def megatron_issues(cfg, ctx) -> list:
                         "each other",
                         "keep one: training.compile=true, or training.gradient_accumulation_fusion=true with "
                         "training.compile=false")]
+    out = []
+    if turbo_linears_unfused(cfg):
+        out.append(note(["training.gradient_accumulation_fusion", "turbo.use_turbo_parallel_linear"], True,
+                        "the decoder's turbo linears (primus.turbo.parallel_linear) return their weight gradients, "
+                        "which megatron then adds into main_grad: they have no accumulating form (torch's fp8 GEMM "
+                        "cannot add into an fp32 output); megatron's own linears accumulate in their GEMMs"))
     missing = experts_grad_accum_fusion(cfg)
     if missing:
         keys = ["training.gradient_accumulation_fusion"] + [k for ks, _ in missing for k in ks]
-        return [note(keys, True, "the MoE experts' weight gradients stay unfused (the linears' are fused): that "
-                                 "needs " + "; ".join(need for _, need in missing))]
-    return []
+        out.append(note(keys, True, "the MoE experts' weight gradients stay unfused (megatron's linears' are fused): "
+                                    "that needs " + "; ".join(need for _, need in missing)))
+    return out
+
+
+def turbo_linears_unfused(cfg) -> bool:
+    """The fusion is on, and turbo.use_turbo_parallel_linear swaps the decoder's Column/RowParallelLinear on the local
+    spec for primus.turbo.parallel_linear's, whose backward returns the weight gradient (megatron's hook adds it)."""
+    from primus.backends.megatron.args import resolved_layer_spec
+    from primus.features.turbo import turbo_on
+
+    return bool(cfg.training.gradient_accumulation_fusion and turbo_on(cfg, "use_turbo_parallel_linear")
+                and resolved_layer_spec(cfg) == "local")
 
 
 def megatron_only(cfg) -> tuple:
@@ -353,8 +369,8 @@ def experts_grad_accum_info(cfg) -> Optional[str]:
         return None
     if not missing:
         return ("fused: each GroupedMLP's weight-gradient GEMM adds into main_grad (primus.turbo.grouped_gemm; on "
-                "an H100 at DeepSeek-V2-Lite and Qwen3-30B-A3B widths 0.99-1.08x the unfused GEMMs plus add, no "
-                "faster in a step: docs/benchmarks.md)")
+                "an H100 at DeepSeek-V2-Lite and Qwen3-30B-A3B widths the experts' GEMMs 1.15-1.22x the unfused ones "
+                "plus add, the steps 1.045x and 1.073x: docs/benchmarks.md)")
     return ("unfused (megatron's GroupedMLP returns bf16 weight gradients, then adds them into main_grad): needs "
             + "; ".join(need for _, need in missing))
 
