@@ -308,13 +308,20 @@ def tables(out: str) -> int:
     """Pools each group's parts found in `out` (at this call's LAYERS) into one table."""
     rc = 0
     for g in GROUPS:
-        # a finished part's bench_<tag>.json carries the measuring machine's versions; a killed part left its runs
+        # a finished part's bench_<tag>_r<k>.json carries the measuring machine's versions; a killed part left only
+        # its runs (_runs.json, which also name the profiled run dirs); either may have been pruned from a copy
         files = []
         tag = group_tag(g)
-        for runs in sorted(glob.glob(os.path.join(out, f"bench_{tag}_r*_runs.json"))):
-            copy_profiles(runs, out)
-            full = runs[: -len("_runs.json")] + ".json"
-            files.append(full if os.path.exists(full) else runs)
+        repeats = {}
+        for path in glob.glob(os.path.join(out, f"bench_{tag}_r*.json")):
+            m = re.fullmatch(rf"bench_{re.escape(tag)}_r(\d+)(_runs)?\.json", os.path.basename(path))
+            if m:
+                repeats.setdefault(int(m.group(1)), {})["runs" if m.group(2) else "full"] = path
+        for k in sorted(repeats):
+            found = repeats[k]
+            if "runs" in found:
+                copy_profiles(found["runs"], out)
+            files.append(found.get("full") or found["runs"])
         if files:
             rc |= run([PY, "bench/e2e.py", "--tag", tag, "--ref", f"{g.name} megatron preset",
                        "--merge", *files], out)

@@ -225,6 +225,16 @@ def test_tables_pool_the_runs_at_this_calls_layer_count_apart(tmp_path, monkeypa
     assert [os.path.basename(f) for f in merged.pop("atscale_deepseek_v2_lite")] == [
         "bench_atscale_deepseek_v2_lite_r1.json"]
     assert not merged
+    # a copy without the _runs.json files (pruned to bring fewer files back) pools the finished parts all the same;
+    # a part killed before its table keeps its _runs.json only; repeats sort by number (r10 after r2)
+    for f in tmp_path.glob("*_runs.json"):
+        f.unlink()
+    (tmp_path / "bench_atscale_deepseek_v2_lite_5layers_r10_runs.json").write_text("{}")
+    monkeypatch.setenv("LAYERS", "5")
+    at_scale.tables(str(tmp_path))
+    assert [os.path.basename(f) for f in merged.pop("atscale_deepseek_v2_lite_5layers")] == [
+        "bench_atscale_deepseek_v2_lite_5layers_r1.json", "bench_atscale_deepseek_v2_lite_5layers_r2.json",
+        "bench_atscale_deepseek_v2_lite_5layers_r10_runs.json"]
 
 
 def test_bad_knobs_stop_the_script_naming_the_value(monkeypatch):
