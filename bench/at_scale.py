@@ -113,13 +113,13 @@ GROUPS = [
     # less offload (the estimate leaves under 10% free: the planner's margin tested), and the two recomputes
     Group("llama2_7b_fp8_pick_a", 4, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, fp8=True,
           reference=False, titan_fits=False,
-          variants=[("micro batch 2, offload 0.75",
+          variants=[("micro batch 2 + offload 0.75",
                      "training.micro_batch_size=2 memory.optimizer_offload_fraction=0.75"),
                     ("offload 0.25", "memory.optimizer_offload_fraction=0.25")]),
     Group("llama2_7b_fp8_pick_b", 4, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, fp8=True,
           reference=False, titan_fits=False,
           variants=[("selective recompute", "recompute=selective"),
-                    ("full recompute, micro batch 4", "recompute=full training.micro_batch_size=4")]),
+                    ("full recompute + micro batch 4", "recompute=full training.micro_batch_size=4")]),
 ]
 
 

@@ -263,6 +263,21 @@ def test_points_runs_the_preset_and_the_named_points_only(monkeypatch):
         at_scale.points(g)
 
 
+def test_every_point_of_every_group_can_be_named_in_points(monkeypatch):
+    """POINTS splits on commas: every point's label is one POINTS entry, which runs the preset and that point."""
+    monkeypatch.delenv("POINTS", raising=False)
+    for g in at_scale.GROUPS:
+        labels = [spec.split("=", 1)[0][len(g.name) + 1:] for _, spec in at_scale.points(g)]
+        for label in labels[1:]:
+            monkeypatch.setenv("POINTS", label)
+            named = [spec.split("=", 1)[0] for _, spec in at_scale.points(g)]
+            assert named == [f"{g.name} megatron preset", f"{g.name} {label}"], (g.name, label)
+            monkeypatch.delenv("POINTS")
+    pick = next(g for g in at_scale.GROUPS if g.name == "llama2_7b_fp8_pick_a")
+    monkeypatch.setenv("POINTS", "micro batch 2 + offload 0.75")
+    assert "training.micro_batch_size=2 memory.optimizer_offload_fraction=0.75" in at_scale.points(pick)[1][1]
+
+
 def test_layers_runs_every_moe_point_at_fewer_layers(monkeypatch):
     g = next(g for g in at_scale.GROUPS if g.name == "deepseek_v2_lite")
     monkeypatch.setenv("LAYERS", "5")
