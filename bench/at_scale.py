@@ -22,8 +22,8 @@ TIMED_STEPS=1 times one step instead of two (a 7B group's three points then fit 
 the part's deadline (default 480 s): a point the pace so far says would end after it is not started.
 LAYERS=5 runs the MoE groups' points at fewer layers (a GPU smaller than an H200), tagged apart. POINTS='torchtitan
 stock' runs the preset and the named points of the group only (comma-separated labels, as `list` prints them after
-the group's name). PROFILE=1 profiles the MoE groups' megatron points (the preset and stock megatron-core) for one
-step, the first after the compiling step (`profile.enabled=true profile.start_step=2 profile.steps=1`; that step
+the group's name). PROFILE=1 profiles each group's train.py points (the preset, its variants, stock megatron-core)
+for one step, the first after the compiling step (`profile.enabled=true profile.start_step=2 profile.steps=1`; that step
 stays timed: the profiler costs about 0.2% of a step on the H200, docs/benchmarks.md), and `tables` (which each part
 runs at its end) copies each profiled run's tables into $OUT: phases_<part tag>_<point>.md, the step by phase
 (router, dispatch/permute, experts, combine/unpermute, shared experts, attention, dense MLP, gradient accumulation,
@@ -143,8 +143,8 @@ def timed_steps() -> int:
 
 
 def profile_overrides(g: Group) -> str:
-    """PROFILE=1: the profiler over the first step after the compiling one, on an MoE group's megatron points."""
-    if os.environ.get("PROFILE") != "1" or not g.moe:
+    """PROFILE=1: the profiler over the first step after the compiling one, on a group's megatron points."""
+    if os.environ.get("PROFILE") != "1":
         return ""
     return " profile.enabled=true profile.start_step=2 profile.steps=1"
 

@@ -169,14 +169,16 @@ def test_pick_sweep_neighbours_are_valid_and_really_neighbours():
             assert pick(cfg, H200, 1).overrides == pick_ov  # the planner picks the preset's settings from each
 
 
-def test_profile_env_profiles_the_moe_groups_megatron_points_once(monkeypatch):
-    """PROFILE=1: the MoE groups' train.py points (preset, stock megatron-core) profile step 2, the first after the
-    compiling step; the peers and the dense groups are untouched; the preset still validates with it."""
+def test_profile_env_profiles_each_groups_megatron_points_once(monkeypatch):
+    """PROFILE=1: every group's train.py points (preset, variants, stock megatron-core) profile step 2, the first
+    after the compiling step; the peers' scripts are untouched; the preset still validates with it."""
     monkeypatch.setenv("PROFILE", "1")
     prof = "profile.enabled=true profile.start_step=2 profile.steps=1"
     for g in at_scale.GROUPS:
         for flag, spec in at_scale.points(g):
-            assert (prof in spec) == (g.moe and flag == "--extra"), (g.name, spec)
+            assert (prof in spec) == (flag == "--extra"), (g.name, spec)
+    row1 = next(g for g in at_scale.GROUPS if g.name == "llama2_7b_fp8")
+    assert compose_cfg(at_scale.points(row1)[0][1].split("=", 1)[1].split()).profile.enabled
     g = next(g for g in MOE if g.name == "deepseek_v2_lite")
     spec = at_scale.points(g)[0][1].split("=", 1)[1].split()
     cfg = compose_cfg(spec)
