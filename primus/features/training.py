@@ -317,13 +317,11 @@ def megatron_issues(cfg, ctx) -> list:
 
 
 def turbo_linears_unfused(cfg) -> bool:
-    """The fusion is on, and turbo.use_turbo_parallel_linear swaps the decoder's Column/RowParallelLinear on the local
-    spec for primus.turbo.parallel_linear's, whose backward returns the weight gradient (megatron's hook adds it)."""
-    from primus.backends.megatron.args import resolved_layer_spec
-    from primus.features.turbo import turbo_on
+    """The fusion is on, and the decoder's linears are turbo's (features.turbo.turbo_linears), whose backward returns
+    the weight gradient (megatron's hook adds it)."""
+    from primus.features.turbo import turbo_linears
 
-    return bool(cfg.training.gradient_accumulation_fusion and turbo_on(cfg, "use_turbo_parallel_linear")
-                and resolved_layer_spec(cfg) == "local")
+    return bool(cfg.training.gradient_accumulation_fusion) and turbo_linears(cfg)
 
 
 def megatron_only(cfg) -> tuple:

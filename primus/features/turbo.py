@@ -147,6 +147,13 @@ def turbo_on(cfg, flag: str) -> bool:
     return bool(cfg.turbo.enable_primus_turbo and getattr(cfg.turbo, flag))
 
 
+def turbo_linears(cfg) -> bool:
+    """megatron runs the decoder's Column/RowParallelLinear as primus.turbo.parallel_linear's (a local-spec swap)."""
+    from primus.backends.megatron.args import resolved_layer_spec
+
+    return turbo_on(cfg, "use_turbo_parallel_linear") and resolved_layer_spec(cfg) == "local"
+
+
 def turbo_fp8(cfg) -> bool:
     """precision.fp8 served by the turbo fp8 linear (TorchTitan's turbo.use_turbo_float8_linear)."""
     return turbo_on(cfg, "use_turbo_float8_linear") and cfg.precision.fp8 is not None
@@ -404,7 +411,7 @@ def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
             out.append(ConfigIssue(on + ["backend.layer_spec"], "te",
                                    "the megatron turbo swaps replace modules of the local spec; Transformer Engine's "
                                    "layers already fuse these", "set backend.layer_spec=local, or turbo=off"))
-    if t.enable_primus_turbo and t.use_turbo_parallel_linear and p.fp8 is not None and spec == "local":
+    if turbo_linears(cfg) and p.fp8 is not None:
         r = p.fp8_recipe.value
         if r in TURBO_GEMM_FP8_RECIPES and r not in PORTABLE_FP8_RECIPES:  # turbo_gemm_fp8_recipe judges the rest
             out.append(ConfigIssue(["turbo.use_turbo_parallel_linear", "precision.fp8_recipe"], r,
