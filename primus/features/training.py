@@ -307,7 +307,8 @@ def megatron_issues(cfg, ctx) -> list:
         out.append(note(["training.gradient_accumulation_fusion", "turbo.use_turbo_parallel_linear"], True,
                         "the decoder's turbo linears (primus.turbo.parallel_linear) return their weight gradients, "
                         "which megatron then adds into main_grad: they have no accumulating form (torch's fp8 GEMM "
-                        "cannot add into an fp32 output); megatron's own linears accumulate in their GEMMs"))
+                        "cannot add into an fp32 output, and a Triton one that does was measured not to pay on an "
+                        "H200: docs/benchmarks.md); megatron's own linears accumulate in their GEMMs"))
     missing = experts_grad_accum_fusion(cfg)
     if missing:
         keys = ["training.gradient_accumulation_fusion"] + [k for ks, _ in missing for k in ks]
