@@ -20,7 +20,7 @@ per-micro-batch work, with the offloaded optimizer step spread over 4x fewer tok
 the preset's tokens/s); FULL_BATCH=1 runs the presets' own global batch (about 4x the time: split the part).
 TIMED_STEPS=1 times one step instead of two (a 7B group's three points then fit one part on an H200); DEADLINE_S sets
 the part's deadline (default 480 s): a point the pace so far says would end after it is not started.
-LAYERS=5 runs the MoE groups' points at fewer layers (a GPU smaller than an H200), tagged apart. POINTS='torchtitan
+LAYERS=5 runs the groups' points at fewer layers (a GPU smaller than an H200), tagged apart. POINTS='torchtitan
 stock' runs the preset and the named points of the group only (comma-separated labels, as `list` prints them after
 the group's name). PROFILE=1 profiles each group's train.py points (the preset, its variants, stock megatron-core)
 for one step, the first after the compiling step (`profile.enabled=true profile.start_step=2 profile.steps=1`; that step
@@ -149,15 +149,23 @@ def profile_overrides(g: Group) -> str:
     return " profile.enabled=true profile.start_step=2 profile.steps=1"
 
 
-def moe_layers(g: Group) -> int:
-    """The MoE group's layer count: the preset's, or LAYERS (fewer, for a GPU smaller than an H200: 5 fit an H100's
-    80 GB with the preset's settings, `python -m primus.plan ... plan.gpu=H100`)."""
-    if not g.moe:
+def full_layers(g: Group) -> int:
+    """The group's own layer count: the MoE preset's (the most that fit an H200), else its model's."""
+    if g.layers:
         return g.layers
-    n = env_number("LAYERS", str(g.layers), int, 1)
-    if n > g.layers:
-        sys.exit(f"[at_scale] LAYERS={n}: more than the {g.layers} layers of {g.preset}, the most that fit an H200; "
-                 f"allowed: 1-{g.layers}")
+    with open(os.path.join(ROOT, "conf", "model", f"{g.shape}.yaml")) as f:
+        return int(re.search(r"^num_layers:\s*(\d+)", f.read(), re.M).group(1))
+
+
+def group_layers(g: Group) -> int:
+    """The layer count the group's points run at: its own, or LAYERS (fewer, for a GPU smaller than an H200: 5 of
+    DeepSeek-V2-Lite's fit an H100's 80 GB with the preset's settings; at 16 of Llama-2-7B's the planner's pick for
+    an H100 is row 1's for an H200, `python -m primus.plan --pick ... plan.gpu=H100`)."""
+    full = full_layers(g)
+    n = env_number("LAYERS", str(full), int, 1)
+    if n > full:
+        what = "the most that fit an H200" if g.layers else f"model={g.shape}'s"
+        sys.exit(f"[at_scale] LAYERS={n}: more than the {full} layers of {g.preset}, {what}; allowed: 1-{full}")
     return n
 
 
@@ -197,11 +205,11 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     batch = f"training.global_batch_size={gbs}"
     out = []
     dry = " dry_run=true" if check else ""
-    layers = moe_layers(g)
-    fewer = f" model.num_layers={layers}" if layers != g.layers else ""
+    layers = group_layers(g)
+    fewer = f" model.num_layers={layers}" if layers != full_layers(g) else ""
     out.append(("--extra", f"{g.name} megatron preset=experiment={g.preset}{fewer} {batch} {steps}{dry}"))
     for label, ov in g.variants:
-        out.append(("--extra", f"{g.name} {label}=experiment={g.preset} {ov} {batch} {steps}{dry}"))
+        out.append(("--extra", f"{g.name} {label}=experiment={g.preset}{fewer} {ov} {batch} {steps}{dry}"))
     taken = {"megatron preset", "megatron-core stock", "reference", "torchtitan stock", *(l for l, _ in g.variants)}
     for label, ov in variants():  # the variant's overrides last: they win over the bench's batch and steps
         if label in taken:
@@ -214,7 +222,7 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
         shape = "debug_moe" if g.moe else "debug"
         size = "--seq 64 --batch 2 --global-batch 4 --steps 1 --warmup 1"
     else:
-        shape = g.shape + (f" --layers {layers}" if layers else "")
+        shape = g.shape + (f" --layers {layers}" if g.layers or fewer else "")
         size = f"--seq {g.seq} --batch {g.micro} --global-batch {gbs} --steps {n} --warmup 1"
     # torchao makes the peers' float8; a CPU check without it checks their bf16 path (the GPU machine has it)
     fp8 = g.fp8 and (not check or importlib.util.find_spec("torchao") is not None)
@@ -301,7 +309,8 @@ def copy_profiles(runs_json: str, out: str) -> List[str]:
 def group_tag(g: Group) -> str:
     """The tag of a group's parts, without the repeat: a run at fewer layers (LAYERS) is another group's, tagged and
     pooled apart from the preset's."""
-    return f"atscale_{g.name}" + (f"_{moe_layers(g)}layers" if moe_layers(g) != g.layers else "")
+    n = group_layers(g)
+    return f"atscale_{g.name}" + (f"_{n}layers" if n != full_layers(g) else "")
 
 
 def tables(out: str) -> int:

@@ -54,8 +54,9 @@ def dense_shapes():
     return out
 
 
-def model_preset(name: str) -> ModelConfig:
-    """conf/model/<name>.yaml through Hydra's compose, exactly as `train.py model=<name>` reads it."""
+def model_preset(name: str, layers: int = 0) -> ModelConfig:
+    """conf/model/<name>.yaml through Hydra's compose, exactly as `train.py model=<name>` reads it (layers: that
+    many decoder layers instead of the preset's, as `model.num_layers=<layers>`)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -63,7 +64,7 @@ def model_preset(name: str) -> ModelConfig:
 
     register()
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        d = compose("config", overrides=[f"model={name}"])
+        d = compose("config", overrides=[f"model={name}"] + ([f"model.num_layers={layers}"] if layers else []))
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), d)).model
 
 
@@ -162,6 +163,7 @@ def main():
                     "accumulation (a multiple of --batch; default: --batch)")
     ap.add_argument("--offload", action="store_true", help="torchao's CPUOffloadOptimizer (GPU only)")
     ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=0, help="decoder layers (default: the preset's)")
     ap.add_argument("--no-compile", action="store_true", help="the variant without torch.compile: a check of this "
                     "script on a CPU, where inductor's code generation takes minutes (figures always compile)")
     shapes = dense_shapes()
@@ -178,7 +180,9 @@ def main():
     accum = gbs // args.batch
     torch.manual_seed(0)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    mc = model_preset(args.shape)
+    if args.layers < 0:
+        ap.error(f"--layers {args.layers}: a number of decoder layers >= 1 (or 0: the preset's)")
+    mc = model_preset(args.shape, args.layers)
     model = Model(mc).to(dev)
     if args.variant == "float8":
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -228,7 +232,8 @@ def main():
     print(json.dumps({
         "name": f"reference/{args.variant}" + ("+offload" if args.offload else "") + ("/no-compile" if args.no_compile
                                                                                       else ""), "shape": args.shape,
-        "loss_impl": args.loss, "micro_batch": args.batch, "global_batch": gbs, "seq": args.seq, "device": dev,
+        "layers": mc.num_layers, "loss_impl": args.loss, "micro_batch": args.batch, "global_batch": gbs,
+        "seq": args.seq, "device": dev,
         "optimizer": "torchao CPUOffloadOptimizer(AdamW)" if args.offload else "AdamW", "grad_clip": not args.offload,
         "tokens_per_s": tps, "tflops_per_gpu": tflops,
         "mfu": tflops / peaks[0] if peaks else None,

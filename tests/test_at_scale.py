@@ -1,4 +1,5 @@
 """bench/at_scale.py: the at-scale rows' presets, their planner picks, the parts, and the CPU check of every entry."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -289,6 +290,39 @@ def test_layers_runs_every_moe_point_at_fewer_layers(monkeypatch):
     monkeypatch.setenv("LAYERS", "11")
     with pytest.raises(SystemExit, match=r"LAYERS=11: more than the 10 layers of deepseek_v2_lite_megatron_fp8"):
         at_scale.points(g)
+
+
+def test_layers_runs_every_dense_point_and_neighbour_at_fewer_layers(monkeypatch):
+    """A dense group's own count is its model's (32); LAYERS=16 reaches the preset, the planner's neighbours and
+    both peers, and tags the parts apart."""
+    monkeypatch.delenv("POINTS", raising=False)
+    monkeypatch.delenv("LAYERS", raising=False)
+    row1 = next(g for g in at_scale.GROUPS if g.name == "llama2_7b_fp8")
+    pick = next(g for g in at_scale.GROUPS if g.name == "llama2_7b_fp8_pick_a")
+    assert at_scale.full_layers(row1) == 32 and not any("layers" in s for _, s in at_scale.points(row1))
+    assert at_scale.group_tag(pick) == "atscale_llama2_7b_fp8_pick_a"
+    monkeypatch.setenv("LAYERS", "16")
+    specs = [spec for _, spec in at_scale.points(row1)]
+    assert "model.num_layers=16" in specs[0]
+    assert [s.split("=", 1)[0] for s in specs[1:]] == ["llama2_7b_fp8 reference", "llama2_7b_fp8 torchtitan stock"]
+    assert all("--shape llama2_7b --layers 16 " in s for s in specs[1:])
+    specs = [spec for _, spec in at_scale.points(pick)]
+    assert len(specs) == 3 and all("model.num_layers=16" in s for s in specs)
+    assert at_scale.group_tag(pick) == "atscale_llama2_7b_fp8_pick_a_16layers"
+    monkeypatch.setenv("LAYERS", "33")
+    with pytest.raises(SystemExit, match=r"LAYERS=33: more than the 32 layers of llama2_7b_megatron_fp8_gbs256, "
+                                         r"model=llama2_7b's; allowed: 1-32"):
+        at_scale.points(row1)
+
+
+def test_reference_takes_fewer_layers():
+    """bench/reference.py --layers builds that many decoder layers of the preset (the row's peer at LAYERS)."""
+    spec = importlib.util.spec_from_file_location("bench_reference", os.path.join(ROOT, "bench", "reference.py"))
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    assert ref.model_preset("llama2_7b").num_layers == 32
+    small = ref.model_preset("llama2_7b", 16)
+    assert small.num_layers == 16 and small.hidden_size == 4096
 
 
 def test_variants_run_the_preset_with_each_variants_overrides_beside_the_peers(monkeypatch):
