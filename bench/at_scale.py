@@ -80,6 +80,9 @@ class Group:
     global_batch: int  # the preset's
     layers: int = 0  # MoE: the preset's layer count (0: the model's)
     micro: int = 1  # the preset's micro batch, which the peers run too
+    # stock TorchTitan's micro batch where at the preset's its estimate leaves less than the pick's 10% margin with
+    # its recompute (0: the preset's): it runs the same global batch in more, smaller micro batches
+    titan_micro: int = 0
     fp8: bool = False
     moe: bool = False
     titan_ac: str = "none"  # stock TorchTitan's activation checkpointing (row 3: the preset's full recompute)
@@ -93,12 +96,15 @@ class Group:
 
 
 GROUPS = [
-    Group("llama2_7b_fp8", 1, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, fp8=True),
-    Group("llama2_7b_bf16", 1, "llama2_7b_megatron_bf16_gbs256", "llama2_7b", 4096, 256),
+    # stock TorchTitan at the preset's micro batch 2 plans 147.9 GiB (7B, no checkpointing) and 135.1 (8B, full)
+    Group("llama2_7b_fp8", 1, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, micro=2, titan_micro=1,
+          fp8=True),
+    Group("llama2_7b_bf16", 1, "llama2_7b_megatron_bf16_gbs256", "llama2_7b", 4096, 256, micro=2, titan_micro=1),
     # stock TorchTitan keeps fp32 params, grads and AdamW on one GPU (16 B a param: 120 GiB at 8B; its CPU offload
     # needs FSDP over several GPUs): at 8B it fits only with full activation checkpointing
     Group("llama3_8b_fp8", 1, "llama3_8b_megatron_fp8_gbs256", "llama3_8b", 4096, 256, fp8=True, titan_ac="full"),
-    Group("llama3_8b_bf16", 1, "llama3_8b_megatron_bf16_gbs256", "llama3_8b", 4096, 256, titan_ac="full"),
+    Group("llama3_8b_bf16", 1, "llama3_8b_megatron_bf16_gbs256", "llama3_8b", 4096, 256, micro=2, titan_micro=1,
+          titan_ac="full"),
     Group("deepseek_v2_lite", 2, "deepseek_v2_lite_megatron_fp8", "deepseek_v2_lite", 4096, 256, layers=10, micro=2,
           fp8=True, moe=True, reference=False),
     Group("qwen3_30b_a3b", 2, "qwen3_30b_a3b_megatron_fp8", "qwen3_30b_a3b", 4096, 256, layers=8, micro=2, fp8=True,
@@ -109,14 +115,15 @@ GROUPS = [
           reference=False, titan_fits=False),
     Group("llama3_8b_seq32k", 3, "llama3_8b_megatron_bf16_seq32k", "llama3_8b", 32768, 32, titan_ac="full",
           reference=False, titan_fits=False),
-    # the pick (micro batch 1, half of Adam offloaded, no recompute) against a larger micro batch with more offload,
-    # less offload (the estimate leaves under 10% free: the planner's margin tested), and the two recomputes
-    Group("llama2_7b_fp8_pick_a", 4, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, fp8=True,
+    # the pick (micro batch 2, all of Adam offloaded, no recompute) against the order's first fit (micro batch 1,
+    # half offloaded: the pick before the step-time model), less offload (the estimate leaves under 10% free: the
+    # planner's margin tested), and the two recomputes
+    Group("llama2_7b_fp8_pick_a", 4, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, micro=2, fp8=True,
           reference=False, titan_fits=False,
-          variants=[("micro batch 2 + offload 0.75",
-                     "training.micro_batch_size=2 memory.optimizer_offload_fraction=0.75"),
-                    ("offload 0.25", "memory.optimizer_offload_fraction=0.25")]),
-    Group("llama2_7b_fp8_pick_b", 4, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, fp8=True,
+          variants=[("micro batch 1 + offload 0.5",
+                     "training.micro_batch_size=1 memory.optimizer_offload_fraction=0.5"),
+                    ("offload 0.75", "memory.optimizer_offload_fraction=0.75")]),
+    Group("llama2_7b_fp8_pick_b", 4, "llama2_7b_megatron_fp8_gbs256", "llama2_7b", 4096, 256, micro=2, fp8=True,
           reference=False, titan_fits=False,
           variants=[("selective recompute", "recompute=selective"),
                     ("full recompute + micro batch 4", "recompute=full training.micro_batch_size=4")]),
@@ -220,19 +227,20 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
                                f"{layers} training=bench training.micro_batch_size={g.micro} {batch} {steps}{dry}"))
     if check:  # the peers themselves, small enough for a CPU
         shape = "debug_moe" if g.moe else "debug"
-        size = "--seq 64 --batch 2 --global-batch 4 --steps 1 --warmup 1"
+        size = "--seq 64 --batch {} --global-batch 4 --steps 1 --warmup 1"
     else:
         shape = g.shape + (f" --layers {layers}" if g.layers or fewer else "")
-        size = f"--seq {g.seq} --batch {g.micro} --global-batch {gbs} --steps {n} --warmup 1"
+        size = f"--seq {g.seq} --batch {{}} --global-batch {gbs} --steps {n} --warmup 1"
     # torchao makes the peers' float8; a CPU check without it checks their bf16 path (the GPU machine has it)
     fp8 = g.fp8 and (not check or importlib.util.find_spec("torchao") is not None)
     if g.reference:
         variant = "float8" if fp8 else "compile_fused"
-        ref = f"bench/reference.py --shape {shape} --variant {variant} {size}"
+        ref = f"bench/reference.py --shape {shape} --variant {variant} {size.format(2 if check else g.micro)}"
         ref += " --no-compile" if check else " --offload"
         out.append(("--peer", f"{g.name} reference={ref}"))
     # (no --offload: TorchTitan offloads through FSDP2 only, which one GPU does not use)
-    titan = f"bench/torchtitan_stock.py --shape {shape} {size} --ac {g.titan_ac}"
+    titan_micro = 2 if check else g.titan_micro or g.micro
+    titan = f"bench/torchtitan_stock.py --shape {shape} {size.format(titan_micro)} --ac {g.titan_ac}"
     titan += " --float8" if fp8 else ""
     titan += "" if check else " --compile"
     if not g.variants and (g.titan_fits or check or os.environ.get("ALL_PEERS") == "1"):
@@ -317,6 +325,8 @@ def tables(out: str) -> int:
     """Pools each group's parts found in `out` (at this call's LAYERS) into one table."""
     rc = 0
     for g in GROUPS:
+        if env_number("LAYERS", "0", int, 0) > full_layers(g):
+            continue  # no part of this group runs at more layers than its own
         # a finished part's bench_<tag>_r<k>.json carries the measuring machine's versions; a killed part left only
         # its runs (_runs.json, which also name the profiled run dirs); either may have been pruned from a copy
         files = []

@@ -8,7 +8,7 @@ import pytest
 from conftest import PY, ROOT, compose_cfg
 from primus.context import RunContext
 from primus.plan import check_fits, plan
-from primus.plan.gpus import GiB, resolve_gpu
+from primus.plan.gpus import GiB, Gpu, resolve_gpu
 from primus.plan.memory import estimate_memory
 
 GPU_CTX = RunContext(device="cuda", world_size=1)  # judged as a GPU run; no GPU here, so the target is plan.gpu / H200
@@ -313,27 +313,72 @@ def test_torchtitan_compiled_autocast_saves_one_cast_and_no_weight_copies():
     assert be.details["autocast_weight_cache"] > 0 and "autocast_weight_cache" not in bc.details
 
 
-def test_pick_prefers_no_recompute_then_the_least_offload_then_the_largest_micro_batch():
-    """The planner's pick for the guide's Llama-2-7B fp8 at global batch 256 on one H200: no recompute, half of Adam
-    offloaded (a quarter leaves less than 10% of the GPU free), micro batch 1 (2 needs more offload)."""
-    from primus.plan.advice import pick
+def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and_micro_batch():
+    """The guide's Llama-2-7B fp8 at global batch 256 on one H200: no recompute fits; the order's first fit is half
+    of Adam offloaded at micro batch 1 (a quarter leaves less than 10% of the GPU free), but micro batch 2 with all
+    of Adam offloaded halves the micro batches' fp32 gradient adds (67 GB each) for 3.4 G more parameters of host
+    Adam, which the model puts 1.5 s a step ahead: the pick. At global batch 64 the adds are 4x fewer and the gain
+    under 1% of the step: the order's first fit stays."""
+    from primus.plan.advice import pick, step_cost_s
 
-    cfg = compose_cfg(["backend=megatron", "model=llama2_7b", "precision=fp8", "training=bench",
-                       "training.global_batch_size=256"])
+    base = ["backend=megatron", "model=llama2_7b", "precision=fp8", "training=bench"]
+    cfg = compose_cfg(base + ["training.global_batch_size=256"])
     gpu = resolve_gpu("H200", None)
     v = pick(cfg, gpu, 1)
-    assert v.overrides == ["recompute=none", "memory=offload", "memory.optimizer_offload_fraction=0.5",
-                           "training.micro_batch_size=1"], v.overrides
+    assert v.overrides == ["recompute=none", "memory=offload", "memory.optimizer_offload_fraction=1.0",
+                           "training.micro_batch_size=2"], v.overrides
     assert v.breakdown.needed <= 0.9 * v.breakdown.capacity
-    less = _bd(["backend=megatron", "model=llama2_7b", "precision=fp8", "training=bench",
-                "training.global_batch_size=256", "memory=offload", "memory.optimizer_offload_fraction=0.25",
-                "training.micro_batch_size=1"])
+    assert "modelled 1.53 s a step ahead of no recompute, offload 0.5, micro batch 1" in v.note, v.note
+    first = compose_cfg(base + ["training.global_batch_size=256", "memory=offload",
+                                "memory.optimizer_offload_fraction=0.5", "training.micro_batch_size=1"])
+    fb = estimate_memory(first, gpu, 1)
+    assert fb.needed <= 0.9 * fb.capacity
+    picked = compose_cfg(base + ["training.global_batch_size=256"] + v.overrides)
+    assert step_cost_s(first, fb, gpu, 1) - step_cost_s(picked, estimate_memory(picked, gpu, 1), gpu, 1) > 1.5
+    less = _bd(base + ["training.global_batch_size=256", "memory=offload", "memory.optimizer_offload_fraction=0.25",
+                       "training.micro_batch_size=1"])
     assert less.needed > 0.9 * less.capacity
+    assert pick(compose_cfg(base + ["training.global_batch_size=64"]), gpu, 1).overrides == [
+        "recompute=none", "memory=offload", "memory.optimizer_offload_fraction=0.5", "training.micro_batch_size=1"]
     # the preset that carries the pick plans what the pick said
     preset = compose_cfg(["experiment=llama2_7b_megatron_fp8_gbs256"])
     assert pick(preset, gpu, 1).overrides == v.overrides
+    # without the GPU's bandwidth, or on TorchTitan, the order alone
+    blind = Gpu(name="custom", label="custom 139.8 GiB", capacity_bytes=gpu.capacity_bytes, source="plan.gpu_memory_gb")
+    assert pick(cfg, blind, 1).overrides[2:] == ["memory.optimizer_offload_fraction=0.5", "training.micro_batch_size=1"]
     # nothing fits: None (a 70B model on one GPU)
     assert pick(compose_cfg(["model=llama3_70b", "training=bench"]), gpu, 1) is None
+
+
+def test_step_cost_counts_only_the_gradients_their_gemm_does_not_accumulate():
+    """unfused_grad_params: every parameter without gradient_accumulation_fusion; with it, megatron's own linears
+    (and the output layer) accumulate in their GEMM, and turbo's decoder linears do not; the model's cost grows with
+    the micro batches (adds), the offloaded share (host Adam) and, with pp, the bubble."""
+    from primus.plan.advice import step_cost_s, unfused_grad_params
+    from primus.plan.memory import layout_of, stage_params
+
+    base = ["backend=megatron", "model=llama2_7b", "training=bench", "training.global_batch_size=256"]
+    off = compose_cfg(base)
+    total = stage_params(off, layout_of(off, 1), 0).total
+    assert unfused_grad_params(off, 1) == total
+    on = compose_cfg(base + ["training.gradient_accumulation_fusion=true", "backend.layer_spec=local", "turbo=off"])
+    sp = stage_params(on, layout_of(on, 1), 0)
+    assert unfused_grad_params(on, 1) == total - sp.linear < total // 20  # embedding and norms
+    turbo = compose_cfg(base + ["training.gradient_accumulation_fusion=true", "backend.layer_spec=local",
+                                "turbo=megatron"])
+    assert turbo.turbo.enable_primus_turbo and turbo.turbo.use_turbo_parallel_linear
+    vh = on.model.vocab_size * on.model.hidden_size
+    assert unfused_grad_params(turbo, 1) == total - vh
+    gpu = resolve_gpu("H200", None)
+
+    def cost(extra, world=1):
+        c = compose_cfg(base + extra)
+        return step_cost_s(c, estimate_memory(c, gpu, world), gpu, world)
+    assert cost(["training.micro_batch_size=1"]) > cost(["training.micro_batch_size=2"])  # half the adds
+    assert cost(["memory=offload", "memory.optimizer_offload_fraction=1.0"]) > cost([])  # host Adam
+    # pp = 2 on 2 GPUs: half the parameters a rank, and 1F1B's bubble, 1 / 8 of the step at 8 micro batches
+    few = ["training.global_batch_size=8"]
+    assert cost(few + ["parallel.pipeline_model_parallel_size=2"], 2) > cost(few)
 
 
 @pytest.mark.e2e

@@ -8,7 +8,7 @@ from typing import Callable, List, Optional
 
 from primus.config.schema import ACMode, Backend, PrimusConfig, RecomputeGranularity, RecomputeMethod
 from primus.plan.gpus import GPUS, Gpu, lookup
-from primus.plan.memory import MemoryBreakdown, estimate_memory, layout_of
+from primus.plan.memory import MemoryBreakdown, estimate_memory, estimate_throughput, layout_of, stage_params
 
 
 @dataclass
@@ -219,14 +219,77 @@ def _set_offload(cfg, frac: float) -> List[str]:
     return ["memory=offload", f"memory.optimizer_offload_fraction={frac}"]
 
 
+# The pick's step-time model: only the terms that change with the offload share and the micro batch at one
+# recompute level, each priced from a measurement.
+#  - Each micro batch, megatron's DDP hook adds every weight gradient its GEMM did not accumulate into the fp32
+#    main_grad: a bf16 read, an fp32 read and write, 10 bytes a parameter, at 73% of the HBM bandwidth (the add's
+#    measured speed on an H100). A larger micro batch makes fewer of them.
+#  - The offloaded share of Adam runs on the host: megatron-core's CPU Adam did 3.5 G parameters a second on the
+#    H200 machine's 16 cores (3.37 B in 0.95 s; 3.9-4.7 G/s on an H100 machine's), each rank assumed to have such a
+#    share of its host. The GPU share reads and writes about 28 bytes a parameter (fp32 param, grad, two moments;
+#    the bf16 copy).
+#  - With pipeline parallelism, 1F1B's bubble: (pp - 1) / (vp x micro batches) of the compute, at plan.assumed_mfu.
+# The GEMMs' own efficiency, which also grows with the micro batch, is left out. On Llama-2-7B's 16 layers on an
+# H100 at global batch 256 (docs/benchmarks.md, row 4) the model orders the three measured points as measured
+# (micro batch 1 with half of Adam offloaded < 2 with 0.75 < 4 with all of it: 1.000x, 1.073x, 1.12x) and
+# under-predicts the gaps (it gives 1.6 and 2.3 s a step against the measured 2.1 and 3.4 s).
+# The pick leaves the order's first fit for the model's best only when the model puts it at least MODEL_GAIN of the
+# step (plan.assumed_mfu) ahead: below that the model's error is larger than the gain.
+MODEL_GAIN = 0.01
+ADD_BYTES = 10
+ADD_HBM_FRACTION = 0.73
+HOST_ADAM_PARAMS_PER_S = 3.5e9
+GPU_ADAM_BYTES = 28
+
+
+def unfused_grad_params(cfg: PrimusConfig, world: int, stage: int = 0) -> int:
+    """Parameters of one rank whose weight gradients megatron's DDP hook adds into main_grad each micro batch: all
+    of them, but where training.gradient_accumulation_fusion has megatron's own linears (and, where the fusion
+    reaches them, the experts' grouped GEMMs) accumulate in their GEMM. The decoder's turbo linears return their
+    gradients (features.training.turbo_linears_unfused)."""
+    from primus.features.training import experts_grad_accum_fusion
+    from primus.features.turbo import turbo_linears
+
+    lay = layout_of(cfg, world)
+    sp = stage_params(cfg, lay, stage)
+    if not cfg.training.gradient_accumulation_fusion:
+        return sp.total
+    output_layer = cfg.model.vocab_size * cfg.model.hidden_size // lay.tp if sp.output else 0
+    fused = output_layer if turbo_linears(cfg) else sp.linear - sp.experts
+    if experts_grad_accum_fusion(cfg) == []:
+        fused += sp.experts
+    return sp.total - fused
+
+
+def step_cost_s(cfg: PrimusConfig, b: MemoryBreakdown, gpu: Gpu, world: int) -> Optional[float]:
+    """Seconds a step spends on what the offload share and the micro batch change (the model above); None for a
+    GPU whose bandwidth HBM_TBPS does not know."""
+    if not gpu.hbm_tbps or cfg.backend.name != Backend.megatron:
+        return None
+    lay = layout_of(cfg, world)
+    bw = gpu.hbm_tbps * 1e12 * ADD_HBM_FRACTION
+    adds = lay.num_microbatches * unfused_grad_params(cfg, world, b.stage) * ADD_BYTES / bw
+    m = cfg.memory
+    frac = m.optimizer_offload_fraction if m.optimizer_cpu_offload else 0.0
+    host = frac * b.main_params_numel / HOST_ADAM_PARAMS_PER_S
+    device = (1 - frac) * b.main_params_numel * GPU_ADAM_BYTES / bw
+    bubble = 0.0
+    if lay.pp > 1:
+        tp = estimate_throughput(cfg, gpu, world)
+        bubble = (lay.pp - 1) / (lay.vp * lay.num_microbatches) * (tp.step_time_s or 0.0)
+    return adds + host + device + bubble
+
+
 def pick(cfg: PrimusConfig, gpu: Gpu, world: int, margin: float = 0.10,
          micro_batches=(1, 2, 4, 8, 16)) -> Optional[Variant]:
-    """The planner's pick for one job on its GPUs: the cheapest recompute, then the smallest optimizer offload
-    fraction (megatron), then the largest micro batch, whose estimate leaves `margin` of the GPU free (the
-    estimate's accuracy bar). In that order because full recompute costs about a third more compute on every step,
-    an offloaded share of Adam costs host time once per step (and overlaps the next step's compute in part), and a
-    larger micro batch at seq >= 4096 only makes GEMMs that are already large a little faster. None when nothing on
-    these GPUs fits."""
+    """The planner's pick for one job on its GPUs: the cheapest recompute whose estimate leaves `margin` of the GPU
+    free (the estimate's accuracy bar) with some optimizer offload share (megatron) and micro batch; among those,
+    the first in the order "the smallest offload share, then the largest micro batch", unless the model above
+    puts another's step at least MODEL_GAIN shorter (the model applies to megatron on a GPU of known bandwidth;
+    the order alone elsewhere). Recompute
+    first because full recompute costs about a third more compute on every step, more than any offload share's host
+    time (measured: selective 0.95x, full at micro batch 4 0.88x the pick, docs/benchmarks.md row 4). None when
+    nothing on these GPUs fits."""
     t = cfg.training
     dp = layout_of(cfg, world).dp
     mbs = sorted((b for b in micro_batches if t.global_batch_size % (b * dp) == 0), reverse=True)
@@ -240,6 +303,7 @@ def pick(cfg: PrimusConfig, gpu: Gpu, world: int, margin: float = 0.10,
         r.activation_checkpoint_mode = ACMode.none
     r.recompute_granularity = None
     for rc in recomputes:
+        fitting = []
         for frac in fracs:
             for mb in mbs:
                 c = copy.deepcopy(base)
@@ -258,6 +322,18 @@ def pick(cfg: PrimusConfig, gpu: Gpu, world: int, margin: float = 0.10,
                 ov = ov + [f"training.micro_batch_size={mb}"]
                 b = estimate_memory(c, gpu, world)
                 if b.needed <= b.capacity * (1 - margin):
-                    return Variant(f"{label}, micro batch {mb}", ov, b, world,
-                                   f"{b.needed / b.capacity:.0%} of {gpu.label}")
+                    cost = step_cost_s(c, b, gpu, world)
+                    fitting.append((cost, Variant(f"{label}, micro batch {mb}", ov, b, world, "")))
+        if fitting:
+            first_cost, v = fitting[0]
+            v.note = f"{v.breakdown.needed / v.breakdown.capacity:.0%} of {gpu.label}"
+            if first_cost is None:
+                return v
+            cost, best = min(fitting, key=lambda f: f[0])
+            step = estimate_throughput(base, gpu, world).step_time_s
+            if first_cost - cost >= MODEL_GAIN * (step or 0.0):
+                best.note = (f"{best.breakdown.needed / best.breakdown.capacity:.0%} of {gpu.label}; modelled "
+                             f"{first_cost - cost:.2f} s a step ahead of {v.label} (gradient adds, Adam, bubble)")
+                return best
+            return v
     return None

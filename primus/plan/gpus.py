@@ -20,6 +20,9 @@ GPUS = [
     ("MI325X", ("MI325X 256 GB", 255.98)),
     ("MI355X", ("MI355X 288 GB", 287.98)),
 ]
+# name fragment -> HBM bandwidth, TB/s (the vendors' figures); the pick's step-time model prices memory-bound work
+# (the gradient accumulation's adds, the GPU share of Adam) with it
+HBM_TBPS = {"H100 PCIe": 2.0, "H100": 3.35, "H200": 4.8, "MI300X": 5.3, "MI325X": 6.0, "MI355X": 8.0}
 KNOWN = [frag for frag, _ in GPUS if frag != "H100 PCIe"]  # the names `plan.gpu` accepts (and the advice's "bigger GPU")
 
 
@@ -29,12 +32,13 @@ class Gpu:
     label: str  # what the report prints: "H200 141 GB"
     capacity_bytes: float  # bytes the framework can allocate
     source: str  # "detected" | "plan.gpu" | "plan.gpu_memory_gb"
+    hbm_tbps: Optional[float] = None  # HBM bandwidth (HBM_TBPS), None for a GPU the table does not know
 
 
 def lookup(name: str) -> Optional[Gpu]:
     for frag, (label, gib) in GPUS:
         if frag.lower() in name.lower():
-            return Gpu(name=frag, label=label, capacity_bytes=gib * GiB, source="plan.gpu")
+            return Gpu(name=frag, label=label, capacity_bytes=gib * GiB, source="plan.gpu", hbm_tbps=HBM_TBPS[frag])
     return None
 
 
@@ -50,15 +54,16 @@ def detect() -> Optional[Gpu]:
     total = float(torch.cuda.get_device_properties(0).total_memory)
     known = lookup(name)
     return Gpu(name=known.name if known else name, label=f"{name} ({total / GiB:.1f} GiB)", capacity_bytes=total,
-               source="detected")
+               source="detected", hbm_tbps=known.hbm_tbps if known else None)
 
 
 def resolve_gpu(gpu: Optional[str], gpu_memory_gb: Optional[float], allow_detect: bool = True) -> Gpu:
     """Precedence: an explicit `plan.gpu_memory_gb`, then an explicit `plan.gpu` name, then the local GPU, then H200."""
     if gpu_memory_gb:
         label = f"{gpu or 'GPU'} {gpu_memory_gb:g} GiB"
+        named = lookup(gpu) if gpu else None
         return Gpu(name=gpu or "custom", label=label, capacity_bytes=float(gpu_memory_gb) * GiB,
-                   source="plan.gpu_memory_gb")
+                   source="plan.gpu_memory_gb", hbm_tbps=named.hbm_tbps if named else None)
     if gpu:
         found = lookup(gpu)
         if found is None:
