@@ -369,6 +369,9 @@ def test_step_cost_counts_only_the_gradients_their_gemm_does_not_accumulate():
     assert turbo.turbo.enable_primus_turbo and turbo.turbo.use_turbo_parallel_linear
     vh = on.model.vocab_size * on.model.hidden_size
     assert unfused_grad_params(turbo, 1) == total - vh
+    portable = compose_cfg(base + ["training.gradient_accumulation_fusion=true", "backend.layer_spec=local",
+                                   "turbo=off", "precision=fp8"])
+    assert unfused_grad_params(portable, 1) == total - vh  # the fp8 linears return theirs; the bf16 output layer not
     gpu = resolve_gpu("H200", None)
 
     def cost(extra, world=1):

@@ -303,12 +303,14 @@ def megatron_issues(cfg, ctx) -> list:
                         "keep one: training.compile=true, or training.gradient_accumulation_fusion=true with "
                         "training.compile=false")]
     out = []
-    if turbo_linears_unfused(cfg):
-        out.append(note(["training.gradient_accumulation_fusion", "turbo.use_turbo_parallel_linear"], True,
-                        "the decoder's turbo linears (primus.turbo.parallel_linear) return their weight gradients, "
-                        "which megatron then adds into main_grad: they have no accumulating form (torch's fp8 GEMM "
-                        "cannot add into an fp32 output, and a Triton one that does was measured not to pay on an "
-                        "H200: docs/benchmarks.md); megatron's own linears accumulate in their GEMMs"))
+    unfused = linears_unfused(cfg)
+    if unfused:
+        key, what = unfused
+        out.append(note(["training.gradient_accumulation_fusion", key], True,
+                        f"the decoder's {what} return their weight gradients, which megatron then adds into "
+                        "main_grad: they have no accumulating form (torch's fp8 GEMM cannot add into an fp32 output, "
+                        "and a Triton one that does was measured not to pay on an H200: docs/benchmarks.md); "
+                        "megatron's own linears accumulate in their GEMMs"))
     missing = experts_grad_accum_fusion(cfg)
     if missing:
         keys = ["training.gradient_accumulation_fusion"] + [k for ks, _ in missing for k in ks]
@@ -317,12 +319,20 @@ def megatron_issues(cfg, ctx) -> list:
     return out
 
 
-def turbo_linears_unfused(cfg) -> bool:
-    """The fusion is on, and the decoder's linears are turbo's (features.turbo.turbo_linears), whose backward returns
-    the weight gradient (megatron's hook adds it)."""
+def linears_unfused(cfg) -> Optional[Tuple[str, str]]:
+    """(the key, what they are) when the fusion is on and the decoder's linears are ones whose backward returns the
+    weight gradient (megatron's hook adds it): turbo's (features.turbo.turbo_linears), or the portable fp8 linears
+    (precision.fp8 without Transformer Engine, primus/backends/megatron/fp8.py); else None."""
+    from primus.features.precision import fp8_backend
     from primus.features.turbo import turbo_linears
 
-    return bool(cfg.training.gradient_accumulation_fusion) and turbo_linears(cfg)
+    if not (cfg.training.gradient_accumulation_fusion and cfg.backend.name.value == "megatron"):
+        return None
+    if turbo_linears(cfg):
+        return "turbo.use_turbo_parallel_linear", "turbo linears (primus.turbo.parallel_linear)"
+    if cfg.precision.fp8 is not None and fp8_backend(cfg) == "portable":
+        return "precision.fp8", "fp8 linears (primus.turbo.fp8_linear, without Transformer Engine)"
+    return None
 
 
 def megatron_only(cfg) -> tuple:

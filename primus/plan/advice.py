@@ -246,16 +246,15 @@ def unfused_grad_params(cfg: PrimusConfig, world: int, stage: int = 0) -> int:
     """Parameters of one rank whose weight gradients megatron's DDP hook adds into main_grad each micro batch: all
     of them, but where training.gradient_accumulation_fusion has megatron's own linears (and, where the fusion
     reaches them, the experts' grouped GEMMs) accumulate in their GEMM. The decoder's turbo linears return their
-    gradients (features.training.turbo_linears_unfused)."""
-    from primus.features.training import experts_grad_accum_fusion
-    from primus.features.turbo import turbo_linears
+    gradients, as do the portable fp8 linears (features.training.linears_unfused)."""
+    from primus.features.training import experts_grad_accum_fusion, linears_unfused
 
     lay = layout_of(cfg, world)
     sp = stage_params(cfg, lay, stage)
     if not cfg.training.gradient_accumulation_fusion:
         return sp.total
     output_layer = cfg.model.vocab_size * cfg.model.hidden_size // lay.tp if sp.output else 0
-    fused = output_layer if turbo_linears(cfg) else sp.linear - sp.experts
+    fused = output_layer if linears_unfused(cfg) else sp.linear - sp.experts
     if experts_grad_accum_fusion(cfg) == []:
         fused += sp.experts
     return sp.total - fused
