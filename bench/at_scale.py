@@ -227,20 +227,19 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
                                f"{layers} training=bench training.micro_batch_size={g.micro} {batch} {steps}{dry}"))
     if check:  # the peers themselves, small enough for a CPU
         shape = "debug_moe" if g.moe else "debug"
-        size = "--seq 64 --batch {} --global-batch 4 --steps 1 --warmup 1"
+        size = lambda micro: "--seq 64 --batch 2 --global-batch 4 --steps 1 --warmup 1"  # noqa: E731
     else:
         shape = g.shape + (f" --layers {layers}" if g.layers or fewer else "")
-        size = f"--seq {g.seq} --batch {{}} --global-batch {gbs} --steps {n} --warmup 1"
+        size = lambda micro: f"--seq {g.seq} --batch {micro} --global-batch {gbs} --steps {n} --warmup 1"  # noqa: E731
     # torchao makes the peers' float8; a CPU check without it checks their bf16 path (the GPU machine has it)
     fp8 = g.fp8 and (not check or importlib.util.find_spec("torchao") is not None)
     if g.reference:
         variant = "float8" if fp8 else "compile_fused"
-        ref = f"bench/reference.py --shape {shape} --variant {variant} {size.format(2 if check else g.micro)}"
+        ref = f"bench/reference.py --shape {shape} --variant {variant} {size(g.micro)}"
         ref += " --no-compile" if check else " --offload"
         out.append(("--peer", f"{g.name} reference={ref}"))
     # (no --offload: TorchTitan offloads through FSDP2 only, which one GPU does not use)
-    titan_micro = 2 if check else g.titan_micro or g.micro
-    titan = f"bench/torchtitan_stock.py --shape {shape} {size.format(titan_micro)} --ac {g.titan_ac}"
+    titan = f"bench/torchtitan_stock.py --shape {shape} {size(g.titan_micro or g.micro)} --ac {g.titan_ac}"
     titan += " --float8" if fp8 else ""
     titan += "" if check else " --compile"
     if not g.variants and (g.titan_fits or check or os.environ.get("ALL_PEERS") == "1"):
