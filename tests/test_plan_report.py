@@ -328,7 +328,8 @@ def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and
     assert v.overrides == ["recompute=none", "memory=offload", "memory.optimizer_offload_fraction=1.0",
                            "training.micro_batch_size=2"], v.overrides
     assert v.breakdown.needed <= 0.9 * v.breakdown.capacity
-    assert "modelled 1.53 s a step ahead of no recompute, offload 0.5, micro batch 1" in v.note, v.note
+    assert v.why == ("modelled 1.53 s a step ahead of the order's first fit (no recompute, offload 0.5, micro batch "
+                     "1) on gradient adds, Adam and the pipeline bubble"), v.why
     first = compose_cfg(base + ["training.global_batch_size=256", "memory=offload",
                                 "memory.optimizer_offload_fraction=0.5", "training.micro_batch_size=1"])
     fb = estimate_memory(first, gpu, 1)

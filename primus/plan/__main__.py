@@ -65,7 +65,7 @@ def run_pick(cfg, ctx) -> int:
     b, G = v.breakdown, float(1 << 30)
     print(f"[primus plan] pick: {v.label}: {b.needed / G:.1f} GiB needed of {b.capacity / G:.1f} GiB ({v.note}), "
           f"peak during {b.peak_phase}, {b.optimizer_cpu / G:.1f} GiB of Adam states on the CPU\n"
-          f"  overrides: {' '.join(v.overrides)}")
+          + (f"  why: {v.why}\n" if v.why else "") + f"  overrides: {' '.join(v.overrides)}")
     return 0
 
 

@@ -18,6 +18,7 @@ class Variant:
     breakdown: MemoryBreakdown
     gpus: int  # world size it needs
     note: str = ""
+    why: str = ""  # the pick: why not the order's first fit (the step-time model's gain), when it is not
 
     @property
     def fits(self) -> bool:
@@ -331,8 +332,9 @@ def pick(cfg: PrimusConfig, gpu: Gpu, world: int, margin: float = 0.10,
             cost, best = min(fitting, key=lambda f: f[0])
             step = estimate_throughput(base, gpu, world).step_time_s
             if first_cost - cost >= MODEL_GAIN * (step or 0.0):
-                best.note = (f"{best.breakdown.needed / best.breakdown.capacity:.0%} of {gpu.label}; modelled "
-                             f"{first_cost - cost:.2f} s a step ahead of {v.label} (gradient adds, Adam, bubble)")
+                best.note = f"{best.breakdown.needed / best.breakdown.capacity:.0%} of {gpu.label}"
+                best.why = (f"modelled {first_cost - cost:.2f} s a step ahead of the order's first fit ({v.label}) "
+                            "on gradient adds, Adam and the pipeline bubble")
                 return best
             return v
     return None
