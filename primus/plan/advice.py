@@ -286,10 +286,9 @@ def pick(cfg: PrimusConfig, gpu: Gpu, world: int, margin: float = 0.10,
     free (the estimate's accuracy bar) with some optimizer offload share (megatron) and micro batch; among those,
     the first in the order "the smallest offload share, then the largest micro batch", unless the model above
     puts another's step at least MODEL_GAIN shorter (the model applies to megatron on a GPU of known bandwidth;
-    the order alone elsewhere). Recompute
-    first because full recompute costs about a third more compute on every step, more than any offload share's host
-    time (measured: selective 0.95x, full at micro batch 4 0.88x the pick, docs/benchmarks.md row 4). None when
-    nothing on these GPUs fits."""
+    the order alone elsewhere). Recompute first because full recompute costs about a third more compute on every
+    step, more than any offload share's host time (measured: selective 0.95x, full at micro batch 4 0.88x the
+    pick, docs/benchmarks.md row 4). None when nothing on these GPUs fits."""
     t = cfg.training
     dp = layout_of(cfg, world).dp
     mbs = sorted((b for b in micro_batches if t.global_batch_size % (b * dp) == 0), reverse=True)
