@@ -160,8 +160,9 @@ def full_layers(g: Group) -> int:
     """The group's own layer count: the MoE preset's (the most that fit an H200), else its model's."""
     if g.layers:
         return g.layers
-    with open(os.path.join(ROOT, "conf", "model", f"{g.shape}.yaml")) as f:
-        return int(re.search(r"^num_layers:\s*(\d+)", f.read(), re.M).group(1))
+    from omegaconf import OmegaConf
+
+    return int(OmegaConf.load(os.path.join(ROOT, "conf", "model", f"{g.shape}.yaml")).num_layers)
 
 
 def group_layers(g: Group) -> int:

@@ -197,7 +197,7 @@ def variants(cfg: PrimusConfig, gpu: Gpu, world: int) -> List[Variant]:
 def bigger_gpus(cfg: PrimusConfig, gpu: Gpu, world: int) -> List[str]:
     """Known GPUs on which this exact config fits."""
     out = []
-    for frag, (label, _) in GPUS:
+    for frag, (label, _, _) in GPUS:
         if frag == "H100 PCIe":
             continue
         g = lookup(frag)
@@ -254,7 +254,7 @@ def unfused_grad_params(cfg: PrimusConfig, world: int, stage: int = 0) -> int:
     sp = stage_params(cfg, lay, stage)
     if not cfg.training.gradient_accumulation_fusion:
         return sp.total
-    output_layer = cfg.model.vocab_size * cfg.model.hidden_size // lay.tp if sp.output else 0
+    output_layer = sp.output - cfg.model.hidden_size if sp.output else 0  # its own projection (megatron's linear)
     fused = output_layer if linears_unfused(cfg) else sp.linear - sp.experts
     if experts_grad_accum_fusion(cfg) == []:
         fused += sp.experts
@@ -263,7 +263,7 @@ def unfused_grad_params(cfg: PrimusConfig, world: int, stage: int = 0) -> int:
 
 def step_cost_s(cfg: PrimusConfig, b: MemoryBreakdown, gpu: Gpu, world: int) -> Optional[float]:
     """Seconds a step spends on what the offload share and the micro batch change (the model above); None for a
-    GPU whose bandwidth HBM_TBPS does not know."""
+    GPU whose bandwidth the GPU table does not know."""
     if not gpu.hbm_tbps or cfg.backend.name != Backend.megatron:
         return None
     lay = layout_of(cfg, world)

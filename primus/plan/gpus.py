@@ -11,18 +11,16 @@ from typing import Optional
 
 GiB = float(1 << 30)
 
-# name fragment -> (nominal label, usable GiB as torch reports total_memory). More specific first.
+# name fragment -> (nominal label, usable GiB as torch reports total_memory, HBM bandwidth in TB/s: the vendors'
+# figure, with which the pick's step-time model prices memory-bound work). More specific first.
 GPUS = [
-    ("H100 PCIe", ("H100 PCIe 80 GB", 79.2)),
-    ("H100", ("H100 80 GB", 79.2)),
-    ("H200", ("H200 141 GB", 139.8)),
-    ("MI300X", ("MI300X 192 GB", 191.98)),
-    ("MI325X", ("MI325X 256 GB", 255.98)),
-    ("MI355X", ("MI355X 288 GB", 287.98)),
+    ("H100 PCIe", ("H100 PCIe 80 GB", 79.2, 2.0)),
+    ("H100", ("H100 80 GB", 79.2, 3.35)),
+    ("H200", ("H200 141 GB", 139.8, 4.8)),
+    ("MI300X", ("MI300X 192 GB", 191.98, 5.3)),
+    ("MI325X", ("MI325X 256 GB", 255.98, 6.0)),
+    ("MI355X", ("MI355X 288 GB", 287.98, 8.0)),
 ]
-# name fragment -> HBM bandwidth, TB/s (the vendors' figures); the pick's step-time model prices memory-bound work
-# (the gradient accumulation's adds, the GPU share of Adam) with it
-HBM_TBPS = {"H100 PCIe": 2.0, "H100": 3.35, "H200": 4.8, "MI300X": 5.3, "MI325X": 6.0, "MI355X": 8.0}
 KNOWN = [frag for frag, _ in GPUS if frag != "H100 PCIe"]  # the names `plan.gpu` accepts (and the advice's "bigger GPU")
 
 
@@ -32,13 +30,13 @@ class Gpu:
     label: str  # what the report prints: "H200 141 GB"
     capacity_bytes: float  # bytes the framework can allocate
     source: str  # "detected" | "plan.gpu" | "plan.gpu_memory_gb"
-    hbm_tbps: Optional[float] = None  # HBM bandwidth (HBM_TBPS), None for a GPU the table does not know
+    hbm_tbps: Optional[float] = None  # HBM bandwidth (GPUS), None for a GPU the table does not know
 
 
 def lookup(name: str) -> Optional[Gpu]:
-    for frag, (label, gib) in GPUS:
+    for frag, (label, gib, tbps) in GPUS:
         if frag.lower() in name.lower():
-            return Gpu(name=frag, label=label, capacity_bytes=gib * GiB, source="plan.gpu", hbm_tbps=HBM_TBPS[frag])
+            return Gpu(name=frag, label=label, capacity_bytes=gib * GiB, source="plan.gpu", hbm_tbps=tbps)
     return None
 
 
