@@ -337,6 +337,38 @@ def test_reference_takes_fewer_layers():
     assert small.num_layers == 16 and small.hidden_size == 4096
 
 
+def test_reference_copies_gradients_to_the_host_at_the_last_micro_batch_only():
+    """HostCopyGate: a post-accumulate-grad hook registered inside capture() (as torchao's CPUOffloadOptimizer
+    registers its host copy) runs at the backward the gate is open for, and sees the gradient accumulated over the
+    step's micro batches; outside capture(), and with the gate open, hooks run at every backward as torch runs them."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("bench_reference", os.path.join(ROOT, "bench", "reference.py"))
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    model = torch.nn.Linear(4, 3)
+    seen, plain = [], []
+    gate = ref.HostCopyGate()
+    with gate.capture():
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.clone()))
+    model.weight.register_post_accumulate_grad_hook(lambda t: plain.append(1))
+    xs = torch.randn(3, 2, 4)
+    for step in range(2):
+        for i, x in enumerate(xs):
+            gate.open = i == len(xs) - 1
+            model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+    assert len(seen) == 2 * 2 and len(plain) == 2 * 3  # 2 params x 2 steps, gated; 3 micro batches x 2, not
+    weight_grad = next(g for g in seen[-2:] if g.dim() == 2)
+    bias_grad = next(g for g in seen[-2:] if g.dim() == 1)
+    assert torch.allclose(weight_grad, xs.sum(dim=(0, 1)).expand(3, 4))  # all 3 micro batches' rows
+    assert torch.equal(bias_grad, torch.full((3,), 6.0))
+    gate.open = True
+    model(xs[0]).sum().backward()
+    assert len(seen) == 2 * 2 + 2
+
+
 def test_variants_run_the_preset_with_each_variants_overrides_beside_the_peers(monkeypatch):
     """VARIANTS='label:overrides;...': one more megatron point per variant in each group, its own row, kept by POINTS;
     on the DeepSeek-V2-Lite group the preset uncompiled and with fp8 experts compose and validate (a planned H200 run);
