@@ -113,6 +113,25 @@ class TpsRecords(logging.Handler):
             self.steps.append((int(m.group(1)), float(m.group(2)), float(m.group(3).replace(",", ""))))
 
 
+def run_peak(monitor_cls, read):
+    """The peak of `read()` (torch's max_memory_allocated) over the whole run, for a monitor class that resets it.
+
+    TorchTitan 0.2.2's MetricsProcessor calls DeviceMemoryMonitor.reset_peak_stats after each log line, so the
+    allocator's peak read at the end covers only what ran after the last one: the model's and Adam's states, not the
+    step's activations. Each reset first folds the peak so far into a running maximum; returns a reader of the
+    run's peak.
+    """
+    seen = [0]
+    reset = monitor_cls.reset_peak_stats
+
+    def folded(self):
+        seen[0] = max(seen[0], read())
+        reset(self)
+
+    monitor_cls.reset_peak_stats = folded
+    return lambda: max(seen[0], read())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llama3_8b", help="a model preset of conf/model/ (debug: the CPU check)")
@@ -193,8 +212,11 @@ def main():
     from torchtitan.tools.logging import init_logger
     from torchtitan.train import Trainer
 
+    from torchtitan.components.metrics import DeviceMemoryMonitor
+
     if gpu:
         torch.cuda.reset_peak_memory_stats()
+    peak = run_peak(DeviceMemoryMonitor, torch.cuda.max_memory_allocated if gpu else lambda: 0)
     # torchtitan.train.main's body: its ConfigManager binds sys.argv when imported, so the toml is passed here
     init_logger()
     logging.getLogger().addHandler(rec)
@@ -227,7 +249,7 @@ def main():
         "mfu": tflops / peaks[0] if peaks else None,
         "mfu_causal": tps * flops_per_token(m, args.seq, causal=True) / 1e12 / peaks[0] if peaks else None,
         "mfu_fp8_peak": tflops / peaks[1] if peaks else None,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else None,
+        "peak_memory_gib": peak() / 2**30 if gpu else None,
         "step_time_s": gbs * args.seq / tps, "loss": loss, "finite": math.isfinite(loss)}))
 
 

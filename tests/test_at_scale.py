@@ -146,6 +146,30 @@ def test_long_sequence_peers_left_out_are_the_ones_the_planner_says_cannot_fit()
             assert theirs.needed > 0.9 * theirs.capacity and g.titan_micro < g.micro, g.name
 
 
+def test_stock_torchtitans_peak_memory_is_the_runs_not_the_last_log_lines():
+    """TorchTitan 0.2.2 resets the allocator's peak after each log line (its DeviceMemoryMonitor.reset_peak_stats,
+    which the peer script wraps): the peak reported is the largest before any reset, not what followed the last."""
+    import runpy
+
+    from torchtitan.components.metrics import DeviceMemoryMonitor
+
+    stock = runpy.run_path(os.path.join(ROOT, "bench", "torchtitan_stock.py"), run_name="bench_torchtitan_stock")
+    assert callable(DeviceMemoryMonitor.reset_peak_stats)  # the upstream method the script wraps
+
+    class Monitor:  # an allocator whose peak the monitor resets, as DeviceMemoryMonitor resets torch's
+        level = 0
+
+        def reset_peak_stats(self):
+            Monitor.level = 5  # what stays allocated after a step: the states
+
+    peak = stock["run_peak"](Monitor, lambda: Monitor.level)
+    m = Monitor()
+    for step_peak in (60, 62, 61):  # each step's peak, then its log line's reset
+        Monitor.level = step_peak
+        m.reset_peak_stats()
+    assert Monitor.level == 5 and peak() == 62
+
+
 def test_stock_torchtitan_refuses_offload_in_one_process(capsys):
     """TorchTitan builds the model on the CPU under enable_cpu_offload and moves it with FSDP2 only: one process
     would train on the CPU. The peer script says so before anything starts."""
