@@ -322,16 +322,15 @@ def pick(cfg: PrimusConfig, gpu: Gpu, world: int, margin: float = 0.10,
                 b = estimate_memory(c, gpu, world)
                 if b.needed <= b.capacity * (1 - margin):
                     cost = step_cost_s(c, b, gpu, world)
-                    fitting.append((cost, Variant(f"{label}, micro batch {mb}", ov, b, world, "")))
+                    fitting.append((cost, Variant(f"{label}, micro batch {mb}", ov, b, world,
+                                                  f"{b.needed / b.capacity:.0%} of {gpu.label}")))
         if fitting:
             first_cost, v = fitting[0]
-            v.note = f"{v.breakdown.needed / v.breakdown.capacity:.0%} of {gpu.label}"
             if first_cost is None:
                 return v
             cost, best = min(fitting, key=lambda f: f[0])
             step = estimate_throughput(base, gpu, world).step_time_s
             if first_cost - cost >= MODEL_GAIN * (step or 0.0):
-                best.note = f"{best.breakdown.needed / best.breakdown.capacity:.0%} of {gpu.label}"
                 best.why = (f"modelled {first_cost - cost:.2f} s a step ahead of the order's first fit ({v.label}) "
                             "on gradient adds, Adam and the pipeline bubble")
                 return best
