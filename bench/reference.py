@@ -141,10 +141,12 @@ class HostCopyGate:
 
     torchao 0.17.0's CPUOffloadOptimizer copies each gradient to the host from a post-accumulate-grad hook, and the
     hook fires at every backward: with gradient accumulation every micro batch copies all the fp32 gradients over
-    PCIe, and the optimizer reads only the last copy. At 16 of Llama-2-7B's layers that is 14 GB a micro batch,
-    about 0.26 s at 53 GB/s, longer than the micro batch's compute: the step waits on PCIe. Hooks registered inside
-    `capture()` run only while `open` is set; the training loop opens it for each step's last backward, as a user
-    who accumulates gradients would arrange.
+    PCIe, and the optimizer reads only the last copy. The copies run on a side stream that the optimizer step
+    waits for, so the step takes the longer of the compute and the copies: at all 32 of Llama-2-7B's layers and
+    micro batch 1, 27 GB a micro batch (0.49 s at 55 GB/s) against about 0.27 s of compute, the step waited on
+    PCIe; at 16 layers and micro batch 2 (14 GB, 0.26 s) the two were about equal, and the gate left the step as it
+    was (docs/benchmarks.md). Hooks registered inside `capture()` run only while `open` is set; the training loop
+    opens it for each step's last backward, as a user who accumulates gradients would arrange.
     """
 
     def __init__(self):
