@@ -196,7 +196,7 @@ def main():
     ap.add_argument("--global-batch", type=int, help="sequences per optimizer step, reached by gradient "
                     "accumulation (a multiple of --batch; default: --batch)")
     ap.add_argument("--offload", action="store_true", help="torchao's CPUOffloadOptimizer (GPU only)")
-    ap.add_argument("--host-copies", choices=["last", "every"], default="last",
+    ap.add_argument("--host-copies", choices=["last", "every"],
                     help="with --offload, copy the gradients to the host at the last micro batch of a step (default) "
                     "or, as torchao does unchanged, at every micro batch (HostCopyGate)")
     ap.add_argument("--seq", type=int, default=4096)
@@ -215,6 +215,10 @@ def main():
         ap.error(f"--global-batch {gbs}: a multiple of the micro batch --batch {args.batch} (e.g. "
                  f"{max(1, gbs // args.batch) * args.batch})")
     accum = gbs // args.batch
+    if args.host_copies and not args.offload:
+        ap.error(f"--host-copies {args.host_copies}: chooses when torchao's offload optimizer copies the gradients "
+                 "to the host, and this run keeps AdamW on the GPU; add --offload, or drop --host-copies")
+    host_copies = (args.host_copies or "last") if args.offload else None
     torch.manual_seed(0)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.layers < 0:
@@ -233,7 +237,7 @@ def main():
     loss_fn = head_loss
     if args.loss == "compiled" and compiled:
         loss_fn = torch.compile(head_loss)
-    gate = HostCopyGate() if args.offload and args.host_copies == "last" else None
+    gate = HostCopyGate() if host_copies == "last" else None
     opt = optimizer(model, args, dev, gate)
     data = torch.randint(0, mc.vocab_size, (accum, args.batch, args.seq + 1), device=dev)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
@@ -275,7 +279,7 @@ def main():
         "layers": mc.num_layers, "loss_impl": args.loss, "micro_batch": args.batch, "global_batch": gbs,
         "seq": args.seq, "device": dev,
         "optimizer": "torchao CPUOffloadOptimizer(AdamW)" if args.offload else "AdamW", "grad_clip": not args.offload,
-        "host_copies": args.host_copies if args.offload else None,
+        "host_copies": host_copies,
         "tokens_per_s": tps, "tflops_per_gpu": tflops,
         "mfu": tflops / peaks[0] if peaks else None,
         "mfu_causal": tps * flops_per_token(mc, args.seq, causal=True) / 1e12 / peaks[0] if peaks else None,

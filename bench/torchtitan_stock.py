@@ -208,11 +208,10 @@ def main():
     with open(path, "w") as f:
         f.write(toml_text(job_sections(args, family, out_dir, gpu)))
     rec = TpsRecords()
+    from torchtitan.components.metrics import DeviceMemoryMonitor
     from torchtitan.config import ConfigManager
     from torchtitan.tools.logging import init_logger
     from torchtitan.train import Trainer
-
-    from torchtitan.components.metrics import DeviceMemoryMonitor
 
     if gpu:
         torch.cuda.reset_peak_memory_stats()

@@ -393,6 +393,20 @@ def test_reference_copies_gradients_to_the_host_at_the_last_micro_batch_only():
     assert len(seen) == 2 * 2 + 2
 
 
+def test_reference_refuses_host_copies_without_offload(monkeypatch, capsys):
+    """--host-copies says when the offload optimizer copies gradients; without --offload there is none to steer, and
+    the run stops before building anything rather than ignore the flag."""
+    spec = importlib.util.spec_from_file_location("bench_reference", os.path.join(ROOT, "bench", "reference.py"))
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    monkeypatch.setattr(ref, "model_preset", lambda *a: pytest.fail("built a model before refusing the flag"))
+    monkeypatch.setattr(sys, "argv", ["reference.py", "--shape", "debug", "--host-copies", "every"])
+    with pytest.raises(SystemExit) as e:
+        ref.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--host-copies every" in err and "add --offload" in err
+
+
 def test_variants_run_the_preset_with_each_variants_overrides_beside_the_peers(monkeypatch):
     """VARIANTS='label:overrides;...': one more megatron point per variant in each group, its own row, kept by POINTS;
     on the DeepSeek-V2-Lite group the preset uncompiled and with fp8 experts compose and validate (a planned H200 run);
