@@ -741,6 +741,47 @@ def b_grouped_wgrad_accum():
                 + "eager = torch._grouped_mm's bf16 weight gradient, then main_grad.add_")
 
 
+@guarded("fp8_wgrad_accum")
+def b_fp8_wgrad_accum():
+    """training.gradient_accumulation_fusion on the portable fp8 linears: the tensorwise weight-gradient GEMM adding
+    into the fp32 main_grad in cuBLASLt's epilogue (primus.turbo.cublaslt.scaled_mm_add_) against what runs
+    unfused, torch._scaled_mm's bf16 gradient then main_grad.add_ (megatron's hook), and against that GEMM alone,
+    at Llama-2-7B's four linears for micro batches of 1 and 2 x 4096 tokens (e5m2 dy^T x e4m3 x, as "hybrid").
+    Bytes: the unfused add reads the bf16 gradient and main_grad and writes main_grad (10 a parameter); the
+    epilogue reads and writes main_grad (8)."""
+    from primus.turbo import cublaslt
+    from primus.turbo import fp8_linear as F8
+    if not F8.fp8_linear_available(DEV):
+        return
+    why = cublaslt.unusable(DEV)
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    shapes = sz([(4096, 12288, "qkv"), (4096, 4096, "o"), (4096, 22016, "gate+up"), (11008, 4096, "down")],
+                [(64, 48, "tiny")])
+    for M in sz([4096, 8192], [32]):
+        tot = {"fused": 0.0, "unfused": 0.0, "gemm": 0.0}
+        for K, N, name in shapes:
+            x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
+            dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+            _, xqt, sx = F8.cast_tensorwise(x, e4, want_y=False, want_t=True)
+            _, dqt, sd = F8.cast_tensorwise(dy, e5, want_y=False, want_t=True)
+            main = torch.zeros(N, K, device=DEV)
+            del x, dy
+            gemm = lambda: F8._mm(dqt, xqt.t(), sd, sx, torch.bfloat16)  # noqa: E731
+            t_gemm = ms(gemm)
+            t_unf = ms(lambda: main.add_(gemm()))
+            t_fus = ms(lambda: cublaslt.scaled_mm_add_(main, dqt, xqt.t(), sd, sx))
+            for k, v in (("fused", t_fus), ("unfused", t_unf), ("gemm", t_gemm)):
+                tot[k] += v
+            row("fp8_wgrad_accum", f"{name} {M} tokens, {K}->{N}" + (f" (fallback: {why})" if why else ""), t_fus,
+                eager_ms=t_unf, flops=2 * M * K * N, gbytes=N * K * 8 / 1e9,
+                note=f"eager = _scaled_mm bf16 + main_grad.add_; the GEMM alone {t_gemm:.3f} ms")
+            del xqt, dqt, main
+            if not SMOKE:
+                torch.cuda.empty_cache()
+        row("fp8_wgrad_accum", f"all 4 linears, {M} tokens", tot["fused"], eager_ms=tot["unfused"],
+            note=f"the GEMMs alone {tot['gemm']:.3f} ms")
+
+
 @guarded("permute")
 def b_permute():
     """Mixtral-like (8 experts top-2) and the at-scale MoE rows' layers: DeepSeek-V2-Lite (64 top-6) and
@@ -809,7 +850,8 @@ def main():
     env_and_copy()
     run_tests()
     benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_cross_entropy, b_qkv_rope, b_casts, b_fp8_linear, b_fp8_gemms,
-               b_tuned_spaces, b_attention, b_grouped_gemm, b_grouped_wgrad_accum, b_router, b_permute]
+               b_tuned_spaces, b_attention, b_grouped_gemm, b_grouped_wgrad_accum, b_fp8_wgrad_accum, b_router,
+               b_permute]
     only = [s for s in ARGS.only.split(",") if s]
     for b in benches:
         if not only or b.__name__ in only:

@@ -67,6 +67,22 @@ def plain_traced(x, weight, bias, recipe, fmt, delayed=None):
     return plain_linear(x, weight, bias, recipe, fmt, delayed)
 GEMMS = {False: (f8.fp8_linear, f8ops.fp8_linear_traced), True: (plain_linear, plain_traced)}
 
+# weight gradients added into main_grad in their GEMM (training.gradient_accumulation_fusion), and each step's norm
+import primus.turbo.cublaslt as lt
+_add = lt.scaled_mm_add_
+def scaled_mm_add_(*a, **kw):
+    calls["accum"] += 1
+    return _add(*a, **kw)
+lt.scaled_mm_add_ = scaled_mm_add_
+from primus.backends.megatron.trainer import MegatronTrainer
+norms = []
+_train_step = MegatronTrainer.train_step
+def train_step(self, step):
+    r = _train_step(self, step)
+    norms.append(r.grad_norm)
+    return r
+MegatronTrainer.train_step = train_step
+
 from primus.backends.megatron.testing import train_steps
 from primus.train_loop import compile_stats
 from primus.turbo.fp8_linear import WEIGHT_CASTS
@@ -85,7 +101,8 @@ for i, argv in enumerate(json.loads(sys.argv[2])):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     states.clear()
-    calls.update(n=0, traced=0, states=set(), recipes=set())
+    calls.update(n=0, traced=0, states=set(), recipes=set(), accum=0)
+    norms.clear()
     WEIGHT_CASTS.hits = WEIGHT_CASTS.misses = 0
     # check=False: not validate(), fp8 on CPU is (rightly) refused there
     ctx, info, losses = train_steps(argv, os.path.join(sys.argv[1], str(i)), steps=int(opts.get("--steps", 2)),
@@ -96,7 +113,8 @@ for i, argv in enumerate(json.loads(sys.argv[2])):
                                   "weight_cache": info.get("fp8_weight_cache"),
                                   "fused_mlps": info.get("fp8_fused_mlps"),
                                   "weight_casts": [WEIGHT_CASTS.misses, WEIGHT_CASTS.hits],
-                                  "calls": calls["n"], "traced": calls["traced"],
+                                  "calls": calls["n"], "traced": calls["traced"], "accum_calls": calls["accum"],
+                                  "grad_norms": norms,
                                   "recipes": sorted(calls["recipes"]), "states": sorted(calls["states"])}),
           flush=True)
 '''
@@ -125,6 +143,7 @@ RECIPE = {r: [*L2, "precision=fp8", f"precision.fp8_recipe={r}", "precision.fp8=
           for r in ("tensorwise", "blockwise", "delayed")}
 FUSED = [*L2, "precision=fp8", "precision.fp8=hybrid", "model.bias_activation_fusion=true"]
 UNFUSED = [*FUSED, "precision.fp8_fused_mlp=false"]
+GAF = "training.gradient_accumulation_fusion=true"
 # the 1-process runs: the eager ones first (a compiled run leaves dynamo switched on in the process). The fp8
 # linears compile with aot_eager, but tensorwise with inductor (with the weight cache and without); the fused MLP
 # with aot_eager (fused and unfused) and once with inductor
@@ -142,6 +161,8 @@ ONE = {
     "fused_c": [*FUSED, *COMPILE, AOT_EAGER],
     "unfused_c": [*UNFUSED, *COMPILE, AOT_EAGER],
     "fused_inductor": [*FUSED, *COMPILE],
+    "tensorwise_gaf": [*RECIPE["tensorwise"], GAF],
+    "fused_gaf_c": [*FUSED, *COMPILE, AOT_EAGER, GAF],
 }
 # the 2-rank runs: the fake GEMM at tp=2 (sequence parallel), the fused MLP at tp=2, the delayed recipe under pp=2's
 # 1F1B schedule
@@ -235,6 +256,24 @@ def test_fused_fp8_mlp_gives_the_unfused_losses_eager_compiled_and_tensor_parall
     r0, r1 = two["fused_tp"]
     assert r0["fused_mlps"] == r1["fused_mlps"] == 2 and r0["losses"] == r1["losses"]
     assert r0["losses"] == pytest.approx(fused["losses"], rel=2e-2)  # tp splits the fp8 tensors' amaxes
+
+
+def test_fp8_linears_add_their_weight_gradients_into_main_grad(one):
+    """training.gradient_accumulation_fusion with the tensorwise fp8 linears at tp=1: each converted linear's
+    weight gradient is added into its main_grad in the GEMM (primus.turbo.cublaslt.scaled_mm_add_: 8 linears x 2
+    micro batches x 2 steps), eagerly and through the fused MLP under training.compile (no graph break). The
+    gradient norms (of the main_grads the optimizer reads) and the losses are the unfused runs' up to the bf16
+    rounding of the gradient the unfused path adds; a gradient not added, or added twice, moves the norm by tens
+    of percent."""
+    gaf, plain = one["tensorwise_gaf"], one["tensorwise"]
+    assert gaf["converted"] == 8 and gaf["accum_calls"] == 32 and plain["accum_calls"] == 0
+    assert gaf["grad_norms"] == pytest.approx(plain["grad_norms"], rel=1e-2)
+    assert gaf["losses"] == pytest.approx(plain["losses"], rel=1e-3)
+    comp, comp_plain = one["fused_gaf_c"], one["fused_c"]
+    assert comp["fused_mlps"] == 2 and comp["accum_calls"] == 32
+    assert comp["compile"]["graph_breaks"] == 0, comp["compile"]
+    assert comp["grad_norms"] == pytest.approx(comp_plain["grad_norms"], rel=1e-2)
+    assert comp["losses"] == pytest.approx(comp_plain["losses"], rel=1e-3)
 
 
 def test_delayed_custom_ops_under_the_pipeline_schedule(two):

@@ -353,7 +353,8 @@ def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and
 
 def test_step_cost_counts_only_the_gradients_their_gemm_does_not_accumulate():
     """unfused_grad_params: every parameter without gradient_accumulation_fusion; with it, megatron's own linears
-    (and the output layer) accumulate in their GEMM, and turbo's decoder linears do not; the model's cost grows with
+    (and the output layer) and the tensorwise portable fp8 linears accumulate in their GEMM, and turbo's decoder
+    linears and blockwise fp8 ones do not; the model's cost grows with
     the micro batches (adds), the offloaded share (host Adam) and, with pp, the bubble."""
     from primus.plan.advice import step_cost_s, unfused_grad_params
     from primus.plan.memory import layout_of, stage_params
@@ -370,9 +371,13 @@ def test_step_cost_counts_only_the_gradients_their_gemm_does_not_accumulate():
     assert turbo.turbo.enable_primus_turbo and turbo.turbo.use_turbo_parallel_linear
     vh = on.model.vocab_size * on.model.hidden_size
     assert unfused_grad_params(turbo, 1) == total - vh
-    portable = compose_cfg(base + ["training.gradient_accumulation_fusion=true", "backend.layer_spec=local",
-                                   "turbo=off", "precision=fp8"])
-    assert unfused_grad_params(portable, 1) == total - vh  # the fp8 linears return theirs; the bf16 output layer not
+    portable = base + ["training.gradient_accumulation_fusion=true", "backend.layer_spec=local", "turbo=off",
+                       "precision=fp8"]
+    # tensorwise fp8 linears add theirs in cuBLASLt's GEMM (features/training.py's FP8_LINEARS_GRAD_ACCUM_FUSION);
+    # blockwise ones return theirs, the bf16 output layer not
+    assert compose_cfg(portable).precision.fp8_recipe.value == "tensorwise"
+    assert unfused_grad_params(compose_cfg(portable), 1) == total - sp.linear
+    assert unfused_grad_params(compose_cfg(portable + ["precision.fp8_recipe=blockwise"]), 1) == total - vh
     gpu = resolve_gpu("H200", None)
 
     def cost(extra, world=1):

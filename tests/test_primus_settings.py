@@ -246,6 +246,32 @@ def test_gradient_accumulation_fusion_reaches_the_moe_experts_where_its_rule_hol
     assert experts_grad_accum_info(ok(["model=debug_moe", "turbo=megatron_moe"])[0]) is None
 
 
+def test_gradient_accumulation_fusion_reaches_the_portable_fp8_linears_where_its_rule_holds():
+    """precision=fp8 without Transformer Engine, tensorwise, tp=1: the fp8 linears add their weight gradients into
+    main_grad in their GEMM (args fp8_grad_accum_fusion) and no note says otherwise; each FP8_LINEARS_GRAD_ACCUM_FUSION
+    row that fails leaves them unfused with a note naming its key; without the fusion the question does not arise."""
+    from primus.features.training import FP8_LINEARS_GRAD_ACCUM_FUSION
+
+    fp8 = ["backend.layer_spec=local", "turbo=off", "precision=fp8", "training.gradient_accumulation_fusion=true"]
+    linears = lambda ctx: [n for n in ctx.notes if "training.gradient_accumulation_fusion" in n.keys  # noqa: E731
+                           and "precision.fp8" in n.keys]
+    _, ctx = ok(fp8, planned())
+    assert not linears(ctx) and megatron_args(fp8, planned())["fp8_grad_accum_fusion"] is True
+    misses = {"precision.fp8_recipe": ["precision.fp8_recipe=blockwise"],
+              "parallel.tensor_model_parallel_size": ["parallel.tensor_model_parallel_size=2",
+                                                      "launcher.nproc_per_node=2"],
+              "overlap.overlap_grad_reduce": ["overlap.overlap_grad_reduce=true", "launcher.nproc_per_node=2"]}
+    assert set(misses) == {keys[0] for keys, _, _ in FP8_LINEARS_GRAD_ACCUM_FUSION}
+    for key, extra in misses.items():
+        ctx = RunContext(device="cuda", world_size=2 if "launcher.nproc_per_node=2" in extra else 1,
+                         run_dir="/tmp/r", planned=True)
+        _, ctx = ok(fp8 + extra, ctx)
+        (n,) = linears(ctx)
+        assert key in n.keys and "fp8 linears" in n.rule, (key, n)
+        assert megatron_args(fp8 + extra, ctx)["fp8_grad_accum_fusion"] is False
+    assert megatron_args(fp8[:-1], planned())["fp8_grad_accum_fusion"] is False
+
+
 def test_lr_decay_iters_reaches_megatrons_scheduler():
     s = megatron_args(["training.train_iters=30", "training.lr_decay_iters=20"])["scheduler"]
     assert s["lr_decay_steps"] == 20

@@ -245,6 +245,8 @@ def megatron(cfg, ctx) -> dict:
     out = {
         "transformer_config": {"init_method_std": t.init_method_std, "deterministic_mode": t.deterministic,
                                "gradient_accumulation_fusion": t.gradient_accumulation_fusion},
+        # the portable fp8 linears add their weight gradients into main_grad in the GEMM (fp8.py; LINEARS_...)
+        "fp8_grad_accum_fusion": fp8_linears_grad_accum_fusion(cfg) == [],
         "ddp_config": {"check_for_nan_in_grad": False},  # the shared loop checks loss and grad norm itself
         "optimizer_config": opt,
         # megatron.core.optimizer_param_scheduler.OptimizerParamScheduler, counted in optimizer steps
@@ -306,11 +308,12 @@ def megatron_issues(cfg, ctx) -> list:
     unfused = linears_unfused(cfg)
     if unfused:
         key, what = unfused
-        out.append(note(["training.gradient_accumulation_fusion", key], True,
-                        f"the decoder's {what} return their weight gradients, which megatron then adds into "
-                        "main_grad: they have no accumulating form (torch's fp8 GEMM cannot add into an fp32 output, "
-                        "and a Triton one that does was measured not to pay on an H200: docs/benchmarks.md); "
-                        "megatron's own linears accumulate in their GEMMs"))
+        missing = fp8_linears_grad_accum_fusion(cfg)
+        why = ("that needs " + "; ".join(need for _, need in missing)) if missing else \
+            "they have no accumulating form (their GEMMs write a fresh output)"
+        out.append(note(["training.gradient_accumulation_fusion", key] + [k for ks, _ in missing or [] for k in ks],
+                        True, f"the decoder's {what} return their weight gradients, which megatron then adds into "
+                              f"main_grad: {why}; megatron's own linears accumulate in their GEMMs"))
     missing = experts_grad_accum_fusion(cfg)
     if missing:
         keys = ["training.gradient_accumulation_fusion"] + [k for ks, _ in missing for k in ks]
@@ -330,9 +333,38 @@ def linears_unfused(cfg) -> Optional[Tuple[str, str]]:
         return None
     if turbo_linears(cfg):
         return "turbo.use_turbo_parallel_linear", "turbo linears (primus.turbo.parallel_linear)"
-    if cfg.precision.fp8 is not None and fp8_backend(cfg) == "portable":
+    if fp8_linears_grad_accum_fusion(cfg):
         return "precision.fp8", "fp8 linears (primus.turbo.fp8_linear, without Transformer Engine)"
     return None
+
+
+# gradient_accumulation_fusion reaches the portable fp8 linears (precision.fp8 without Transformer Engine) where
+# every row holds: their weight-gradient GEMM is then cuBLASLt's fp8 GEMM with the fp32 main_grad as its C and D
+# (primus.turbo.cublaslt; torch._scaled_mm has no accumulating form), so no bf16 gradient is written and megatron's
+# hook adds none. On a device where cuBLASLt cannot (ROCm, or its start-up check fails) the same op computes the
+# gradient and adds it, as unfused, and says so in the log. Each: (keys, what it needs, holds(cfg)).
+FP8_LINEARS_GRAD_ACCUM_FUSION = (
+    (("precision.fp8_recipe",), "precision.fp8_recipe=tensorwise (the in-GEMM add takes one scale per operand)",
+     lambda c: c.precision.fp8_recipe.value == "tensorwise"),
+    (("parallel.tensor_model_parallel_size",), "parallel.tensor_model_parallel_size=1 (the linears traced as custom "
+     "ops; tensor parallel runs them eagerly around megatron's collectives)",
+     lambda c: c.parallel.tensor_model_parallel_size == 1),
+    (("overlap.overlap_grad_reduce",), "overlap.overlap_grad_reduce=false (megatron's bucketed reduce starts from "
+     "each weight's gradient hook, which a weight accumulated in its GEMM does not run)",
+     lambda c: not c.overlap.overlap_grad_reduce),
+)
+
+
+def fp8_linears_grad_accum_fusion(cfg) -> Optional[List[Tuple[Tuple[str, ...], str]]]:
+    """The FP8_LINEARS_GRAD_ACCUM_FUSION rows this run misses ([]: the portable fp8 linears accumulate in their
+    GEMM); None where the question does not arise (the fusion off, not megatron, no portable fp8 linears)."""
+    from primus.features.precision import fp8_backend
+    from primus.features.turbo import turbo_linears
+
+    if not (cfg.training.gradient_accumulation_fusion and cfg.backend.name.value == "megatron"
+            and cfg.precision.fp8 is not None and fp8_backend(cfg) == "portable") or turbo_linears(cfg):
+        return None
+    return unmet(FP8_LINEARS_GRAD_ACCUM_FUSION, cfg)
 
 
 def megatron_only(cfg) -> tuple:

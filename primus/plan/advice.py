@@ -246,8 +246,9 @@ GPU_ADAM_BYTES = 28
 def unfused_grad_params(cfg: PrimusConfig, world: int, stage: int = 0) -> int:
     """Parameters of one rank whose weight gradients megatron's DDP hook adds into main_grad each micro batch: all
     of them, but where training.gradient_accumulation_fusion has megatron's own linears (and, where the fusion
-    reaches them, the experts' grouped GEMMs) accumulate in their GEMM. The decoder's turbo linears return their
-    gradients, as do the portable fp8 linears (features.training.linears_unfused)."""
+    reaches them, the experts' grouped GEMMs) accumulate in their GEMM, as do the portable fp8 linears where
+    FP8_LINEARS_GRAD_ACCUM_FUSION holds; the decoder's turbo linears return their gradients
+    (features.training.linears_unfused)."""
     from primus.features.training import experts_grad_accum_fusion, linears_unfused
 
     lay = layout_of(cfg, world)

@@ -1217,13 +1217,18 @@ def fp8_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
 
 
 def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw: bool = True,
-                 need_db: bool = True, after_dgrad=None, dy_amax: Optional[torch.Tensor] = None):
+                 need_db: bool = True, after_dgrad=None, dy_amax: Optional[torch.Tensor] = None,
+                 main_grad: Optional[torch.Tensor] = None):
     """(dx2, dw, db) for y2 = fp8_forward(...). `after_dgrad(dx2)` runs between the dgrad and the wgrad GEMMs
     (tensor parallelism launches the dgrad all-reduce / reduce-scatter there, so it overlaps the wgrad).
-    dy_amax: tensorwise only, dy2's amax as partial maxima from its producer (cast_tensorwise's amax=)."""
+    dy_amax: tensorwise only, dy2's amax as partial maxima from its producer (cast_tensorwise's amax=).
+    main_grad: tensorwise only, the weight's fp32 (N, K) gradient accumulator: the weight gradient is added into it
+    inside the GEMM (primus.turbo.cublaslt.scaled_mm_add_) and dw is None."""
     recipe, g_dt, f_dt = st.recipe, st.g_dt, st.f_dt
     if dy_amax is not None and recipe != "tensorwise":
         raise ValueError(f"dy_amax is the tensorwise recipe's (recipe {recipe!r} has no amax pass to skip)")
+    if main_grad is not None and (recipe != "tensorwise" or not need_dw):
+        raise ValueError(f"main_grad is the tensorwise recipe's weight gradient (recipe {recipe!r}, need_dw {need_dw})")
     if dy2.stride(1) != 1:
         dy2 = dy2.contiguous()
     out_dt = _out_dtype(dy2)
@@ -1237,7 +1242,11 @@ def fp8_backward(st: FP8State, dy2: torch.Tensor, need_dx: bool = True, need_dw:
             dx = _mm(dyq, wqt.t(), sdy, sw, out_dt)[:dy2.shape[0]]  # (MP,N) @ (N,K)
         if after_dgrad is not None:
             after_dgrad(dx)
-        if need_dw:
+        if main_grad is not None:
+            from primus.turbo.cublaslt import scaled_mm_add_
+
+            scaled_mm_add_(main_grad, dyqt, xqt.t(), sdy, sx)
+        elif need_dw:
             dw = _mm(dyqt, xqt.t(), sdy, sx, w_dt)  # (N,MP) @ (MP,K), pad rows are zero
     elif recipe == "rowwise":
         x2, weight = st.tensors

@@ -92,13 +92,59 @@ def _backward(ctx, dout, *_):
 fp8_swiglu_mlp_fwd.register_autograd(_backward, setup_context=_setup)
 
 
-def fp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, fmt: str = "e4m3") -> Tensor:
+@torch.library.custom_op("primus::fp8_swiglu_mlp_bwd_accum", mutates_args=("main_grad1", "main_grad2"))
+def fp8_swiglu_mlp_bwd_accum(dout: Tensor, h: Tensor, a1: Tensor, b1: Tensor, c1: Tensor, d1: Tensor, a2: Tensor,
+                             b2: Tensor, c2: Tensor, d2: Tensor, main_grad1: Tensor, main_grad2: Tensor, fmt: str,
+                             w_dtype: torch.dtype) -> Tensor:
+    """dx; fc1's and fc2's weight gradients added into their fp32 main_grads inside their GEMMs."""
+    st1, st2 = _states(fmt, dout.device, w_dtype, (a1, b1, c1, d1), (a2, b2, c2, d2))
+    dy, _, _ = F8.fp8_backward(st2, dout, need_db=False, main_grad=main_grad2)
+    dh, dh_amax = S.swiglu_bwd_amax(dy, h)
+    dx, _, _ = F8.fp8_backward(st1, dh, need_db=False, dy_amax=dh_amax, main_grad=main_grad1)
+    return dx.contiguous()
+
+
+@fp8_swiglu_mlp_bwd_accum.register_fake
+def _(dout, h, a1, b1, c1, d1, a2, b2, c2, d2, main_grad1, main_grad2, fmt, w_dtype):
+    from primus.turbo.fp8_ops import _bwd_fake
+
+    return _bwd_fake(h, a1, b1, c1, d1, "tensorwise", fmt, w_dtype)[0]
+
+
+class _FusedMLPAccum(torch.autograd.Function):
+    """The op pair with both weight gradients added into their main_grads and none returned for the weights
+    (fp8_ops._FP8LinearAccum says why)."""
+
+    @staticmethod
+    def forward(ctx, x2, w1, w2, main_grad1, main_grad2, fmt):
+        out, *saved = fp8_swiglu_mlp_fwd(x2, w1, w2, fmt)
+        ctx.save_for_backward(*saved)
+        ctx.main_grads = (main_grad1, main_grad2)  # not saved_tensors: changed in place between micro batches
+        ctx.fmt, ctx.w_dtype = fmt, w1.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        dx = fp8_swiglu_mlp_bwd_accum(dout.contiguous(), *ctx.saved_tensors, *ctx.main_grads, ctx.fmt, ctx.w_dtype)
+        return dx, None, None, None, None, None
+
+
+def fp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, fmt: str = "e4m3", main_grads=None) -> Tensor:
     """fc2(silu(gate) * up), [gate | up] = fc1(x): x (..., H) @ w1.T (2F, H) -> (..., 2F); @ w2.T (H, F). fp8
-    tensorwise GEMMs (fprop, dgrad, wgrad of both linears), fmt "e4m3" or "hybrid" (e5m2 gradients)."""
+    tensorwise GEMMs (fprop, dgrad, wgrad of both linears), fmt "e4m3" or "hybrid" (e5m2 gradients).
+    main_grads: (w1's, w2's) fp32 gradient accumulators: the weight gradients are added into them inside their
+    GEMMs and none is returned for the weights (fp8_ops.accumulates says which qualify)."""
+    from primus.turbo.fp8_ops import accumulates
+
     fmt = getattr(fmt, "value", fmt)
     if w1.dim() != 2 or w2.dim() != 2 or w1.shape[0] != 2 * w2.shape[1] or w1.shape[1] != x.shape[-1]:
         raise ValueError(f"fp8_swiglu_mlp: x (..., {x.shape[-1]}), w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}: "
                          "w1 must be (2F, H) and w2 (H', F)")
     shape = x.shape
-    out = fp8_swiglu_mlp_fwd(x.reshape(-1, shape[-1]), w1, w2, fmt)[0]
+    if main_grads is not None:
+        if not all(accumulates("tensorwise", w, g) for w, g in zip((w1, w2), main_grads)):
+            raise ValueError("fp8_swiglu_mlp: main_grads must be w1's and w2's fp32 accumulators, of their shapes")
+        out = _FusedMLPAccum.apply(x.reshape(-1, shape[-1]), w1, w2, *main_grads, fmt)
+    else:
+        out = fp8_swiglu_mlp_fwd(x.reshape(-1, shape[-1]), w1, w2, fmt)[0]
     return out.view(*shape[:-1], out.shape[-1])

@@ -113,6 +113,51 @@ def _fp8_backward(ctx, dy, *_):
 fp8_linear_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
 
 
+# -------------------------------------------------------- the weight gradient added into main_grad (tensorwise)
+
+
+@torch.library.custom_op("primus::fp8_linear_bwd_accum", mutates_args=("main_grad",))
+def fp8_linear_bwd_accum(dy2: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor, main_grad: Tensor, fmt: str,
+                         w_dtype: torch.dtype) -> Tensor:
+    """dx; the weight gradient added into main_grad (fp32, the weight's shape) inside its GEMM."""
+    f_dt, g_dt = _fp8_dtypes(dy2.device, fmt)
+    st = F8.FP8State("tensorwise", f_dt, g_dt, w_dtype, False, [a, b, c, d])
+    dx, _, _ = F8.fp8_backward(st, dy2, need_db=False, main_grad=main_grad)
+    return dx.contiguous()
+
+
+@fp8_linear_bwd_accum.register_fake
+def _(dy2, a, b, c, d, main_grad, fmt, w_dtype):
+    return _bwd_fake(dy2, a, b, c, d, "tensorwise", fmt, w_dtype)[0]
+
+
+class _FP8LinearAccum(torch.autograd.Function):
+    """The tensorwise pair with the weight gradient added into `main_grad` and none returned for the weight
+    (training.gradient_accumulation_fusion: megatron's DDP hook, which would add it, does not run). dynamo traces
+    this Function: its body is the two custom ops."""
+
+    @staticmethod
+    def forward(ctx, x2, weight, main_grad, fmt):
+        y, a, b, c, d = fp8_linear_fwd(x2, weight, "tensorwise", fmt)
+        ctx.save_for_backward(a, b, c, d)
+        ctx.main_grad = main_grad  # not saved_tensors: it changes in place between micro batches, by design
+        ctx.fmt, ctx.w_dtype = fmt, weight.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        a, b, c, d = ctx.saved_tensors
+        dx = fp8_linear_bwd_accum(dy.contiguous(), a, b, c, d, ctx.main_grad, ctx.fmt, ctx.w_dtype)
+        return dx, None, None, None
+
+
+def accumulates(recipe: str, weight: Tensor, main_grad: Optional[Tensor]) -> bool:
+    """Whether a traced fp8 linear of `recipe` can add its weight gradient into `main_grad`: tensorwise, and
+    main_grad the weight's fp32 accumulator (megatron's DDP gives each parameter one)."""
+    return (recipe == "tensorwise" and main_grad is not None and main_grad.dtype == torch.float32
+            and main_grad.shape == weight.shape and main_grad.is_contiguous())
+
+
 # ---------------------------------------------------------------------------------------------- delayed scaling
 
 
@@ -183,9 +228,11 @@ def _delayed(x2: Tensor, weight: Tensor, state, fmt: str) -> Tensor:
 
 
 def fp8_linear_traced(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, fmt: str,
-                      delayed=None) -> Tensor:
+                      delayed=None, main_grad: Optional[Tensor] = None) -> Tensor:
     """y = x @ weight.T (+ bias) through the custom ops: x (..., K), weight (N, K). The bias is added outside the
-    op (autograd gives its gradient). delayed: the linear's DelayedLinearState (recipe "delayed" only)."""
+    op (autograd gives its gradient). delayed: the linear's DelayedLinearState (recipe "delayed" only).
+    main_grad: the weight's fp32 gradient accumulator (tensorwise only, `accumulates`): the weight gradient is
+    added into it and none is returned for the weight."""
     if recipe not in RECIPES:
         raise ValueError(f"fp8_linear_traced: recipe must be one of {RECIPES}, not {recipe!r}")
     if (recipe == "delayed") != (delayed is not None):
@@ -193,8 +240,13 @@ def fp8_linear_traced(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe:
                          "recipes take none)")
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
+    if main_grad is not None and not accumulates(recipe, weight, main_grad):
+        raise ValueError(f"fp8_linear_traced: main_grad {main_grad.dtype} {tuple(main_grad.shape)} must be the fp32 "
+                         f"accumulator of weight {tuple(weight.shape)}, under the tensorwise recipe (not {recipe!r})")
     if recipe == "delayed":
         y = _delayed(x2, weight, delayed, fmt)
+    elif main_grad is not None:
+        y = _FP8LinearAccum.apply(x2, weight, main_grad, fmt)
     else:
         y = fp8_linear_fwd(x2, weight, recipe, fmt)[0]
     y = y.view(*shape[:-1], y.shape[-1])

@@ -9,7 +9,9 @@ TransformerConfig (trainer.py) and, once the model is built, each Column/RowPara
 At tp = 1 the GEMM is primus.turbo.fp8_ops' custom-op pair (delayed: its pair that declares the amax histories
 mutated), traced by training.compile (no graph break); tp > 1 runs eagerly (one graph break per linear). Gradients
 land in `weight.grad` as with megatron's non-fused path, so DDP's main_grad hooks work unchanged (the async dgrad
-all-reduce overlap of the bf16 path is given up). Recipe "delayed" (TE's DelayedScaling, the portable
+all-reduce overlap of the bf16 path is given up); with training.gradient_accumulation_fusion, where
+features/training.py's FP8_LINEARS_GRAD_ACCUM_FUSION holds (tensorwise, tp = 1, no overlap_grad_reduce), the pair's
+weight-gradient GEMM adds into the fp32 `main_grad` instead (primus.turbo.cublaslt) and no gradient is returned. Recipe "delayed" (TE's DelayedScaling, the portable
 version): each converted linear gets its own amax histories (`mod.primus_fp8_delayed`). Kept in bf16: the output
 layer, linears whose dims are not multiples of 16, and, with first_last_layers_bf16, the first/last N decoder layers
 (global numbering).
@@ -81,7 +83,8 @@ def _fused_mlp_class():
 
     class FusedFP8MLP(MLP):
         """megatron's MLP with fc1 -> SwiGLU -> fc2 run as one fp8 op (this module's docstring, "Fused MLP").
-        primus_fp8_fmt: the fp8 format; primus_fp8_eager: keep dynamo out (tp > 1, as the unfused linears)."""
+        primus_fp8_fmt: the fp8 format; primus_fp8_eager: keep dynamo out (tp > 1, as the unfused linears);
+        primus_fp8_accum: the weight gradients added into their main_grads (apply's `accum`)."""
 
         def forward(self, hidden_states, per_token_scale=None, **kwargs):
             if per_token_scale is not None:  # MoE experts' probabilities: never converted (type(mlp) is MLP only)
@@ -94,12 +97,23 @@ def _fused_mlp_class():
                 x = gather_from_sequence_parallel_region(x, group=fc1.tp_group)
             else:
                 x = copy_to_tensor_model_parallel_region(x, group=fc1.tp_group)
-            out = fp8_swiglu_mlp(x, fc1.weight, fc2.weight, self.primus_fp8_fmt)
+            mgs = (main_grad_of(fc1.weight), main_grad_of(fc2.weight)) if self.primus_fp8_accum else (None, None)
+            out = fp8_swiglu_mlp(x, fc1.weight, fc2.weight, self.primus_fp8_fmt,
+                                 main_grads=None if mgs[0] is None or mgs[1] is None else mgs)
             if fc2.sequence_parallel:
                 return reduce_scatter_to_sequence_parallel_region(out, group=fc2.tp_group)
             return reduce_from_tensor_model_parallel_region(out, group=fc2.tp_group)
 
     return MLP, FusedFP8MLP
+
+
+def main_grad_of(weight):
+    """weight's fp32 gradient accumulator where its gradient can be added into it in the GEMM (fp8_ops.accumulates:
+    megatron's DDP gave it one), else None (the weight gets its gradient as usual)."""
+    from primus.turbo.fp8_ops import accumulates
+
+    mg = getattr(weight, "main_grad", None)
+    return mg if accumulates("tensorwise", weight, mg) else None
 
 
 def fusable_mlp(mlp, MLP) -> bool:
@@ -151,8 +165,15 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
     # tp = 1: the GEMM is primus.turbo.fp8_ops' custom-op pair, which training.compile keeps inside the compiled
     # layer (no graph break). tp > 1 (megatron's collectives around it): the autograd.Function, run eagerly.
     traced = compiles(recipe, getattr(config, "tensor_model_parallel_size", 1))
+    # training.gradient_accumulation_fusion (features/training.py's FP8_LINEARS_GRAD_ACCUM_FUSION): the weight
+    # gradient added into main_grad in its GEMM, none returned (megatron's DDP gives the weights main_grad once the
+    # model is wrapped, after this conversion: read at each forward; without it, the plain pair)
+    accum = bool(settings.get("grad_accum_fusion")) and traced and recipe == "tensorwise"
 
     def gemm_for(state):
+        if traced and accum:
+            return lambda input, weight, bias: fp8_linear_traced(input, weight, bias, recipe, fmt, state,
+                                                                 main_grad=main_grad_of(weight))
         if traced:
             return lambda input, weight, bias: fp8_linear_traced(input, weight, bias, recipe, fmt, state)
 
@@ -191,8 +212,9 @@ def apply(model, settings: Dict[str, Any], config) -> List[str]:
             mlp = getattr(layer, "mlp", None)
             if mlp is not None and fusable_mlp(mlp, MLP):
                 mlp.__class__ = FusedFP8MLP
-                mlp.primus_fp8_fmt, mlp.primus_fp8_eager = fmt, not traced
+                mlp.primus_fp8_fmt, mlp.primus_fp8_eager, mlp.primus_fp8_accum = fmt, not traced, accum
                 fused.append(f"decoder.layers.{layer.layer_number - 1}.mlp")
-    log.info("portable fp8 (%s, %s): %d linears converted, %d kept in bf16%s", recipe, fmt, len(converted), len(kept),
-             f"; {len(fused)} MLPs fused (fc1 -> SwiGLU -> fc2 in one fp8 op)" if settings.get("fused_mlp") else "")
+    log.info("portable fp8 (%s, %s): %d linears converted, %d kept in bf16%s%s", recipe, fmt, len(converted),
+             len(kept), f"; {len(fused)} MLPs fused (fc1 -> SwiGLU -> fc2 in one fp8 op)" if settings.get("fused_mlp")
+             else "", "; weight gradients added into main_grad in their GEMMs" if accum else "")
     return converted

@@ -336,6 +336,7 @@ class MegatronTrainer(Trainer):
             "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")]
         self.fp8_settings = {k: kw.pop(k) for k in keys}
         self.fp8_settings["fused_mlp"] = self.args["fp8_fused_mlp"]
+        self.fp8_settings["grad_accum_fusion"] = self.args["fp8_grad_accum_fusion"]
         if "fp4" in self.fp8_settings or not margs.portable_fp8_available(self.fp8_settings.get("fp8_recipe")):
             raise ConfigError(ConfigIssue(["precision.fp8", "precision.fp8_recipe"], self.fp8_settings,
                                           "portable fp8 linear not available here for this recipe "
