@@ -11,8 +11,9 @@ mutated), traced by training.compile (no graph break); tp > 1 runs eagerly (one 
 land in `weight.grad` as with megatron's non-fused path, so DDP's main_grad hooks work unchanged (the async dgrad
 all-reduce overlap of the bf16 path is given up); with training.gradient_accumulation_fusion, where
 features/training.py's FP8_LINEARS_GRAD_ACCUM_FUSION holds (tensorwise, tp = 1, no overlap_grad_reduce), the pair's
-weight-gradient GEMM adds into the fp32 `main_grad` instead (primus.turbo.cublaslt) and no gradient is returned. Recipe "delayed" (TE's DelayedScaling, the portable
-version): each converted linear gets its own amax histories (`mod.primus_fp8_delayed`). Kept in bf16: the output
+weight-gradient GEMM adds into the fp32 `main_grad` instead (primus.turbo.cublaslt) and no gradient is returned.
+Recipe "delayed" (TE's DelayedScaling, the portable version): each converted linear gets its own amax histories
+(`mod.primus_fp8_delayed`). Kept in bf16: the output
 layer, linears whose dims are not multiples of 16, and, with first_last_layers_bf16, the first/last N decoder layers
 (global numbering).
 
