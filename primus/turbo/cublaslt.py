@@ -109,9 +109,11 @@ class _Plan:
         self.desc, self.la, self.lb, self.lc, pref = vp(), vp(), vp(), vp(), vp()
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _CUBLAS_COMPUTE_32F, _CUDA_R_32F),
                "cublasLtMatmulDescCreate")
-        for attr, val in ((_DESC_TRANSA, _OP_T), (_DESC_TRANSB, _OP_N), (_DESC_FAST_ACCUM, int(fast))):
-            v = ctypes.c_int32(val)
-            _check(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(v), 4), "set a matmul attribute")
+        # the attributes' C types: cublasOperation_t (int32) for the transposes, int8_t for fast accumulation
+        for attr, v in ((_DESC_TRANSA, ctypes.c_int32(_OP_T)), (_DESC_TRANSB, ctypes.c_int32(_OP_N)),
+                        (_DESC_FAST_ACCUM, ctypes.c_int8(int(fast)))):
+            _check(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(v), ctypes.sizeof(v)),
+                   f"set matmul attribute {attr}")
         # column-major, as cuBLAS sees it: A (k x m) transposed, B (k x n), C = D (m x n)
         _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(self.la), a_type, k, m, k), "layout A")
         _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(self.lb), b_type, k, n, k), "layout B")
