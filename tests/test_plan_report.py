@@ -316,9 +316,12 @@ def test_torchtitan_compiled_autocast_saves_one_cast_and_no_weight_copies():
 def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and_micro_batch():
     """The guide's Llama-2-7B fp8 at global batch 256 on one H200: no recompute fits; the order's first fit is half
     of Adam offloaded at micro batch 1 (a quarter leaves less than 10% of the GPU free), but micro batch 2 with all
-    of Adam offloaded halves the micro batches' fp32 gradient adds (67 GB each) for 3.4 G more parameters of host
-    Adam, which the model puts 1.5 s a step ahead: the pick. At global batch 64 the adds are 4x fewer and the gain
-    under 1% of the step: the order's first fit stays."""
+    of Adam offloaded halves the micro batches' fp32 gradient adds (67 GB each) and their passes' own cost for 3.4 G
+    more parameters of host Adam, which the model puts 3.0 s a step ahead (1.5 s of adds): the pick. At global
+    batch 64 the adds and passes are 4x fewer and the gain under 1% of the step: the order's first fit stays. At 16
+    layers on an H100, where row 4 measured micro batch 2 with 0.75 offloaded 2.1 s a step ahead of the first fit,
+    the model gives 2.3 s; with the fp8 linears accumulating in their GEMMs (no adds for them) it still prefers
+    the larger micro batch, on its passes."""
     from primus.plan.advice import pick, step_cost_s
 
     base = ["backend=megatron", "model=llama2_7b", "precision=fp8", "training=bench"]
@@ -328,14 +331,20 @@ def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and
     assert v.overrides == ["recompute=none", "memory=offload", "memory.optimizer_offload_fraction=1.0",
                            "training.micro_batch_size=2"], v.overrides
     assert v.breakdown.needed <= 0.9 * v.breakdown.capacity
-    assert v.why == ("modelled 1.53 s a step ahead of the order's first fit (no recompute, offload 0.5, micro batch "
-                     "1) on gradient adds, Adam and the pipeline bubble"), v.why
+    assert v.why == ("modelled 3.01 s a step ahead of the order's first fit (no recompute, offload 0.5, micro batch "
+                     "1) on gradient adds, Adam, the micro batches' passes and the pipeline bubble"), v.why
     first = compose_cfg(base + ["training.global_batch_size=256", "memory=offload",
                                 "memory.optimizer_offload_fraction=0.5", "training.micro_batch_size=1"])
     fb = estimate_memory(first, gpu, 1)
     assert fb.needed <= 0.9 * fb.capacity
     picked = compose_cfg(base + ["training.global_batch_size=256"] + v.overrides)
-    assert step_cost_s(first, fb, gpu, 1) - step_cost_s(picked, estimate_memory(picked, gpu, 1), gpu, 1) > 1.5
+    assert step_cost_s(first, fb, gpu, 1) - step_cost_s(picked, estimate_memory(picked, gpu, 1), gpu, 1) > 3.0
+    h100 = resolve_gpu("H100", None)
+    for gaf, gain in ((False, "2.33"), (True, "0.57")):
+        v16 = pick(compose_cfg(base + ["training.global_batch_size=256", "model.num_layers=16",
+                                       f"training.gradient_accumulation_fusion={str(gaf).lower()}"]), h100, 1)
+        assert v16.overrides[2:] == ["memory.optimizer_offload_fraction=0.75", "training.micro_batch_size=2"]
+        assert v16.why.startswith(f"modelled {gain} s a step ahead"), (gaf, v16.why)
     less = _bd(base + ["training.global_batch_size=256", "memory=offload", "memory.optimizer_offload_fraction=0.25",
                        "training.micro_batch_size=1"])
     assert less.needed > 0.9 * less.capacity

@@ -230,10 +230,14 @@ def _set_offload(cfg, frac: float) -> List[str]:
 #    share of its host. The GPU share reads and writes about 28 bytes a parameter (fp32 param, grad, two moments;
 #    the bf16 copy).
 #  - With pipeline parallelism, 1F1B's bubble: (pp - 1) / (vp x micro batches) of the compute, at plan.assumed_mfu.
-# The GEMMs' own efficiency, which also grows with the micro batch, is left out. On Llama-2-7B's 16 layers on an
-# H100 at global batch 256 (docs/benchmarks.md, row 4) the model orders the three measured points as measured
-# (micro batch 1 with half of Adam offloaded < 2 with 0.75 < 4 with all of it: 1.000x, 1.073x, 1.12x) and
-# under-predicts the gaps (it gives 1.6 and 2.3 s a step against the measured 2.1 and 3.4 s).
+#  - Each micro batch's own cost beyond its FLOPs, MICRO_BATCH_LAYER_S a layer: the GEMMs of a smaller micro batch
+#    run less efficiently, and every pass has its fixed launches. Calibrated on row 4 (docs/benchmarks.md: Llama-2-7B's
+#    16 fp8 layers on an H100, global batch 256): beyond the adds, micro batch 1 -> 2 -> 4 took 0.49 s and 0.62 s a
+#    step off the forward + backward, 1.11 s over 192 fewer passes of 16 layers. Without it the model under-predicted
+#    those gaps (1.6 and 2.3 s a step against the measured 2.1 and 3.4 s), and where the adds are gone
+#    (training.gradient_accumulation_fusion reaching every linear) it would see no gain in a larger micro batch.
+# The model orders the three measured points as measured (micro batch 1 with half of Adam offloaded < 2 with 0.75 <
+# 4 with all of it: 1.000x, 1.073x, 1.12x) and now puts the gaps at 2.3 and 3.4 s a step (measured 2.1 and 3.4).
 # The pick leaves the order's first fit for the model's best only when the model puts it at least MODEL_GAIN of the
 # step (plan.assumed_mfu) ahead: below that the model's error is larger than the gain.
 MODEL_GAIN = 0.01
@@ -241,6 +245,7 @@ ADD_BYTES = 10
 ADD_HBM_FRACTION = 0.73
 HOST_ADAM_PARAMS_PER_S = 3.5e9
 GPU_ADAM_BYTES = 28
+MICRO_BATCH_LAYER_S = 1.11 / (192 * 16)
 
 
 def unfused_grad_params(cfg: PrimusConfig, world: int, stage: int = 0) -> int:
@@ -278,7 +283,8 @@ def step_cost_s(cfg: PrimusConfig, b: MemoryBreakdown, gpu: Gpu, world: int) -> 
     if lay.pp > 1:
         tp = estimate_throughput(cfg, gpu, world)
         bubble = (lay.pp - 1) / (lay.vp * lay.num_microbatches) * (tp.step_time_s or 0.0)
-    return adds + host + device + bubble
+    passes = lay.num_microbatches * cfg.model.num_layers / lay.pp * MICRO_BATCH_LAYER_S
+    return adds + host + device + bubble + passes
 
 
 def pick(cfg: PrimusConfig, gpu: Gpu, world: int, margin: float = 0.10,
@@ -333,7 +339,7 @@ def pick(cfg: PrimusConfig, gpu: Gpu, world: int, margin: float = 0.10,
             step = estimate_throughput(base, gpu, world).step_time_s
             if first_cost - cost >= MODEL_GAIN * (step or 0.0):
                 best.why = (f"modelled {first_cost - cost:.2f} s a step ahead of the order's first fit ({v.label}) "
-                            "on gradient adds, Adam and the pipeline bubble")
+                            "on gradient adds, Adam, the micro batches' passes and the pipeline bubble")
                 return best
             return v
     return None
