@@ -125,8 +125,9 @@ def test_the_moe_presets_accumulate_the_experts_weight_gradients_in_their_gemm()
 def test_the_fusion_says_which_linears_it_does_not_reach():
     """The presets' fp8 attention linears are turbo's (use_turbo_parallel_linear), which return their weight
     gradients: a note says so, naming both keys; without the turbo linears the portable fp8 linears take them, which
-    return theirs too: the note names precision.fp8; in bf16 without the turbo linears, or without the fusion, no
-    such note. A GroupedMLP that cannot fuse gets its own note with what it needs."""
+    accumulate in their GEMM under the tensorwise recipe (no note) and return theirs under another: the note names
+    precision.fp8 and the recipe's key; in bf16 without the turbo linears, or without the fusion, no such note. A
+    GroupedMLP that cannot fuse gets its own note with what it needs."""
     from primus.features import training
 
     def notes(overrides):
@@ -136,12 +137,15 @@ def test_the_fusion_says_which_linears_it_does_not_reach():
     [n] = notes([preset])
     assert n.keys == ["training.gradient_accumulation_fusion", "turbo.use_turbo_parallel_linear"]
     assert "turbo linears" in n.rule and "megatron's own linears accumulate" in n.rule
-    [n] = notes([preset, "turbo.use_turbo_parallel_linear=false"])
-    assert n.keys == ["training.gradient_accumulation_fusion", "precision.fp8"] and "fp8 linears" in n.rule
+    assert notes([preset, "turbo.use_turbo_parallel_linear=false"]) == []
+    [n] = notes([preset, "turbo.use_turbo_parallel_linear=false", "precision.fp8_recipe=blockwise"])
+    assert n.keys == ["training.gradient_accumulation_fusion", "precision.fp8", "precision.fp8_recipe"]
+    assert "fp8 linears" in n.rule and "tensorwise" in n.rule
     assert notes([preset, "turbo.use_turbo_parallel_linear=false", "precision.fp8=null"]) == []
     dense = ["experiment=llama2_7b_megatron_fp8_gbs256", "training.gradient_accumulation_fusion=true"]
-    [n] = notes(dense)
-    assert n.keys == ["training.gradient_accumulation_fusion", "precision.fp8"]
+    assert notes(dense) == []
+    [n] = notes(dense + ["precision.fp8_recipe=rowwise"])
+    assert n.keys == ["training.gradient_accumulation_fusion", "precision.fp8", "precision.fp8_recipe"]
     assert notes([preset, "training.gradient_accumulation_fusion=false"]) == []
     [linears, experts] = notes([preset, "turbo.grouped_gemm_fp8=true"])
     assert "turbo.grouped_gemm_fp8" in experts.keys and "experts' weight gradients stay unfused" in experts.rule
