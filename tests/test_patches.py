@@ -43,6 +43,7 @@ EXPECTED = {
     "triton.interpreter.float_downcast": ("triton", "3.6"),
     "triton.interpreter.fp8_upcast": ("triton", "3.6"),
     "triton.interpreter.low_precision_dot": ("triton", "3.6"),
+    "submitit.slurm.requeued_state": ("submitit", "1.5.4"),
 }
 
 
@@ -83,7 +84,7 @@ def test_every_workaround_lives_in_a_patches_package():
     homes = ("primus.backends.megatron.patches.", "primus.backends.torchtitan.patches.", "primus.patches")
     for w in ALL:
         assert w.fix.__module__.startswith(homes), (w.name, w.fix.__module__)
-        assert w.name.split(".")[0] in ("megatron", "torchtitan", "torch", "triton"), w.name
+        assert w.name.split(".")[0] in ("megatron", "torchtitan", "torch", "triton", "submitit"), w.name
 
 
 @pytest.mark.parametrize("installed, pinned, ok", [
@@ -171,3 +172,36 @@ def test_the_listing_cli_names_every_workaround_and_flags_a_mismatch(monkeypatch
     out = capsys.readouterr().out
     assert "torchtitan.cpu.device_type  [VERSION MISMATCH]" in out and "installed:   torchtitan 0.3.0" in out
     assert main(["--bogus"]) == 2
+
+
+def test_a_requeued_job_is_not_done_while_slurmctld_holds_it(monkeypatch):
+    """submitit.slurm.requeued_state: sacct's final state counts only where slurmctld (scontrol) has no live one:
+    FAILED in sacct with the job PENDING again after its requeue is not done; FAILED in both, or a job slurmctld no
+    longer knows, or a failing scontrol, is done; a state sacct calls unfinished is never asked about."""
+    import subprocess
+
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    from primus.patches import submitit_requeue
+
+    sacct = {"1": "FAILED", "2": "FAILED", "3": "FAILED", "4": "RUNNING", "5": "COMPLETED"}
+    live = {"1": (0, "JobId=1 JobName=x JobState=PENDING Reason=BeginTime Restarts=1"),
+            "2": (0, "JobId=2 JobName=x JobState=FAILED Reason=NonZeroExitCode Restarts=0"),
+            "3": (1, "slurm_load_jobs error: Invalid job id specified"),
+            "5": (0, "JobId=5 JobName=x JobState=COMPLETING Restarts=0")}
+    asked = []
+
+    def run(cmd, **kw):
+        assert cmd[:4] == ["scontrol", "-o", "show", "job"]
+        asked.append(cmd[4])
+        rc, out = live[cmd[4]]
+        return subprocess.CompletedProcess(cmd, rc, out if rc == 0 else "", "" if rc == 0 else out)
+
+    monkeypatch.setattr(submitit_requeue.subprocess, "run", run)
+    monkeypatch.setattr(SlurmInfoWatcher, "get_state", lambda self, job_id, mode="standard": sacct[job_id])
+    monkeypatch.setattr(SlurmInfoWatcher, "is_done", SlurmInfoWatcher.is_done)  # restored after the test
+    assert submitit_requeue.install() and submitit_requeue.install()  # once: a second install wraps nothing more
+    w = SlurmInfoWatcher()
+    assert [w.is_done(j) for j in ("1", "2", "3", "4", "5")] == [False, True, True, False, False]
+    assert asked == ["1", "2", "3", "5"]
+    assert submitit_requeue.live_state("1") == "PENDING" and submitit_requeue.live_state("3") is None

@@ -140,4 +140,7 @@ class CheckedSlurmLauncher(SlurmLauncher):
                     "machine cannot submit jobs. Run on a Slurm login node (or load its module / source its env), "
                     "start the local cluster (launchers/slurm_cluster.sh start, then eval \"$(launchers/"
                     "slurm_cluster.sh env)\"), or drop hydra/launcher=slurm to run here."])
+        from primus.patches import apply_launcher_patches
+
+        apply_launcher_patches()  # submitit waits out a requeued job's passing FAILED (patches/submitit_requeue.py)
         return super().launch(job_overrides, initial_job_idx)

@@ -12,6 +12,8 @@ also holds the registry every backend's `primus/backends/<backend>/patches/` pac
   cpu_gemm.py            a CPU without AVX512-BF16 / AMX runs bf16 and fp16 GEMMs 10-40x slower than fp32 ones;
                          `apply_cpu_patches()`, called by the run path for a CPU run
   bufops.py              the analyzer the ROCm hook uses (pure text; `python -m primus.patches.bufops check`)
+  submitit_requeue.py    submitit's Slurm watcher takes a requeued job's passing FAILED in sacct as final;
+                         `apply_launcher_patches()`, called by the Slurm sweep launcher (primus/launch/submit.py)
 """
 from __future__ import annotations
 
@@ -72,7 +74,24 @@ CPU_LOW_PRECISION_GEMM = Workaround(
     lambda c: c.device == "cpu" and _no_native_low_precision_gemm(), _cpu_gemm, every_run=True, on_mismatch="skip",
     mismatch_note="it only buys speed: without it the GEMMs run torch's own kernels")
 
-WORKAROUNDS = (ROCM_BUFOPS, COMPILE_CACHE_TAG, CPU_LOW_PRECISION_GEMM) + _interpreter.WORKAROUNDS
+def _submitit_requeue(_cond: Conditions) -> bool:
+    from .submitit_requeue import install
+
+    return install()
+
+
+SUBMITIT_REQUEUED_STATE = Workaround(
+    "submitit.slurm.requeued_state",
+    "submitit.slurm.slurm.SlurmInfoWatcher.is_done (the job's state from sacct alone)",
+    "a job that requeued itself can read FAILED in sacct for a moment while slurmctld holds it PENDING again: the "
+    "sweep's launcher took it as finished without a result and stopped waiting for it; a final state from sacct "
+    "is now checked against slurmctld's live one (scontrol)",
+    (pin("submitit", "1.5.4"),), "a sweep submits its jobs to Slurm (hydra/launcher=slurm)",
+    lambda _c: True, _submitit_requeue)
+# Applied on another submitit too: it only makes a final state wait for slurmctld's agreement.
+
+WORKAROUNDS = (ROCM_BUFOPS, COMPILE_CACHE_TAG, CPU_LOW_PRECISION_GEMM, SUBMITIT_REQUEUED_STATE) \
+    + _interpreter.WORKAROUNDS
 
 
 def _rocm() -> bool:
@@ -96,6 +115,12 @@ def apply_cpu_patches(device: str) -> bool:
 def tag_compile_caches() -> str:
     """primus' tag in torch.compile's cache keys (compile_cache.py); returns the tag in force."""
     return apply_all([COMPILE_CACHE_TAG], Conditions()).get(COMPILE_CACHE_TAG.name) or ""
+
+
+def apply_launcher_patches() -> bool:
+    """The submitting side of a Slurm sweep: submitit's watcher checks a final sacct state with slurmctld
+    (submitit_requeue.py)."""
+    return bool(apply_all([SUBMITIT_REQUEUED_STATE], Conditions()).get(SUBMITIT_REQUEUED_STATE.name))
 
 
 def fix_triton_interpreter() -> None:
