@@ -175,9 +175,10 @@ def test_the_listing_cli_names_every_workaround_and_flags_a_mismatch(monkeypatch
 
 
 def test_a_requeued_job_is_not_done_while_slurmctld_holds_it(monkeypatch):
-    """submitit.slurm.requeued_state: sacct's final state counts only where slurmctld (scontrol) has no live one:
-    FAILED in sacct with the job PENDING again after its requeue is not done; FAILED in both, or a job slurmctld no
-    longer knows, or a failing scontrol, is done; a state sacct calls unfinished is never asked about."""
+    """submitit.slurm.requeued_state: a final state counts once it has held for REQUEUE_GRACE_S with slurmctld
+    (scontrol) holding no live one. FAILED with the job PENDING again after its requeue is not done; FAILED in both
+    is done only after the grace; so is a job slurmctld no longer knows; a state sacct calls unfinished is never
+    asked about; a job that turns live again starts its grace afresh."""
     import subprocess
 
     from submitit.slurm.slurm import SlurmInfoWatcher
@@ -189,7 +190,7 @@ def test_a_requeued_job_is_not_done_while_slurmctld_holds_it(monkeypatch):
             "2": (0, "JobId=2 JobName=x JobState=FAILED Reason=NonZeroExitCode Restarts=0"),
             "3": (1, "slurm_load_jobs error: Invalid job id specified"),
             "5": (0, "JobId=5 JobName=x JobState=COMPLETING Restarts=0")}
-    asked = []
+    asked, now = [], [100.0]
 
     def run(cmd, **kw):
         assert cmd[:4] == ["scontrol", "-o", "show", "job"]
@@ -198,10 +199,22 @@ def test_a_requeued_job_is_not_done_while_slurmctld_holds_it(monkeypatch):
         return subprocess.CompletedProcess(cmd, rc, out if rc == 0 else "", "" if rc == 0 else out)
 
     monkeypatch.setattr(submitit_requeue.subprocess, "run", run)
+    monkeypatch.setattr(submitit_requeue.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(submitit_requeue, "_FINAL_SINCE", {})
     monkeypatch.setattr(SlurmInfoWatcher, "get_state", lambda self, job_id, mode="standard": sacct[job_id])
     monkeypatch.setattr(SlurmInfoWatcher, "is_done", SlurmInfoWatcher.is_done)  # restored after the test
     assert submitit_requeue.install() and submitit_requeue.install()  # once: a second install wraps nothing more
     w = SlurmInfoWatcher()
-    assert [w.is_done(j) for j in ("1", "2", "3", "4", "5")] == [False, True, True, False, False]
+    jobs = ("1", "2", "3", "4", "5")
+    assert [w.is_done(j) for j in jobs] == [False] * 5  # 2 and 3 within their grace
     assert asked == ["1", "2", "3", "5"]
+    now[0] += submitit_requeue.REQUEUE_GRACE_S
+    assert [w.is_done(j) for j in jobs] == [False, True, True, False, False]
+    # job 2 turns out requeued after all: pending again, then its next final state waits out a fresh grace
+    live["2"] = (0, "JobId=2 JobName=x JobState=PENDING Restarts=1")
+    assert not w.is_done("2")
+    live["2"] = (0, "JobId=2 JobName=x JobState=FAILED Restarts=1")
+    assert not w.is_done("2")
+    now[0] += submitit_requeue.REQUEUE_GRACE_S
+    assert w.is_done("2")
     assert submitit_requeue.live_state("1") == "PENDING" and submitit_requeue.live_state("3") is None

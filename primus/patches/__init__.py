@@ -12,7 +12,7 @@ also holds the registry every backend's `primus/backends/<backend>/patches/` pac
   cpu_gemm.py            a CPU without AVX512-BF16 / AMX runs bf16 and fp16 GEMMs 10-40x slower than fp32 ones;
                          `apply_cpu_patches()`, called by the run path for a CPU run
   bufops.py              the analyzer the ROCm hook uses (pure text; `python -m primus.patches.bufops check`)
-  submitit_requeue.py    submitit's Slurm watcher takes a requeued job's passing FAILED in sacct as final;
+  submitit_requeue.py    submitit's Slurm watcher takes a requeued job's passing FAILED as final;
                          `apply_launcher_patches()`, called by the Slurm sweep launcher (primus/launch/submit.py)
 """
 from __future__ import annotations
@@ -83,12 +83,12 @@ def _submitit_requeue(_cond: Conditions) -> bool:
 SUBMITIT_REQUEUED_STATE = Workaround(
     "submitit.slurm.requeued_state",
     "submitit.slurm.slurm.SlurmInfoWatcher.is_done (the job's state from sacct alone)",
-    "a job that requeued itself can read FAILED in sacct for a moment while slurmctld holds it PENDING again: the "
-    "sweep's launcher took it as finished without a result and stopped waiting for it; a final state from sacct "
-    "is now checked against slurmctld's live one (scontrol)",
+    "a job that requeued itself can read FAILED for a moment before slurmctld holds it PENDING again: the sweep's "
+    "launcher took it as finished without a result and stopped waiting for it; a final state now counts once it "
+    "has held for 15 s with slurmctld (scontrol) holding no live one",
     (pin("submitit", "1.5.4"),), "a sweep submits its jobs to Slurm (hydra/launcher=slurm)",
     lambda _c: True, _submitit_requeue)
-# Applied on another submitit too: it only makes a final state wait for slurmctld's agreement.
+# Applied on another submitit too: it only makes a final state wait for slurmctld's agreement and the grace.
 
 WORKAROUNDS = (ROCM_BUFOPS, COMPILE_CACHE_TAG, CPU_LOW_PRECISION_GEMM, SUBMITIT_REQUEUED_STATE) \
     + _interpreter.WORKAROUNDS

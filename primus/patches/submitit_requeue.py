@@ -1,23 +1,27 @@
-"""A requeued Slurm job taken as finished: submitit 1.5.4's watcher reads a job's state from `sacct` alone.
+"""A requeued Slurm job taken as finished: submitit 1.5.4's watcher takes the first final state it reads as the end.
 
 A Slurm job of a sweep (hydra/launcher=slurm) that is preempted requeues itself: primus.preemption hands the
-signal to submitit, which runs `scontrol requeue` and exits. For a moment the accounting database can still report
-the ended instance as FAILED while slurmctld already holds the job PENDING again (seen under load in
-tests/test_preemption_slurm.py). submitit's `SlurmInfoWatcher.is_done` took that as final, the sweep's launcher
-raised UncompletedJobError ("has not produced any output (state: FAILED)") and stopped waiting for a job that went
-on to finish. Here a final state from sacct is checked against slurmctld's live one (`scontrol -o show job`): while
-slurmctld holds the job in a state it leaves again (pending, running, requeued, ...), the job is not done. A job
-slurmctld no longer knows (purged after its MinJobAge), or an scontrol that does not answer, keeps sacct's word.
+signal to submitit, which runs `scontrol requeue` and exits. slurmctld can then show the ended instance as FAILED
+for a moment before the requeue turns the job PENDING again (seen under load in tests/test_preemption_slurm.py, on
+the local cluster whose sacct reads scontrol). submitit's `SlurmInfoWatcher.is_done` took that as final, the
+sweep's launcher raised UncompletedJobError ("has not produced any output (state: FAILED)") and stopped waiting
+for a job that went on to finish. Here a final state counts only once it has held for REQUEUE_GRACE_S, checked
+against slurmctld's live one (`scontrol -o show job`) at each call: while slurmctld holds the job in a state it
+leaves again (pending, running, requeued, ...), or within the grace, the job is not done. A job that ends with a
+result is unaffected (submitit sees its result file first); one that fails without one is reported 15 s later.
 """
 from __future__ import annotations
 
 import re
 import subprocess
-from typing import Optional
+import time
+from typing import Dict, Optional
 
 # slurmctld's job states that are not an end (squeue(1), "JOB STATE CODES")
 LIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
                   "RESIZING", "SUSPENDED", "PREEMPTED", "RESV_DEL_HOLD", "SIGNALING", "STAGE_OUT"})
+REQUEUE_GRACE_S = 15.0
+_FINAL_SINCE: Dict[str, float] = {}  # job id -> when a final state was first read for it
 
 
 def live_state(job_id: str, timeout: float = 20.0) -> Optional[str]:
@@ -35,15 +39,16 @@ def install() -> bool:
     """Wrap submitit's SlurmInfoWatcher.is_done (once per process)."""
     from submitit.slurm.slurm import SlurmInfoWatcher
 
-    if getattr(SlurmInfoWatcher.is_done, "primus_checks_live_state", False):
+    if getattr(SlurmInfoWatcher.is_done, "primus_waits_out_requeues", False):
         return True
     sacct_is_done = SlurmInfoWatcher.is_done
 
     def is_done(self, job_id: str, mode: str = "standard") -> bool:
-        if not sacct_is_done(self, job_id, mode=mode):
+        if not sacct_is_done(self, job_id, mode=mode) or live_state(job_id) in LIVE:
+            _FINAL_SINCE.pop(job_id, None)
             return False
-        return live_state(job_id) not in LIVE
+        return time.monotonic() - _FINAL_SINCE.setdefault(job_id, time.monotonic()) >= REQUEUE_GRACE_S
 
-    is_done.primus_checks_live_state = True
+    is_done.primus_waits_out_requeues = True
     SlurmInfoWatcher.is_done = is_done
     return True
