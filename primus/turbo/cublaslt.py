@@ -5,16 +5,17 @@
 Why: training.gradient_accumulation_fusion on the portable fp8 linears. Their weight-gradient GEMM is torch's
 `torch._scaled_mm` (torch 2.11), which always writes a fresh output (no beta, no C input), so each micro batch wrote
 a bf16 weight gradient and megatron's DDP hook then added it into the fp32 main_grad: 10 bytes a parameter a micro
-batch in a kernel of its own, about 6% of a Llama-2-7B fp8 step at micro batch 2 on an H100 (docs/benchmarks.md).
+batch in a kernel of its own, estimated at 6% of a Llama-2-7B fp8 step at micro batch 2 on an H100
+(docs/benchmarks.md, "Still to run").
 cuBLASLt itself takes C (fp32 C and D with fp8 A and B, the form Transformer Engine's fp8 weight gradient uses to
 accumulate into main_grad): the add rides in the GEMM's epilogue, 6 more bytes a parameter beside a K of thousands.
 
 The library is the libcublasLt torch's CUDA build has already loaded (found in the process's memory map, so the same
 copy torch's own GEMMs use), called through ctypes; a matmul descriptor, layouts and cuBLASLt's heuristic pick are
-cached per shape and dtypes, the scales (device pointers) set at each call. `available(device)` says whether it can
-run here: CUDA (not ROCm: hipBLASLt is another library), the library found, and a check on a small problem against
-`torch._scaled_mm` plus the add passed, once per process and device. Callers fall back to that unfused sum where it
-cannot (fp8_ops / fp8_mlp).
+cached per shape and dtypes, the scales (device pointers) set at each call. `unusable(device)` says why it cannot
+run here (None: it can): it needs CUDA (not ROCm: hipBLASLt is another library), the library found, and a check on
+a small problem against `torch._scaled_mm` plus the add passed, once per process and device. Where it cannot,
+`scaled_mm_add_` runs that unfused sum itself (the log says why once).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import torch
 log = logging.getLogger("primus.turbo")
 
 # cublasLt.h / library_types.h (CUDA 12 and 13)
-_CUDA_R_32F, _CUDA_R_16BF, _CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2 = 0, 14, 28, 29
+_CUDA_R_32F, _CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2 = 0, 28, 29
 _CUBLAS_COMPUTE_32F = 68
 _OP_N, _OP_T = 0, 1
 _DESC_TRANSA, _DESC_TRANSB, _DESC_A_SCALE, _DESC_B_SCALE, _DESC_FAST_ACCUM = 3, 4, 17, 18, 25

@@ -98,9 +98,9 @@ def _fused_mlp_class():
                 x = gather_from_sequence_parallel_region(x, group=fc1.tp_group)
             else:
                 x = copy_to_tensor_model_parallel_region(x, group=fc1.tp_group)
-            mgs = (main_grad_of(fc1.weight), main_grad_of(fc2.weight)) if self.primus_fp8_accum else (None, None)
-            out = fp8_swiglu_mlp(x, fc1.weight, fc2.weight, self.primus_fp8_fmt,
-                                 main_grads=None if mgs[0] is None or mgs[1] is None else mgs)
+            mg1, mg2 = (main_grad_of(fc1.weight), main_grad_of(fc2.weight)) if self.primus_fp8_accum else (None, None)
+            mgs = (mg1, mg2) if mg1 is not None and mg2 is not None else None
+            out = fp8_swiglu_mlp(x, fc1.weight, fc2.weight, self.primus_fp8_fmt, main_grads=mgs)
             if fc2.sequence_parallel:
                 return reduce_scatter_to_sequence_parallel_region(out, group=fc2.tp_group)
             return reduce_from_tensor_model_parallel_region(out, group=fc2.tp_group)
