@@ -40,6 +40,25 @@ def test_scaled_mm_add_is_scaled_mm_plus_the_add(M, K, N, dts):
     torch.testing.assert_close(out, want, **TOL)
 
 
+def test_scaled_mm_add_takes_views_with_wider_rows_and_less_aligned_pointers():
+    """Operands whose row stride exceeds K (views of wider tensors) and an out 16 bytes past a 256-byte boundary
+    (a main_grad inside megatron's grad buffer): the leading dimensions and alignments cuBLASLt is told are theirs,
+    and nothing past out's view is written."""
+    M, K, N, pad = 64, 96, 48, 32
+    _, a_full, b_full, sa, sb = _operands(M, K + pad, N)
+    a = a_full[:, :K]  # (M, K), row stride K + pad
+    b = b_full[:K]  # (K, N) column-major, column stride K + pad
+    buf = torch.randn(M * N + 8, device=DEV)
+    out = buf[4:4 + M * N].view(M, N)
+    want = buf.clone()
+    want[4:4 + M * N] += torch._scaled_mm(a.contiguous(), b.t().contiguous().t(), scale_a=sa, scale_b=sb,
+                                          out_dtype=torch.float32).flatten()
+    cublaslt.scaled_mm_add_(out, a, b, sa, sb)
+    torch.testing.assert_close(buf, want, **TOL)
+    with pytest.raises(ValueError, match="at least K"):
+        cublaslt.scaled_mm_add_(out, a_full.as_strided((M, K), (K - 16, 1)), b, sa, sb)  # rows overlap
+
+
 @pytest.mark.skipif(not ON_GPU, reason="cuBLASLt is a CUDA library")
 def test_cublaslt_is_what_runs_on_a_cuda_gpu():
     """On an NVIDIA GPU the in-GEMM add must be usable (else every accumulated gradient would take the unfused sum
@@ -146,9 +165,9 @@ def test_accumulating_ops_fakes_match_and_compile_without_graph_breaks():
                                  test_utils=checks) == {"test_faketensor": "SUCCESS"}
     w1, w2 = torch.randn(64, 32, device=DEV, dtype=torch.bfloat16), torch.randn(32, 32, device=DEV,
                                                                                   dtype=torch.bfloat16)
-    _, *saved = fp8_swiglu_mlp_fwd(x, w1, w2, "e4m3")
-    mg1, mg2 = torch.zeros(64, 32, device=DEV), torch.zeros(32, 32, device=DEV)
-    assert torch.library.opcheck(fp8_swiglu_mlp_bwd_accum, (dy[:, :32].contiguous(), *saved, mg1, mg2, "e4m3",
+    _, h, *saved = fp8_swiglu_mlp_fwd(x, w1, w2, "e4m3")
+    mg2 = torch.zeros(32, 32, device=DEV)
+    assert torch.library.opcheck(fp8_swiglu_mlp_bwd_accum, (dy[:, :32].contiguous(), h, *saved[4:], mg2, "e4m3",
                                                             torch.bfloat16), test_utils=checks) == \
         {"test_faketensor": "SUCCESS"}
 
@@ -184,3 +203,46 @@ def test_bench_entry_smoke_runs_on_cpu():
     rows = [line for line in r.stdout.splitlines() if line.startswith("| fp8_wgrad_accum |")]
     assert len(rows) == 2 and "fallback: cpu is not a CUDA device" in rows[0] and "all 4 linears" in rows[1], rows
     assert "FAILED" not in r.stdout
+
+
+def test_inductor_adds_into_main_grads_that_share_one_buffer_in_place():
+    """megatron's main_grads are views of one grad buffer. A custom op's mutable arguments must not alias each other,
+    so an op mutating two of them made Inductor clone one through as_strided and copy it back (on an H100 that copy
+    faulted once the views sat gigabytes into the buffer). Each accumulating op mutates one main_grad: in the
+    compiled backward every one of them is handed its main_grad itself (no as_strided copy), and two layers sharing
+    the compiled code add what they add eagerly, nothing outside their views touched."""
+    from torch._inductor.utils import run_and_get_code
+
+    g = torch.Generator(device="cpu").manual_seed(3)
+    T, H, F = 48, 32, 48
+    shapes = [(H, H), (2 * F, H), (H, F)] * 2  # per layer: a linear, the fused MLP's w1 and w2
+    weights = [(torch.randn(*s, generator=g) / s[1] ** 0.5).to(DEV, torch.bfloat16).requires_grad_() for s in shapes]
+    x = torch.randn(T, H, generator=g).to(DEV, torch.bfloat16)
+
+    def layer(h, w, w1, w2):
+        h = fp8_linear_traced(h, w, None, "tensorwise", "hybrid", main_grad=w.main_grad)
+        return fp8_swiglu_mlp(h, w1, w2, "hybrid", main_grads=(w1.main_grad, w2.main_grad))
+
+    def step(fn):
+        n = sum(w.numel() for w in weights)
+        buf = torch.full((n + 64,), 7.0, device=DEV)  # 64 sentinels past the views
+        buf[:n] = 0
+        off = 0
+        for w in weights:
+            w.main_grad = buf[off:off + w.numel()].view(w.shape)
+            off += w.numel()
+        for _ in range(2):  # two micro batches
+            xi = x.clone().requires_grad_()
+            fn(fn(xi, *weights[:3]), *weights[3:]).float().square().sum().backward()
+        assert all(w.grad is None for w in weights)
+        return buf
+
+    torch._dynamo.reset()
+    want = step(layer)
+    got, codes = run_and_get_code(lambda: step(torch.compile(layer, fullgraph=True)))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert torch.all(got[-64:] == 7.0)
+    calls = [line for code in codes for line in code.splitlines() if "_bwd_accum.default(" in line]
+    assert len(calls) == 3 and all("primals_" in c for c in calls), calls  # the linear's, fc2's, fc1's
+    assert not any("as_strided" in line for code in codes for line in code.splitlines()
+                   if "def get_args" not in line and "rand_strided" not in line and "torch.as_strided(_shared" not in line)

@@ -33,7 +33,7 @@ _CUDA_R_32F, _CUDA_R_8F_E4M3, _CUDA_R_8F_E5M2 = 0, 28, 29
 _CUBLAS_COMPUTE_32F = 68
 _OP_N, _OP_T = 0, 1
 _DESC_TRANSA, _DESC_TRANSB, _DESC_A_SCALE, _DESC_B_SCALE, _DESC_FAST_ACCUM = 3, 4, 17, 18, 25
-_PREF_MAX_WORKSPACE = 1
+_PREF_MAX_WORKSPACE, _PREF_MIN_ALIGN_A, _PREF_MIN_ALIGN_B, _PREF_MIN_ALIGN_C, _PREF_MIN_ALIGN_D = 1, 5, 6, 7, 8
 _WORKSPACE = 32 << 20  # what cuBLASLt's heuristic may ask for on Hopper (torch gives its own Lt calls the same)
 
 _FP8 = {torch.float8_e4m3fn: _CUDA_R_8F_E4M3, torch.float8_e5m2: _CUDA_R_8F_E5M2}
@@ -105,7 +105,7 @@ def _check(status: int, what: str) -> None:
 class _Plan:
     """One shape's descriptor, layouts and heuristic algo (cuBLASLt objects live for the process: a few per shape)."""
 
-    def __init__(self, lib, handle, m, n, k, a_type, b_type, fast):
+    def __init__(self, lib, handle, m, n, k, lda, ldb, aligns, a_type, b_type, fast):
         vp = ctypes.c_void_p
         self.desc, self.la, self.lb, self.lc, pref = vp(), vp(), vp(), vp(), vp()
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _CUBLAS_COMPUTE_32F, _CUDA_R_32F),
@@ -115,14 +115,21 @@ class _Plan:
                         (_DESC_FAST_ACCUM, ctypes.c_int8(int(fast)))):
             _check(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(v), ctypes.sizeof(v)),
                    f"set matmul attribute {attr}")
-        # column-major, as cuBLAS sees it: A (k x m) transposed, B (k x n), C = D (m x n)
-        _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(self.la), a_type, k, m, k), "layout A")
-        _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(self.lb), b_type, k, n, k), "layout B")
+        # column-major, as cuBLAS sees it: A (k x m) transposed, B (k x n), C = D (m x n); A's and B's leading
+        # dimensions are their row strides (a view's may exceed k)
+        _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(self.la), a_type, k, m, lda), "layout A")
+        _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(self.lb), b_type, k, n, ldb), "layout B")
         _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(self.lc), _CUDA_R_32F, m, n, m), "layout C")
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
         ws = ctypes.c_uint64(_WORKSPACE)
         _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws), 8),
                "set the workspace limit")
+        # the heuristic assumes 256-byte aligned pointers unless told otherwise (torch tells its own Lt calls too):
+        # a main_grad inside megatron's grad buffer, or an operand that is a view, may be less aligned
+        for attr, align in zip((_PREF_MIN_ALIGN_A, _PREF_MIN_ALIGN_B, _PREF_MIN_ALIGN_C, _PREF_MIN_ALIGN_D), aligns):
+            v = ctypes.c_uint32(align)
+            _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4),
+                   f"set preference {attr}")
         heur, found = _Heuristic(), ctypes.c_int(0)
         _check(lib.cublasLtMatmulAlgoGetHeuristic(handle, self.desc, self.la, self.lb, self.lc, self.lc, pref, 1,
                                                   ctypes.byref(heur), ctypes.byref(found)),
@@ -147,6 +154,14 @@ def _device_state(dev: int):
     return states[dev]
 
 
+def _alignment(t: torch.Tensor) -> int:
+    """The largest power of two up to 256 that divides t's address (cuBLASLt's alignment preferences)."""
+    ptr, align = t.data_ptr(), 256
+    while ptr % align:
+        align //= 2
+    return align
+
+
 def _scaled_mm_add_lt(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                       scale_b: torch.Tensor, fast: bool) -> None:
     M, K = a.shape
@@ -155,11 +170,13 @@ def _scaled_mm_add_lt(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale
     handle, workspace, plans = _device_state(dev)
     # out (M, N) row-major is cuBLAS's column-major (N x M): out^T = b^T @ a^T, b^T (N, K) and a^T (K, M) both
     # K-major in memory, the only fp8 layout Hopper's kernels take (TRANSA = T, TRANSB = N)
-    key = (N, M, K, b.dtype, a.dtype, fast)
+    lda, ldb = b.stride(1), a.stride(0)
+    aligns = (_alignment(b), _alignment(a), _alignment(out), _alignment(out))
+    key = (N, M, K, lda, ldb, aligns, b.dtype, a.dtype, fast)
     plan = plans.get(key)
     lib = _lib()
     if plan is None:
-        plan = plans[key] = _Plan(lib, handle, N, M, K, _FP8[b.dtype], _FP8[a.dtype], fast)
+        plan = plans[key] = _Plan(lib, handle, N, M, K, lda, ldb, aligns, _FP8[b.dtype], _FP8[a.dtype], fast)
     pa, pb = ctypes.c_void_p(scale_b.data_ptr()), ctypes.c_void_p(scale_a.data_ptr())
     _check(lib.cublasLtMatmulDescSetAttribute(plan.desc, _DESC_A_SCALE, ctypes.byref(pa), 8), "set scale A")
     _check(lib.cublasLtMatmulDescSetAttribute(plan.desc, _DESC_B_SCALE, ctypes.byref(pb), 8), "set scale B")
@@ -227,6 +244,9 @@ def scaled_mm_add_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale_a:
     if a.dtype not in _FP8 or b.dtype not in _FP8 or a.stride(1) != 1 or b.stride(0) != 1:
         raise ValueError(f"scaled_mm_add_: a must be row-major and b column-major fp8 (got {a.dtype} strides "
                          f"{a.stride()}, {b.dtype} strides {b.stride()})")
+    if a.stride(0) < K or b.stride(1) < K:
+        raise ValueError(f"scaled_mm_add_: a's row stride {a.stride(0)} and b's column stride {b.stride(1)} must be at "
+                         f"least K = {K}")
     if scale_a.numel() != 1 or scale_b.numel() != 1:
         raise ValueError("scaled_mm_add_: tensorwise scales only (one-element scale_a and scale_b)")
     if unusable(out.device) is None:

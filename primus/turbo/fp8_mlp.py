@@ -92,23 +92,21 @@ def _backward(ctx, dout, *_):
 fp8_swiglu_mlp_fwd.register_autograd(_backward, setup_context=_setup)
 
 
-@torch.library.custom_op("primus::fp8_swiglu_mlp_bwd_accum", mutates_args=("main_grad1", "main_grad2"))
-def fp8_swiglu_mlp_bwd_accum(dout: Tensor, h: Tensor, a1: Tensor, b1: Tensor, c1: Tensor, d1: Tensor, a2: Tensor,
-                             b2: Tensor, c2: Tensor, d2: Tensor, main_grad1: Tensor, main_grad2: Tensor, fmt: str,
-                             w_dtype: torch.dtype) -> Tensor:
-    """dx; fc1's and fc2's weight gradients added into their fp32 main_grads inside their GEMMs."""
-    st1, st2 = _states(fmt, dout.device, w_dtype, (a1, b1, c1, d1), (a2, b2, c2, d2))
+@torch.library.custom_op("primus::fp8_swiglu_mlp_bwd_accum", mutates_args=("main_grad2",))
+def fp8_swiglu_mlp_bwd_accum(dout: Tensor, h: Tensor, a2: Tensor, b2: Tensor, c2: Tensor, d2: Tensor,
+                             main_grad2: Tensor, fmt: str, w_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """(dh, dh's amax slots): fc2's backward with its weight gradient added into its fp32 main_grad inside the GEMM,
+    then the SwiGLU backward. fc1's backward is fp8_ops.fp8_linear_bwd_accum on them (one main_grad per op: that
+    module says why)."""
+    _, st2 = _states(fmt, dout.device, w_dtype, (), (a2, b2, c2, d2))
     dy, _, _ = F8.fp8_backward(st2, dout, need_db=False, main_grad=main_grad2)
     dh, dh_amax = S.swiglu_bwd_amax(dy, h)
-    dx, _, _ = F8.fp8_backward(st1, dh, need_db=False, dy_amax=dh_amax, main_grad=main_grad1)
-    return dx.contiguous()
+    return dh, dh_amax
 
 
 @fp8_swiglu_mlp_bwd_accum.register_fake
-def _(dout, h, a1, b1, c1, d1, a2, b2, c2, d2, main_grad1, main_grad2, fmt, w_dtype):
-    from primus.turbo.fp8_ops import _bwd_fake
-
-    return _bwd_fake(h, a1, b1, c1, d1, "tensorwise", fmt, w_dtype)[0]
+def _(dout, h, a2, b2, c2, d2, main_grad2, fmt, w_dtype):
+    return torch.empty_like(h), h.new_empty((S.AMAX_SLOTS,), dtype=torch.float32)
 
 
 class _FusedMLPAccum(torch.autograd.Function):
@@ -125,7 +123,12 @@ class _FusedMLPAccum(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        dx = fp8_swiglu_mlp_bwd_accum(dout.contiguous(), *ctx.saved_tensors, *ctx.main_grads, ctx.fmt, ctx.w_dtype)
+        from primus.turbo.fp8_ops import fp8_linear_bwd_accum
+
+        h, a1, b1, c1, d1, a2, b2, c2, d2 = ctx.saved_tensors
+        mg1, mg2 = ctx.main_grads
+        dh, dh_amax = fp8_swiglu_mlp_bwd_accum(dout.contiguous(), h, a2, b2, c2, d2, mg2, ctx.fmt, ctx.w_dtype)
+        dx = fp8_linear_bwd_accum(dh, a1, b1, c1, d1, mg1, ctx.fmt, ctx.w_dtype, dh_amax)
         return dx, None, None, None, None, None
 
 

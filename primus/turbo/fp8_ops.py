@@ -116,18 +116,23 @@ fp8_linear_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
 # -------------------------------------------------------- the weight gradient added into main_grad (tensorwise)
 
 
+# One main_grad per op: megatron's main_grads are views of one grad buffer, and a custom op's mutable arguments
+# must not alias each other, so an op mutating two of them is one Inductor cannot run in place (it clones one
+# through as_strided and copies it back: on a GPU that copy faulted, an illegal memory access, once a layer's
+# views sat gigabytes into the buffer). The fused MLP therefore runs its backward as two of these.
 @torch.library.custom_op("primus::fp8_linear_bwd_accum", mutates_args=("main_grad",))
 def fp8_linear_bwd_accum(dy2: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor, main_grad: Tensor, fmt: str,
-                         w_dtype: torch.dtype) -> Tensor:
-    """dx; the weight gradient added into main_grad (fp32, the weight's shape) inside its GEMM."""
+                         w_dtype: torch.dtype, dy_amax: Optional[Tensor] = None) -> Tensor:
+    """dx; the weight gradient added into main_grad (fp32, the weight's shape) inside its GEMM. dy_amax: dy2's
+    amax as partial maxima from its producer (fp8_linear.fp8_backward's)."""
     f_dt, g_dt = _fp8_dtypes(dy2.device, fmt)
     st = F8.FP8State("tensorwise", f_dt, g_dt, w_dtype, False, [a, b, c, d])
-    dx, _, _ = F8.fp8_backward(st, dy2, need_db=False, main_grad=main_grad)
+    dx, _, _ = F8.fp8_backward(st, dy2, need_db=False, dy_amax=dy_amax, main_grad=main_grad)
     return dx.contiguous()
 
 
 @fp8_linear_bwd_accum.register_fake
-def _(dy2, a, b, c, d, main_grad, fmt, w_dtype):
+def _(dy2, a, b, c, d, main_grad, fmt, w_dtype, dy_amax=None):
     return _bwd_fake(dy2, a, b, c, d, "tensorwise", fmt, w_dtype)[0]
 
 
