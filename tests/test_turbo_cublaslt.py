@@ -244,5 +244,7 @@ def test_inductor_adds_into_main_grads_that_share_one_buffer_in_place():
     assert torch.all(got[-64:] == 7.0)
     calls = [line for code in codes for line in code.splitlines() if "_bwd_accum.default(" in line]
     assert len(calls) == 3 and all("primals_" in c for c in calls), calls  # the linear's, fc2's, fc1's
-    assert not any("as_strided" in line for code in codes for line in code.splitlines()
-                   if "def get_args" not in line and "rand_strided" not in line and "torch.as_strided(_shared" not in line)
+    # (get_args, Inductor's benchmark harness, rebuilds the aliased inputs with torch.as_strided: not a copy)
+    copies = [line for code in codes for line in code.splitlines()
+              if "as_strided" in line and "torch.as_strided(_shared_storage" not in line]
+    assert not copies, copies
