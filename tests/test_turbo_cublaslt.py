@@ -223,11 +223,14 @@ def test_inductor_adds_into_main_grads_that_share_one_buffer_in_place():
         h = fp8_linear_traced(h, w, None, "tensorwise", "hybrid", main_grad=w.main_grad)
         return fp8_swiglu_mlp(h, w1, w2, "hybrid", main_grads=(w1.main_grad, w2.main_grad))
 
+    # on a GPU the views sit past 2 GiB into the buffer, as a 16-layer model's do in megatron's
+    lead = (1 << 29) + 64 if ON_GPU else 0
+
     def step(fn):
         n = sum(w.numel() for w in weights)
-        buf = torch.full((n + 64,), 7.0, device=DEV)  # 64 sentinels past the views
-        buf[:n] = 0
-        off = 0
+        buf = torch.full((lead + n + 64,), 7.0, device=DEV)  # 64 sentinels past the views
+        buf[lead:lead + n] = 0
+        off = lead
         for w in weights:
             w.main_grad = buf[off:off + w.numel()].view(w.shape)
             off += w.numel()
@@ -240,8 +243,8 @@ def test_inductor_adds_into_main_grads_that_share_one_buffer_in_place():
     torch._dynamo.reset()
     want = step(layer)
     got, codes = run_and_get_code(lambda: step(torch.compile(layer, fullgraph=True)))
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert torch.all(got[-64:] == 7.0)
+    torch.testing.assert_close(got[lead:], want[lead:], **TOL)
+    assert torch.all(got[-64:] == 7.0) and torch.all(got[:lead] == 7.0)
     calls = [line for code in codes for line in code.splitlines() if "_bwd_accum.default(" in line]
     assert len(calls) == 3 and all("primals_" in c for c in calls), calls  # the linear's, fc2's, fc1's
     # (get_args, Inductor's benchmark harness, rebuilds the aliased inputs with torch.as_strided: not a copy)
