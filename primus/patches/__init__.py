@@ -74,6 +74,7 @@ CPU_LOW_PRECISION_GEMM = Workaround(
     lambda c: c.device == "cpu" and _no_native_low_precision_gemm(), _cpu_gemm, every_run=True, on_mismatch="skip",
     mismatch_note="it only buys speed: without it the GEMMs run torch's own kernels")
 
+
 def _submitit_requeue(_cond: Conditions) -> bool:
     from .submitit_requeue import install
 
