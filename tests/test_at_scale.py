@@ -23,11 +23,14 @@ MOE = [g for g in at_scale.GROUPS if g.moe]
 @pytest.mark.parametrize("g", [g for g in DENSE if not g.variants], ids=lambda g: g.name)
 def test_dense_presets_are_the_planners_pick(g):
     """Each dense preset's micro batch, recompute and offload share are what `python -m primus.plan --pick` picks
-    for it, and its estimate leaves 10% of the H200 free."""
+    for it without the fp8 linears' in-GEMM gradient accumulation, which the fp8 presets then turn on (with it
+    the model puts Llama-2-7B's settings under its 1% bar ahead of the first fit: test_plan_report), and its
+    estimate leaves 10% of the H200 free."""
     cfg = compose_cfg([f"experiment={g.preset}"])
     assert (cfg.training.seq_length, cfg.training.global_batch_size) == (g.seq, g.global_batch)
     assert cfg.plan.gpu == "H200"
-    v = pick(cfg, H200, 1)
+    assert cfg.training.gradient_accumulation_fusion == (cfg.precision.fp8 is not None)
+    v = pick(compose_cfg([f"experiment={g.preset}", "training.gradient_accumulation_fusion=false"]), H200, 1)
     m, r = cfg.memory, cfg.recompute
     want = ["recompute=" + (r.recompute_granularity.value if r.recompute_granularity else "none")]
     want += (["memory=offload", f"memory.optimizer_offload_fraction={m.optimizer_offload_fraction}"]
