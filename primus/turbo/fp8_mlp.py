@@ -25,10 +25,9 @@ from primus.turbo import fp8_linear as F8
 from primus.turbo import swiglu as S
 
 
-def _states(fmt: str, device, w_dtype, t1, t2):
+def _states(fmt: str, device, w_dtype, *slots):
     f_dt, g_dt = F8.fp8_formats(device, fmt)
-    return (F8.FP8State("tensorwise", f_dt, g_dt, w_dtype, False, list(t1)),
-            F8.FP8State("tensorwise", f_dt, g_dt, w_dtype, False, list(t2)))
+    return tuple(F8.FP8State("tensorwise", f_dt, g_dt, w_dtype, False, list(t)) for t in slots)
 
 
 @torch.library.custom_op("primus::fp8_swiglu_mlp_fwd", mutates_args=())
@@ -98,8 +97,7 @@ def fp8_swiglu_mlp_bwd_accum(dout: Tensor, h: Tensor, a2: Tensor, b2: Tensor, c2
     """(dh, dh's amax slots): fc2's backward with its weight gradient added into its fp32 main_grad inside the GEMM,
     then the SwiGLU backward. fc1's backward is fp8_ops.fp8_linear_bwd_accum on them (one main_grad per op: that
     module says why)."""
-    f_dt, g_dt = F8.fp8_formats(dout.device, fmt)
-    st2 = F8.FP8State("tensorwise", f_dt, g_dt, w_dtype, False, [a2, b2, c2, d2])
+    (st2,) = _states(fmt, dout.device, w_dtype, (a2, b2, c2, d2))
     dy, _, _ = F8.fp8_backward(st2, dout, need_db=False, main_grad=main_grad2)
     dh, dh_amax = S.swiglu_bwd_amax(dy, h)
     return dh, dh_amax
