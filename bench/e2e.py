@@ -58,8 +58,9 @@ SUITES = {
 
 
 def _slug(name: str) -> str:
-    """A point's name as a path part Hydra accepts in hydra.run.dir (no parentheses, spaces, slashes...)."""
-    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", name).strip("_")
+    """A point's name as a path part Hydra accepts in hydra.run.dir and that file copies keep as it is: letters,
+    digits, '_', '.', '-' ('micro batch 1 + offload 0.5' -> 'micro_batch_1_offload_0.5')."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
 
 
 def run_point(name, argv, timeout, log_dir, rep=0):

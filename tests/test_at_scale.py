@@ -443,3 +443,16 @@ def test_variants_run_the_preset_with_each_variants_overrides_beside_the_peers(m
             at_scale.points(g)
     monkeypatch.delenv("VARIANTS")
     assert not any(" eager=" in s for _, s in at_scale.points(g))
+
+
+def test_point_names_become_plain_file_names():
+    """A point's log and run dir are named by bench/e2e.py's _slug: letters, digits, '_', '.', '-' only, so every
+    file a part writes is copied back under its name ('+' and spaces are not)."""
+    import e2e
+
+    assert e2e._slug("llama2_7b_fp8_pick_a micro batch 1 + offload 0.5") == \
+        "llama2_7b_fp8_pick_a_micro_batch_1_offload_0.5"
+    assert e2e._slug("stock megatron-core (alltoall)") == "stock_megatron-core_alltoall"
+    for g in at_scale.GROUPS:
+        for label, _ in g.variants:
+            assert all(c.isalnum() or c in "_.-" for c in e2e._slug(f"{g.name} {label}")), label
