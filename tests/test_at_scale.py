@@ -23,14 +23,16 @@ MOE = [g for g in at_scale.GROUPS if g.moe]
 @pytest.mark.parametrize("g", [g for g in DENSE if not g.variants], ids=lambda g: g.name)
 def test_dense_presets_are_the_planners_pick(g):
     """Each dense preset's micro batch, recompute and offload share are what `python -m primus.plan --pick` picks
-    for it without the fp8 linears' in-GEMM gradient accumulation, which the fp8 presets then turn on (with it
-    the model puts Llama-2-7B's settings under its 1% bar ahead of the first fit: test_plan_report), and its
-    estimate leaves 10% of the H200 free."""
+    for it, and its estimate leaves 10% of the H200 free. The seq-4096 presets accumulate their linears' weight
+    gradients in the GEMM (measured there: docs/benchmarks.md, at scale); the long-sequence ones, not measured with
+    it, do not, and their pick is the same either way."""
     cfg = compose_cfg([f"experiment={g.preset}"])
     assert (cfg.training.seq_length, cfg.training.global_batch_size) == (g.seq, g.global_batch)
     assert cfg.plan.gpu == "H200"
-    assert cfg.training.gradient_accumulation_fusion == (cfg.precision.fp8 is not None)
-    v = pick(compose_cfg([f"experiment={g.preset}", "training.gradient_accumulation_fusion=false"]), H200, 1)
+    assert cfg.training.gradient_accumulation_fusion == (g.seq == 4096)
+    v = pick(cfg, H200, 1)
+    flipped = f"training.gradient_accumulation_fusion={str(not cfg.training.gradient_accumulation_fusion).lower()}"
+    assert pick(compose_cfg([f"experiment={g.preset}", flipped]), H200, 1).overrides == v.overrides
     m, r = cfg.memory, cfg.recompute
     want = ["recompute=" + (r.recompute_granularity.value if r.recompute_granularity else "none")]
     want += (["memory=offload", f"memory.optimizer_offload_fraction={m.optimizer_offload_fraction}"]
@@ -45,16 +47,32 @@ def test_dense_presets_are_the_planners_pick(g):
 
 @pytest.mark.parametrize("g", MOE, ids=lambda g: g.name)
 def test_moe_presets_have_the_most_layers_that_fit_without_offload(g):
-    """The MoE rows train every parameter: the layer count is the most whose pick needs no optimizer offload (the
-    peers do not offload on one GPU); one more layer needs some."""
+    """The MoE rows train every parameter: the layer count is the most that fits with no optimizer offload and 10%
+    of the GPU free (the peers do not offload on one GPU), at the largest micro batch that does; one more layer
+    fits at no micro batch. The pick is the preset's (no offload, micro batch 2) but for one modelled term: micro
+    batch 4 with a quarter of Adam offloaded halves the micro batches' in-GEMM accumulations and passes, which the
+    step model puts 1.1-1.3% of the step ahead, just over its 1% bar (not measured yet: docs/benchmarks.md)."""
+    from primus.plan.advice import MODEL_GAIN, step_cost_s
+    from primus.plan.memory import estimate_throughput
+
     cfg = compose_cfg([f"experiment={g.preset}"])
-    assert cfg.model.num_layers == g.layers
-    v = pick(cfg, H200, 1)
-    assert "memory.optimizer_cpu_offload=false" in v.overrides and "recompute=none" in v.overrides
-    assert f"training.micro_batch_size={cfg.training.micro_batch_size}" in v.overrides  # the pick's micro batch
+    assert cfg.model.num_layers == g.layers and cfg.training.micro_batch_size == 2
+    assert not cfg.memory.optimizer_cpu_offload and cfg.recompute.recompute_granularity is None
     assert not cfg.turbo.grouped_gemm_fp8  # experts this narrow ran slower in fp8 (small_experts_warning)
-    more = compose_cfg([f"experiment={g.preset}", f"model.num_layers={g.layers + 1}"])
-    assert "memory=offload" in pick(more, H200, 1).overrides
+
+    def fits(layers, mb):
+        bd = estimate_memory(compose_cfg([f"experiment={g.preset}", f"model.num_layers={layers}",
+                                          f"training.micro_batch_size={mb}"]), H200, 1)
+        return bd.needed <= 0.9 * bd.capacity
+    assert fits(g.layers, 2) and not fits(g.layers, 4)
+    assert not any(fits(g.layers + 1, mb) for mb in (1, 2))
+    v = pick(cfg, H200, 1)
+    assert v.overrides == ["recompute=none", "memory=offload", "memory.optimizer_offload_fraction=0.25",
+                           "training.micro_batch_size=4"], v.overrides
+    moved = compose_cfg([f"experiment={g.preset}"] + v.overrides)
+    gain = (step_cost_s(cfg, estimate_memory(cfg, H200, 1), H200, 1)
+            - step_cost_s(moved, estimate_memory(moved, H200, 1), H200, 1))
+    assert MODEL_GAIN < gain / estimate_throughput(cfg, H200, 1).step_time_s < 0.013, gain
 
 
 @pytest.mark.parametrize("g", at_scale.GROUPS, ids=lambda g: g.name)

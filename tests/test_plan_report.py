@@ -320,8 +320,9 @@ def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and
     more parameters of host Adam, which the model puts 3.0 s a step ahead (1.5 s of adds): the pick. At global
     batch 64 the adds and passes are 4x fewer and the gain under 1% of the step: the order's first fit stays. At 16
     layers on an H100, where row 4 measured micro batch 2 with 0.75 offloaded 2.1 s a step ahead of the first fit,
-    the model gives 2.3 s; with the fp8 linears accumulating in their GEMMs (no adds for them) it still prefers
-    the larger micro batch, on its passes."""
+    the model gives 2.3 s; with the fp8 linears accumulating in their GEMMs (no adds for them, 3 bytes a parameter
+    of the GEMM's own fp32 read and write) it still prefers the larger micro batch, on its passes, by 1.1 s; row 1
+    measured micro batch 2 with all of Adam offloaded 0.76 s ahead of the first fit there, the model 0.86 s."""
     from primus.plan.advice import MODEL_GAIN, pick, step_cost_s
     from primus.plan.memory import estimate_throughput
 
@@ -341,7 +342,7 @@ def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and
     picked = compose_cfg(base + ["training.global_batch_size=256"] + v.overrides)
     assert step_cost_s(first, fb, gpu, 1) - step_cost_s(picked, estimate_memory(picked, gpu, 1), gpu, 1) > 3.0
     h100 = resolve_gpu("H100", None)
-    for gaf, gain in ((False, "2.33"), (True, "0.57")):
+    for gaf, gain in ((False, "2.33"), (True, "1.10")):
         v16 = pick(compose_cfg(base + ["training.global_batch_size=256", "model.num_layers=16",
                                        f"training.gradient_accumulation_fusion={str(gaf).lower()}"]), h100, 1)
         assert v16.overrides[2:] == ["memory.optimizer_offload_fraction=0.75", "training.micro_batch_size=2"]
@@ -351,19 +352,18 @@ def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and
     assert less.needed > 0.9 * less.capacity
     assert pick(compose_cfg(base + ["training.global_batch_size=64"]), gpu, 1).overrides == [
         "recompute=none", "memory=offload", "memory.optimizer_offload_fraction=0.5", "training.micro_batch_size=1"]
-    # the preset carries the pick made without the fp8 linears' in-GEMM accumulation, then turns it on; with it the
-    # model puts the preset's settings ahead of the first fit by less than its bar, so the pick is that first fit
+    # the preset accumulates in the GEMM; the pick is the same with it, by less: 1.32 s a step, still over the 1% bar
     preset = compose_cfg(["experiment=llama2_7b_megatron_fp8_gbs256"])
     assert preset.training.gradient_accumulation_fusion
-    unfused = compose_cfg(["experiment=llama2_7b_megatron_fp8_gbs256", "training.gradient_accumulation_fusion=false"])
-    assert pick(unfused, gpu, 1).overrides == v.overrides
     fused_pick = pick(preset, gpu, 1)
-    assert fused_pick.overrides == ["recompute=none", "memory=offload", "memory.optimizer_offload_fraction=0.5",
-                                    "training.micro_batch_size=1"], fused_pick.overrides
-    kept = compose_cfg(["experiment=llama2_7b_megatron_fp8_gbs256"] + fused_pick.overrides)
-    gap = (step_cost_s(kept, estimate_memory(kept, gpu, 1), gpu, 1)
+    assert fused_pick.overrides == v.overrides, fused_pick.overrides
+    first_fit = compose_cfg(["experiment=llama2_7b_megatron_fp8_gbs256", "memory.optimizer_offload_fraction=0.5",
+                             "training.micro_batch_size=1"])
+    gap = (step_cost_s(first_fit, estimate_memory(first_fit, gpu, 1), gpu, 1)
            - step_cost_s(preset, estimate_memory(preset, gpu, 1), gpu, 1))
-    assert 0 < gap < MODEL_GAIN * estimate_throughput(preset, gpu, 1).step_time_s, gap
+    assert MODEL_GAIN * estimate_throughput(preset, gpu, 1).step_time_s < gap < 3.0, gap
+    assert fused_pick.why.startswith(f"modelled {gap:.2f} s a step ahead of the order's first fit (no recompute, "
+                                     "offload 0.5, micro batch 1)"), fused_pick.why
     # without the GPU's bandwidth, or on TorchTitan, the order alone
     blind = Gpu(name="custom", label="custom 139.8 GiB", capacity_bytes=gpu.capacity_bytes, source="plan.gpu_memory_gb")
     assert pick(cfg, blind, 1).overrides[2:] == ["memory.optimizer_offload_fraction=0.5", "training.micro_batch_size=1"]

@@ -225,6 +225,13 @@ def _set_offload(cfg, frac: float) -> List[str]:
 #  - Each micro batch, megatron's DDP hook adds every weight gradient its GEMM did not accumulate into the fp32
 #    main_grad: a bf16 read, an fp32 read and write, 10 bytes a parameter, at 73% of the HBM bandwidth (the add's
 #    measured speed on an H100). A larger micro batch makes fewer of them.
+#  - Where the GEMM accumulates instead (training.gradient_accumulation_fusion), its epilogue reads and writes the
+#    fp32 main_grad, 8 bytes a parameter, mostly behind its main loop: FUSED_ACCUM_BYTES of them are priced.
+#    Calibrated on row 1 at 16 fp8 layers on an H100 with the fusion (docs/benchmarks.md): micro batch 1 -> 2 took
+#    1.32 s a step off the forward + backward, where the passes' term below gives 0.74 s and the embedding's and
+#    norms' adds 0.07 s; the rest, 0.51 s over 128 fewer micro batches of 3.24 B fused parameters, is 3 bytes a
+#    parameter. At 8 layers on an H200 the model then puts the fusion's saving at micro batch 2 at 0.45 s a step
+#    (measured 0.62 s).
 #  - The offloaded share of Adam runs on the host: megatron-core's CPU Adam did 3.5 G parameters a second on the
 #    H200 machine's 16 cores (3.37 B in 0.95 s; 3.9-4.7 G/s on an H100 machine's), each rank assumed to have such a
 #    share of its host. The GPU share reads and writes about 28 bytes a parameter (fp32 param, grad, two moments;
@@ -237,11 +244,14 @@ def _set_offload(cfg, frac: float) -> List[str]:
 #    those gaps (1.6 and 2.3 s a step against the measured 2.1 and 3.4 s), and where the adds are gone
 #    (training.gradient_accumulation_fusion reaching every linear) it would see no gain in a larger micro batch.
 # The model orders the three measured points as measured (micro batch 1 with half of Adam offloaded < 2 with 0.75 <
-# 4 with all of it: 1.000x, 1.073x, 1.12x) and now puts the gaps at 2.3 and 3.4 s a step (measured 2.1 and 3.4).
+# 4 with all of it: 1.000x, 1.073x, 1.12x) and now puts the gaps at 2.3 and 3.4 s a step (measured 2.1 and 3.4);
+# with the fusion it puts micro batch 2 with all of Adam offloaded 0.86 s ahead of micro batch 1 with half (measured
+# 0.76 s, 1.027x).
 # The pick leaves the order's first fit for the model's best only when the model puts it at least MODEL_GAIN of the
 # step (plan.assumed_mfu) ahead: below that the model's error is larger than the gain.
 MODEL_GAIN = 0.01
 ADD_BYTES = 10
+FUSED_ACCUM_BYTES = 3
 ADD_HBM_FRACTION = 0.73
 HOST_ADAM_PARAMS_PER_S = 3.5e9
 GPU_ADAM_BYTES = 28
@@ -274,7 +284,9 @@ def step_cost_s(cfg: PrimusConfig, b: MemoryBreakdown, gpu: Gpu, world: int) -> 
         return None
     lay = layout_of(cfg, world)
     bw = gpu.hbm_tbps * 1e12 * ADD_HBM_FRACTION
-    adds = lay.num_microbatches * unfused_grad_params(cfg, world, b.stage) * ADD_BYTES / bw
+    unfused = unfused_grad_params(cfg, world, b.stage)
+    fused = stage_params(cfg, lay, b.stage).total - unfused
+    adds = lay.num_microbatches * (unfused * ADD_BYTES + fused * FUSED_ACCUM_BYTES) / bw
     m = cfg.memory
     frac = m.optimizer_offload_fraction if m.optimizer_cpu_offload else 0.0
     host = frac * b.main_params_numel / HOST_ADAM_PARAMS_PER_S
