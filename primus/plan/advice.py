@@ -230,8 +230,10 @@ def _set_offload(cfg, frac: float) -> List[str]:
 #    Calibrated on row 1 at 16 fp8 layers on an H100 with the fusion (docs/benchmarks.md): micro batch 1 -> 2 took
 #    1.32 s a step off the forward + backward, where the passes' term below gives 0.74 s and the embedding's and
 #    norms' adds 0.07 s; the rest, 0.51 s over 128 fewer micro batches of 3.24 B fused parameters, is 3 bytes a
-#    parameter. At 8 layers on an H200 the model then puts the fusion's saving at micro batch 2 at 0.45 s a step
-#    (measured 0.62 s).
+#    parameter. bench/turbo_kernels.py's fp8_wgrad_accum agrees: the epilogue's read and write took 0.26 and 0.36 ms
+#    a layer over the bare GEMMs at 4,096 and 8,192 tokens on an H100 (docs/turbo.md), 3.2 and 4.4 bytes a parameter
+#    at this bandwidth. At 8 layers on an H200 the model then puts the fusion's saving at micro batch 2 at 0.45 s a
+#    step (measured 0.62 s).
 #  - The offloaded share of Adam runs on the host: megatron-core's CPU Adam did 3.5 G parameters a second on the
 #    H200 machine's 16 cores (3.37 B in 0.95 s; 3.9-4.7 G/s on an H100 machine's), each rank assumed to have such a
 #    share of its host. The GPU share reads and writes about 28 bytes a parameter (fp32 param, grad, two moments;
