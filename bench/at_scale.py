@@ -384,8 +384,12 @@ def main(argv=None) -> int:
         return rc
     if args.what == "list":
         for i, (g, r) in enumerate(parts(), 1):
+            try:  # a LAYERS that one group cannot take stops that group's parts, not the listing
+                what = "; ".join(s.split("=", 1)[0] for _, s in points(g))
+            except SystemExit as e:
+                what = f"cannot run: {e.code}"
             print(f"part {i}: row {g.row}, {g.name}, repeat {r}/{REPEATS}, global batch {bench_batch(g)} "
-                  f"(preset {g.global_batch}): " + "; ".join(s.split("=", 1)[0] for _, s in points(g)))
+                  f"(preset {g.global_batch}): {what}")
         return 0
     if args.what == "tables":
         return tables(out)

@@ -127,6 +127,16 @@ def test_unknown_part_is_refused_with_the_range(capsys):
         assert "a part 1-30" in capsys.readouterr().err
 
 
+def test_list_says_which_parts_cannot_take_layers_and_lists_the_rest(monkeypatch, capsys):
+    monkeypatch.setenv("LAYERS", "16")
+    assert at_scale.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(at_scale.parts())
+    assert "llama2_7b_fp8 megatron preset" in lines[0]
+    moe = [l for l in lines if "deepseek_v2_lite," in l]
+    assert moe and all("cannot run: [at_scale] LAYERS=16: more than the 10 layers" in l for l in moe)
+
+
 def test_parts_are_named_one_by_one_in_ranges_or_all():
     assert at_scale.part_numbers("7") == [7]
     assert at_scale.part_numbers("1-3,13") == [1, 2, 3, 13]
