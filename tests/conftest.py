@@ -65,6 +65,16 @@ def compose_cfg(overrides=()):
     return OmegaConf.to_object(compose_dict(overrides))
 
 
+def modelled_gap_s(slow, fast, gpu, world=1):
+    """How many seconds a step the planner's step model (primus.plan.advice.step_cost_s, on each config's own memory
+    estimate) puts config `fast` ahead of config `slow`."""
+    from primus.plan.advice import step_cost_s
+    from primus.plan.memory import estimate_memory
+
+    return (step_cost_s(slow, estimate_memory(slow, gpu, world), gpu, world)
+            - step_cost_s(fast, estimate_memory(fast, gpu, world), gpu, world))
+
+
 def run_path_to_setup(monkeypatch, tmp_path, probe, overrides=()):
     """Drive the real run path (primus.train_loop.train, device=cpu) with a stand-in trainer whose setup returns
     probe() and stops the run there; returns what probe saw when the backend started building."""

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import PY, ROOT, compose_cfg
+from conftest import PY, ROOT, compose_cfg, modelled_gap_s
 from primus.context import RunContext
 from primus.plan import check_fits, plan
 from primus.plan.gpus import GiB, Gpu, resolve_gpu
@@ -323,7 +323,7 @@ def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and
     the model gives 2.3 s; with the fp8 linears accumulating in their GEMMs (no adds for them, 3 bytes a parameter
     of the GEMM's own fp32 read and write) it still prefers the larger micro batch, on its passes, by 1.1 s; row 1
     measured micro batch 2 with all of Adam offloaded 0.76 s ahead of the first fit there, the model 0.86 s."""
-    from primus.plan.advice import MODEL_GAIN, pick, step_cost_s
+    from primus.plan.advice import MODEL_GAIN, pick
     from primus.plan.memory import estimate_throughput
 
     base = ["backend=megatron", "model=llama2_7b", "precision=fp8", "training=bench"]
@@ -340,7 +340,7 @@ def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and
     fb = estimate_memory(first, gpu, 1)
     assert fb.needed <= 0.9 * fb.capacity
     picked = compose_cfg(base + ["training.global_batch_size=256"] + v.overrides)
-    assert step_cost_s(first, fb, gpu, 1) - step_cost_s(picked, estimate_memory(picked, gpu, 1), gpu, 1) > 3.0
+    assert modelled_gap_s(first, picked, gpu) > 3.0
     h100 = resolve_gpu("H100", None)
     for gaf, gain in ((False, "2.33"), (True, "1.10")):
         v16 = pick(compose_cfg(base + ["training.global_batch_size=256", "model.num_layers=16",
@@ -353,8 +353,7 @@ def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and
                    "training.gradient_accumulation_fusion=true"]
     m2, m1 = (compose_cfg(at16 + o) for o in (["memory.optimizer_offload_fraction=1.0", "training.micro_batch_size=2"],
                                               ["memory.optimizer_offload_fraction=0.5", "training.micro_batch_size=1"]))
-    gap16 = step_cost_s(m1, estimate_memory(m1, h100, 1), h100, 1) - step_cost_s(m2, estimate_memory(m2, h100, 1),
-                                                                              h100, 1)
+    gap16 = modelled_gap_s(m1, m2, h100)
     assert 0.75 * 0.76 < gap16 < 1.25 * 0.76, gap16
     less = _bd(base + ["training.global_batch_size=256", "memory=offload", "memory.optimizer_offload_fraction=0.25",
                        "training.micro_batch_size=1"])
@@ -368,8 +367,7 @@ def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and
     assert fused_pick.overrides == v.overrides, fused_pick.overrides
     first_fit = compose_cfg(["experiment=llama2_7b_megatron_fp8_gbs256", "memory.optimizer_offload_fraction=0.5",
                              "training.micro_batch_size=1"])
-    gap = (step_cost_s(first_fit, estimate_memory(first_fit, gpu, 1), gpu, 1)
-           - step_cost_s(preset, estimate_memory(preset, gpu, 1), gpu, 1))
+    gap = modelled_gap_s(first_fit, preset, gpu)
     assert MODEL_GAIN * estimate_throughput(preset, gpu, 1).step_time_s < gap < 3.0, gap
     assert fused_pick.why.startswith(f"modelled {gap:.2f} s a step ahead of the order's first fit (no recompute, "
                                      "offload 0.5, micro batch 1)"), fused_pick.why
