@@ -21,6 +21,7 @@ Tolerances:
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import List, Tuple
 
@@ -96,3 +97,20 @@ MATRIX: List[Layout] = [
     Layout("HSDP 2x2", "torchtitan", 4, ("parallel.data_parallel_replicate_degree=2",
                                           "parallel.data_parallel_shard_degree=2"), micro=1),
 ]
+
+
+def set_same_weights(model) -> None:
+    """Give every parameter a value that depends only on its name and global shape, so runs with different
+    sharding start from the same model: TorchTitan draws each shard from the local CPU generator (DTensor's
+    layout-independent RNG exists for CUDA-like devices only), so each FSDP rank would otherwise draw its own."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+            full = 1.0 + 0.02 * torch.randn(p.shape, generator=g) if p.dim() == 1 else \
+                0.05 * torch.randn(p.shape, generator=g)
+            if isinstance(p, DTensor):
+                full = distribute_tensor(full, p.device_mesh, p.placements)
+            p.copy_(full.to(p.dtype))

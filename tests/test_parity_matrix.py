@@ -15,24 +15,15 @@ from parity import MATRIX, REL, Layout
 from rank_script import run_rank_configs
 
 SCRIPT = r'''
-import json, os, sys, zlib
+import json, os, sys
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, "tests")  # the launch's cwd is the repository root
+from parity import set_same_weights
+
 from primus.config.validate import validate
 from primus.context import resolve
-
-
-def same_weights(model):
-    from torch.distributed.tensor import DTensor, distribute_tensor
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-            full = 1.0 + 0.02 * torch.randn(p.shape, generator=g) if p.dim() == 1 else \
-                0.05 * torch.randn(p.shape, generator=g)
-            if isinstance(p, DTensor):
-                full = distribute_tensor(full, p.device_mesh, p.placements)
-            p.copy_(full.to(p.dtype))
 
 
 def torchtitan_losses(overrides, run_dir):
@@ -46,7 +37,7 @@ def torchtitan_losses(overrides, run_dir):
     try:
         info = tr.setup()
         for part in tr.tt.model_parts:
-            same_weights(part)
+            set_same_weights(part)
         return info["parallel_dims"], [tr.train_step(s).loss for s in range(1, cfg.training.train_iters + 1)]
     finally:
         tr.close()

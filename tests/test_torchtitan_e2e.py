@@ -4,33 +4,17 @@ import math
 import os
 import socket
 import uuid
-import zlib
 
 import pytest
 
 pytest.importorskip("torchtitan")
 
 from conftest import compose_cfg  # noqa: E402
+from parity import set_same_weights  # noqa: E402
 
 pytestmark = pytest.mark.slow
 BASE = ["backend=torchtitan", "device=cpu", "training.seq_length=128"]
 FP32 = ["precision.bf16=false", "precision.mixed_precision_param=float32"]
-
-
-def _set_same_weights(model) -> None:
-    """Give every parameter a value that depends only on its name and global shape, so runs with different
-    sharding start from the same model (each FSDP rank would otherwise draw its own shard)."""
-    import torch
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-            full = 1.0 + 0.02 * torch.randn(p.shape, generator=g) if p.dim() == 1 else \
-                0.05 * torch.randn(p.shape, generator=g)
-            if isinstance(p, DTensor):
-                full = distribute_tensor(full, p.device_mesh, p.placements)
-            p.copy_(full.to(p.dtype))
 
 
 def run_trainer(overrides, run_dir, steps, same_weights=False):
@@ -48,7 +32,7 @@ def run_trainer(overrides, run_dir, steps, same_weights=False):
     try:
         info = tr.setup()
         if same_weights:
-            _set_same_weights(tr.tt.model_parts[0])
+            set_same_weights(tr.tt.model_parts[0])
         results = [tr.train_step(s + 1) for s in range(steps)]
     finally:
         tr.close()
