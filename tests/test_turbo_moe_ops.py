@@ -160,7 +160,8 @@ def test_router_permute_unpermute_compile_as_one_graph(backend):
     import torch._dynamo
 
     T, E, k, H = 12, 8, 2, 48
-    logits0, x0 = torch.randn(T, E, device=DEV), torch.randn(T, H, device=DEV)
+    g = torch.Generator().manual_seed(0)  # not the worker's global stream: the same inputs in any test order
+    logits0, x0 = torch.randn(T, E, generator=g).to(DEV), torch.randn(T, H, generator=g).to(DEV)
 
     def run(fn):
         logits, x = logits0.clone().requires_grad_(), x0.clone().requires_grad_()
@@ -178,4 +179,7 @@ def test_router_permute_unpermute_compile_as_one_graph(backend):
         if backend == "aot_eager":
             assert torch.equal(a, b)
         else:
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+            # inductor reorders fp32 sums (the probs' gradient over the hidden size, the softmax backward over the
+            # experts) that cancel to elements far smaller than their terms, so the rounding is a few ulps of the
+            # largest element, not of each: 16 of them allowed (over 40 seeds the worst was 3, 2.4e-4 on 1,289)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=2.0 ** -20 * b.abs().max().item())
