@@ -236,8 +236,8 @@ def _set_offload(cfg, frac: float) -> List[str]:
 #    step (measured 0.62 s).
 #  - The offloaded share of Adam runs on the host: megatron-core's CPU Adam did 3.5 G parameters a second on the
 #    H200 machine's 16 cores (3.37 B in 0.95 s; 3.9-4.7 G/s on an H100 machine's; 6.74 B in 1.40-1.90 s, 3.5-4.8
-#    G/s, at Llama-2-7B's full depth on an H200), each rank assumed to have such a share of its host. The GPU share reads and writes about 28 bytes a parameter (fp32 param, grad, two moments;
-#    the bf16 copy).
+#    G/s, at Llama-2-7B's full depth on an H200), each rank assumed to have such a share of its host. The GPU share
+#    reads and writes about 28 bytes a parameter (fp32 param, grad, two moments; the bf16 copy).
 #  - With pipeline parallelism, 1F1B's bubble: (pp - 1) / (vp x micro batches) of the compute, at plan.assumed_mfu.
 #  - Each micro batch's own cost beyond its FLOPs, MICRO_BATCH_LAYER_S a layer: the GEMMs of a smaller micro batch
 #    run less efficiently, and every pass has its fixed launches. Calibrated on row 4 (docs/benchmarks.md: Llama-2-7B's
