@@ -174,8 +174,9 @@ def _greedy(cfg, gpu, world, pool, max_steps) -> Optional[tuple]:
 
 
 def variants(cfg: PrimusConfig, gpu: Gpu, world: int) -> List[Variant]:
-    """Every single change (fitting or not); then, when none fits, the smallest combination found greedily on
-    the same GPUs, and one that may add GPUs (tp / pp doubled as often as needed)."""
+    """Every single change (fitting or not); then, when no single change fits on the same GPUs, the smallest
+    combination found greedily on them (a user with one GPU is shown a way on it even where pipeline parallel 2
+    alone would fit), and when nothing fits yet, one that may add GPUs (tp / pp doubled as often as needed)."""
     out: List[Variant] = []
     for ch in CHANGES:
         got = _apply(cfg, world, [ch])
@@ -183,14 +184,12 @@ def variants(cfg: PrimusConfig, gpu: Gpu, world: int) -> List[Variant]:
             continue
         c, w, label, ov, note = got
         out.append(Variant(label, ov, estimate_memory(c, gpu, w), w, note))
-    if any(v.fits for v in out):
-        return out
-    for pool, steps in ((SAME_GPUS, 6), (CHANGES, 12)):
+    for pool, steps, done in ((SAME_GPUS, 6, lambda v: v.fits and v.gpus == world), (CHANGES, 12, lambda v: v.fits)):
+        if any(done(v) for v in out):
+            continue
         found = _greedy(cfg, gpu, world, pool, steps)
         if found is not None and not any(v.label == found[3] for v in out):
             out.append(Variant(found[3], found[4], found[1], found[2], found[5]))
-            if found[1].fits and pool is SAME_GPUS:
-                break
     return out
 
 
