@@ -80,7 +80,9 @@ class BackendHints:
     # primus' portable fp8 linear (megatron without TE), tensorwise / delayed / blockwise: saves the 1-byte
     # transposed fp8 input and a transposed fp8 weight per forward in flight (rowwise keeps the bf16 input)
     portable_fp8_saves_fp8: bool = False
-    v_keeps_qkv: bool = True  # megatron: v is a view of the fused QKV output, so SDPA's saved v keeps all of it
+    # megatron's unfused split: v is a view of the fused QKV output, so SDPA's saved v keeps all of it alive;
+    # primus.turbo.rope (rope_fusion "triton") writes q, k and v to new tensors and saves none of its input
+    v_keeps_qkv: bool = True
 
 
 def backend_hints(cfg: PrimusConfig) -> BackendHints:
@@ -98,6 +100,7 @@ def backend_hints(cfg: PrimusConfig) -> BackendHints:
         gpu_ctx = RunContext(device="cuda", world_size=1)
         h.grad_reduce_in_fp32 = margs.GRAD_REDUCE_IN_FP32
         h.swiglu_fused = margs.activation_fusion(cfg, gpu_ctx) is not None
+        h.v_keeps_qkv = margs.rope_fusion(cfg, gpu_ctx) != "triton"
     except Exception:  # planning never depends on the backend importing
         pass
     return h

@@ -18,7 +18,7 @@ from primus.config.schema import PrimusConfig
 from primus.context import RunContext
 from primus.features import backend_issues, backend_mapping, merged, other_backend_issues
 from primus.features.backend import PINNED_MCORE
-from primus.features.model import activation_fusion, turbo_loss  # noqa: F401 - read from here by the planner
+from primus.features.model import activation_fusion, rope_fusion, turbo_loss  # noqa: F401 - read by the planner
 from primus.features.parallel import num_microbatches  # noqa: F401 - read from here by the trainer and planner
 from primus.features.precision import fp8_weight_cache, portable_fp8_available, te_available  # noqa: F401
 from primus.features.recompute import replays_linears  # noqa: F401
