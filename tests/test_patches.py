@@ -178,7 +178,8 @@ def test_a_requeued_job_is_not_done_while_slurmctld_holds_it(monkeypatch):
     """submitit.slurm.requeued_state: a final state counts once it has held for REQUEUE_GRACE_S with slurmctld
     (scontrol) holding no live one. FAILED with the job PENDING again after its requeue is not done; FAILED in both
     is done only after the grace; so is a job slurmctld no longer knows; a state sacct calls unfinished is never
-    asked about; a job that turns live again starts its grace afresh."""
+    asked about; a job that turns live again starts its grace afresh; no answer from slurmctld decides nothing
+    until UNKNOWN_LIMIT_S."""
     import subprocess
 
     from submitit.slurm.slurm import SlurmInfoWatcher
@@ -217,4 +218,16 @@ def test_a_requeued_job_is_not_done_while_slurmctld_holds_it(monkeypatch):
     assert not w.is_done("2")
     now[0] += submitit_requeue.REQUEUE_GRACE_S
     assert w.is_done("2")
-    assert submitit_requeue.live_state("1") == "PENDING" and submitit_requeue.live_state("3") is None
+    assert submitit_requeue.live_state("1") == "PENDING" and submitit_requeue.live_state("3") == submitit_requeue.GONE
+    # no answer from slurmctld (scontrol timed out or could not connect) decides nothing until UNKNOWN_LIMIT_S
+    sacct["6"], live["6"] = "FAILED", (1, "slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
+    assert submitit_requeue.live_state("6") is None
+    assert not w.is_done("6")
+    now[0] += submitit_requeue.REQUEUE_GRACE_S
+    assert not w.is_done("6")
+    live["6"] = (0, "JobId=6 JobName=x JobState=PENDING Restarts=1")  # the answer, once it comes, is the requeue
+    assert not w.is_done("6") and "6" not in submitit_requeue._FINAL_SINCE
+    live["6"] = (1, "slurm_load_jobs error: Socket timed out on send/recv operation")
+    assert not w.is_done("6")
+    now[0] += submitit_requeue.UNKNOWN_LIMIT_S
+    assert w.is_done("6")  # slurmctld unreachable that long: sacct's FAILED stands
