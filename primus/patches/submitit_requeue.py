@@ -52,8 +52,11 @@ def install() -> bool:
     sacct_is_done = SlurmInfoWatcher.is_done
 
     def is_done(self, job_id: str, mode: str = "standard") -> bool:
-        state = live_state(job_id) if sacct_is_done(self, job_id, mode=mode) else "RUNNING"
-        if state in LIVE:
+        if not sacct_is_done(self, job_id, mode=mode):
+            _FINAL_SINCE.pop(job_id, None)
+            return False
+        state = live_state(job_id)
+        if state in LIVE:  # pending, running or requeued again: a final state read before it was passing
             _FINAL_SINCE.pop(job_id, None)
             return False
         held = time.monotonic() - _FINAL_SINCE.setdefault(job_id, time.monotonic())
