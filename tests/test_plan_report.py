@@ -227,7 +227,8 @@ def test_torchtitan_compiled_loss_logits_are_counted_at_4_bytes():
 def test_portable_fp8_saves_one_byte_linear_inputs_and_transposed_weights():
     """megatron without TE, fp8 tensorwise / delayed / blockwise: each converted linear saves the 1-byte transposed
     fp8 input and weight (primus.turbo.fp8_linear) instead of the bf16 input; rowwise keeps the bf16 input. The fp8 preset then
-    plans within 10% of its measured peak (102.7 GiB on the H200, 2026-11-29; 120.0 planned when counted like bf16)."""
+    plans within 10% of its measured peak (102.7 GiB on the H200, 2026-11-29, before the fused fp8 MLP and the
+    weight cache: 102.2 planned now, 120.0 when counted like bf16)."""
     from primus.plan.memory import backend_hints
 
     bf16 = estimate_memory(compose_cfg(["experiment=llama3_2_1b_megatron_bf16"]), resolve_gpu("H200", None), 1)
@@ -269,7 +270,8 @@ def test_sdpa_v_keeps_the_fused_qkv_output_only_without_the_triton_rope():
 def test_fp8_weight_copies_follow_the_weight_cache_and_the_experts_gemm(extra, dense_bytes, expert_bytes):
     """The portable fp8 path's weight copies (megatron, MoE): the fp8 weight cache's two forms per dense linear
     weight, and per expert weight what its grouped GEMM casts (primus/turbo/grouped_gemm_fp8.py). The preset plans
-    within 10% of its measured peaks (H200, 2026-12-02: 64.9 GiB with the cache off, 69.4 GiB on)."""
+    just above its measured peaks (H100, 2026-12-07, commit 08ad176: 64.75 GiB with the cache off, 69.20 GiB on;
+    docs/benchmarks.md, memory-estimate accuracy)."""
     from primus.plan.memory import layout_of, stage_params
 
     cfg = compose_cfg(["experiment=mixtral_small_moe_fp8", *extra])
@@ -277,9 +279,9 @@ def test_fp8_weight_copies_follow_the_weight_cache_and_the_experts_gemm(extra, d
     assert 0 < sp.experts < sp.linear
     mem = estimate_memory(cfg, resolve_gpu("H200", None), 1)
     assert mem.details["fp8_weight_copies"] == dense_bytes * (sp.linear - sp.experts) + expert_bytes * sp.experts
-    measured = {(): 69.4, ("precision.fp8_weight_cache=false",): 64.9}.get(tuple(extra))
+    measured = {(): 69.20, ("precision.fp8_weight_cache=false",): 64.75}.get(tuple(extra))
     if measured:
-        assert abs(mem.total / GiB - measured) <= 0.10 * measured, mem.total / GiB
+        assert measured <= mem.total / GiB <= measured * 1.10, mem.total / GiB
 
 
 def test_portable_fp8_weight_copies_are_gone_by_the_optimizer_step():
