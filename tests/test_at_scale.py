@@ -35,7 +35,8 @@ def test_dense_presets_are_the_planners_pick(g):
     assert pick(compose_cfg([f"experiment={g.preset}", flipped]), H200, 1).overrides == v.overrides
     m, r = cfg.memory, cfg.recompute
     want = ["recompute=" + (r.recompute_granularity.value if r.recompute_granularity else "none")]
-    want += (["memory=offload", f"memory.optimizer_offload_fraction={m.optimizer_offload_fraction}"]
+    want += (["memory=offload", f"memory.optimizer_offload_fraction={m.optimizer_offload_fraction}",
+              "memory.overlap_cpu_optimizer_d2h_h2d=true"]
              if m.optimizer_cpu_offload else ["memory.optimizer_cpu_offload=false"])
     want += [f"training.micro_batch_size={cfg.training.micro_batch_size}"]
     assert v.overrides == want
@@ -49,11 +50,10 @@ def test_dense_presets_are_the_planners_pick(g):
 def test_moe_presets_have_the_most_layers_that_fit_without_offload(g):
     """The MoE rows train every parameter: the layer count is the most that fits with no optimizer offload and 10%
     of the GPU free (the peers do not offload on one GPU), at the largest micro batch that does; one more layer
-    fits at no micro batch. The pick is the preset's (no offload, micro batch 2) but for one modelled term: micro
-    batch 4 with a quarter of Adam offloaded halves the micro batches' in-GEMM accumulations and passes, which the
-    step model puts 1.1-1.3% of the step ahead, just over its 1% bar (not measured at this depth; at 5 layers on an
-    H100 the model ranked micro batch 4 with and without the quarter beside the preset as measured, and priced the
-    larger micro batch's gain at half the measured one: docs/benchmarks.md, row 2's micro batch)."""
+    fits at no micro batch. The planner picks otherwise: micro batch 4 with a quarter of Adam offloaded halves the
+    micro batches' in-GEMM accumulations and passes, which the step model puts about 5% of the step ahead, its
+    MoE pass term calibrated at 4-5 layers on an H100, where micro batch 4 ran 1.085-1.093x micro batch 2 (not
+    measured at this depth: docs/benchmarks.md, row 2's micro batch)."""
     from primus.plan.advice import MODEL_GAIN
     from primus.plan.memory import estimate_throughput
 
@@ -70,10 +70,10 @@ def test_moe_presets_have_the_most_layers_that_fit_without_offload(g):
     assert not any(fits(g.layers + 1, mb) for mb in (1, 2))
     v = pick(cfg, H200, 1)
     assert v.overrides == ["recompute=none", "memory=offload", "memory.optimizer_offload_fraction=0.25",
-                           "training.micro_batch_size=4"], v.overrides
+                           "memory.overlap_cpu_optimizer_d2h_h2d=true", "training.micro_batch_size=4"], v.overrides
     moved = compose_cfg([f"experiment={g.preset}"] + v.overrides)
     gain = modelled_gap_s(cfg, moved, H200)
-    assert MODEL_GAIN < gain / estimate_throughput(cfg, H200, 1).step_time_s < 0.013, gain
+    assert MODEL_GAIN < 0.04 < gain / estimate_throughput(cfg, H200, 1).step_time_s < 0.06, gain
 
 
 @pytest.mark.parametrize("g", at_scale.GROUPS, ids=lambda g: g.name)

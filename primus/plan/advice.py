@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 from primus.config.schema import ACMode, Backend, PrimusConfig, RecomputeGranularity, RecomputeMethod
+from primus.metrics.flops import num_moe_layers
 from primus.plan.gpus import GPUS, Gpu, lookup
 from primus.plan.memory import MemoryBreakdown, estimate_memory, estimate_throughput, layout_of, stage_params
 
@@ -209,14 +210,19 @@ OFFLOAD_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def _set_offload(cfg, frac: float) -> List[str]:
+    """The overrides for an Adam offload share, applied to cfg. An offloaded share comes with its transfers
+    overlapped with the CPU step, as every offloaded preset runs it (the host Adam's price below is measured so);
+    none turns that overlap off too where the config had it on, which the memory rules refuse without offload."""
     m = cfg.memory
     if frac == 0.0:
-        if not m.optimizer_cpu_offload:
-            return []
-        m.optimizer_cpu_offload = False
-        return ["memory.optimizer_cpu_offload=false"]
+        ov = ["memory.optimizer_cpu_offload=false"]
+        if m.overlap_cpu_optimizer_d2h_h2d:
+            ov.append("memory.overlap_cpu_optimizer_d2h_h2d=false")
+        m.optimizer_cpu_offload = m.overlap_cpu_optimizer_d2h_h2d = False
+        return ov
     m.use_distributed_optimizer, m.optimizer_cpu_offload, m.optimizer_offload_fraction = True, True, frac
-    return ["memory=offload", f"memory.optimizer_offload_fraction={frac}"]
+    m.overlap_cpu_optimizer_d2h_h2d = True
+    return ["memory=offload", f"memory.optimizer_offload_fraction={frac}", "memory.overlap_cpu_optimizer_d2h_h2d=true"]
 
 
 # The pick's step-time model: only the terms that change with the offload share and the micro batch at one
@@ -244,6 +250,12 @@ def _set_offload(cfg, frac: float) -> List[str]:
 #    step off the forward + backward, 1.11 s over 192 fewer passes of 16 layers. Without it the model under-predicted
 #    those gaps (1.6 and 2.3 s a step against the measured 2.1 and 3.4 s), and where the adds are gone
 #    (training.gradient_accumulation_fusion reaching every linear) it would see no gain in a larger micro batch.
+#  - Each MoE layer's pass costs MOE_MICRO_BATCH_LAYER_S more: its experts' grouped GEMMs, at a few hundred tokens
+#    an expert, and its router, permute and unpermute launches gain more from a larger micro batch than a dense
+#    layer's GEMMs. Calibrated on row 2 at 5 of DeepSeek-V2-Lite's layers (4 MoE) and 4 of Qwen3-30B-A3B's on an
+#    H100, global batch 64 (docs/benchmarks.md, row 2's micro batch): micro batch 2 -> 4 took 0.17-0.20 s and
+#    0.17 s a step off the forward + backward, where the terms above give 0.10 s each; the rest over 64 fewer MoE
+#    layer passes is 1.27 and 1.06 ms a pass.
 # The model orders the three measured points as measured (micro batch 1 with half of Adam offloaded < 2 with 0.75 <
 # 4 with all of it: 1.000x, 1.073x, 1.12x) and now puts the gaps at 2.3 and 3.4 s a step (measured 2.1 and 3.4);
 # with the fusion it puts micro batch 2 with all of Adam offloaded 0.86 s ahead of micro batch 1 with half (measured
@@ -257,6 +269,7 @@ ADD_HBM_FRACTION = 0.73
 HOST_ADAM_PARAMS_PER_S = 3.5e9
 GPU_ADAM_BYTES = 28
 MICRO_BATCH_LAYER_S = 1.11 / (192 * 16)
+MOE_MICRO_BATCH_LAYER_S = 1.15e-3
 
 
 def unfused_grad_params(cfg: PrimusConfig, world: int, stage: int = 0) -> int:
@@ -296,7 +309,8 @@ def step_cost_s(cfg: PrimusConfig, b: MemoryBreakdown, gpu: Gpu, world: int) -> 
     if lay.pp > 1:
         tp = estimate_throughput(cfg, gpu, world)
         bubble = (lay.pp - 1) / (lay.vp * lay.num_microbatches) * (tp.step_time_s or 0.0)
-    passes = lay.num_microbatches * cfg.model.num_layers / lay.pp * MICRO_BATCH_LAYER_S
+    layer_s = cfg.model.num_layers * MICRO_BATCH_LAYER_S + num_moe_layers(cfg.model) * MOE_MICRO_BATCH_LAYER_S
+    passes = lay.num_microbatches * layer_s / lay.pp
     return adds + host + device + bubble + passes
 
 
@@ -335,7 +349,7 @@ def pick(cfg: PrimusConfig, gpu: Gpu, world: int, margin: float = 0.10,
                 elif not ov:
                     ov = ["recompute=none"]
                 if frac is not None:
-                    ov = ov + (_set_offload(c, frac) or ["memory.optimizer_cpu_offload=false"])
+                    ov = ov + _set_offload(c, frac)
                     label += f", offload {frac:g}"
                 c.training.micro_batch_size = mb
                 ov = ov + [f"training.micro_batch_size={mb}"]
