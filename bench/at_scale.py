@@ -35,6 +35,12 @@ uncompiled and with fp8 experts in one part:
     POINTS='torchtitan stock' VARIANTS='eager:training.compile=false;fp8experts:turbo.grouped_gemm_fp8=true' \
         bash bench/at_scale.sh 13
 
+PICK=1 adds one more, '<group> pick': the preset with the overrides `python -m primus.plan --pick` gives for it as
+the part runs it (its layers and global batch) on this machine's GPU, unless the preset has those settings already
+(at fewer layers or on a smaller GPU the pick is often another micro batch or offload share than the preset's):
+
+    LAYERS=5 PICK=1 POINTS='megatron preset' bash bench/at_scale.sh 13
+
     bash bench/at_scale.sh list          # the parts and their points
     bash bench/at_scale.sh 1             # part 1 (GPU), tables to $OUT
     bash bench/at_scale.sh 1-3,13        # parts 1, 2, 3 and 13, one after another
@@ -219,10 +225,14 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     for label, ov in g.variants:
         out.append(("--extra", f"{g.name} {label}=experiment={g.preset}{fewer} {ov} {batch} {steps}{dry}"))
     taken = {"megatron preset", "megatron-core stock", "reference", "torchtitan stock", *(l for l, _ in g.variants)}
+    taken |= {"pick"} if os.environ.get("PICK") == "1" else set()
     for label, ov in variants():  # the variant's overrides last: they win over the bench's batch and steps
         if label in taken:
             sys.exit(f"[at_scale] VARIANTS: the label {label!r} is a point of {g.name} already; pick another")
         out.append(("--extra", f"{g.name} {label}=experiment={g.preset}{fewer} {batch} {steps} {ov}{dry}"))
+    picked = pick_overrides(g, f"{fewer} {batch}") if os.environ.get("PICK") == "1" else None
+    if picked:
+        out.append(("--extra", f"{g.name} pick=experiment={g.preset}{fewer} {batch} {steps} {picked}{dry}"))
     if g.moe:
         out.append(("--extra", f"{g.name} megatron-core stock={STOCK_MEGATRON} model={g.shape} model.num_layers="
                                f"{layers} training=bench training.micro_batch_size={g.micro} {batch} {steps}{dry}"))
@@ -248,6 +258,23 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     return only_points(g, out)
 
 
+def pick_overrides(g: Group, overrides: str) -> str:
+    """PICK=1: `python -m primus.plan --pick` for the group's preset as its points run it (layers, global batch) on
+    this machine's GPU (plan.gpu=auto: an H200 where there is none): its overrides, a megatron point of their own
+    beside the preset; '' where the preset has those settings already (no point: it would repeat the preset)."""
+    cmd = [PY, "-m", "primus.plan", "--pick", f"experiment={g.preset}", *overrides.split(), "plan.gpu=auto"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = [line.strip() for line in r.stdout.splitlines()]
+    got = [line[len("overrides: "):] for line in lines if line.startswith("overrides: ")]
+    if r.returncode != 0 or not got:
+        sys.exit(f"[at_scale] PICK=1: {' '.join(cmd[1:])} gave no pick:\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
+    if "the config has these settings already" in lines:
+        print(f"[at_scale] PICK=1: {g.name}: the preset has the pick's settings already ({got[0]}): no pick point",
+              flush=True)
+        return ""
+    return got[0]
+
+
 def only_points(g: Group, pts: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
     """POINTS='torchtitan stock,...': the preset (every ratio's baseline), these of the group's other points in the
     order given, then the VARIANTS, e.g. FULL_BATCH=1 without the reference, whose 4x longer run would not fit a
@@ -256,7 +283,7 @@ def only_points(g: Group, pts: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
     if not raw:
         return pts
     label = lambda spec: spec.split("=", 1)[0][len(g.name) + 1:]
-    asked = {l for l, _ in variants()}
+    asked = {l for l, _ in variants()} | ({"pick"} if os.environ.get("PICK") == "1" else set())
     wanted = [w.strip() for w in raw.split(",") if w.strip()]
     known = [label(s) for _, s in pts]
     bad = [w for w in wanted if w not in known]

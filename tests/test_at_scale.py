@@ -499,3 +499,33 @@ def test_the_planners_estimate_of_stock_torchtitan_holds_at_8_layers_of_the_long
                            "recompute.activation_checkpoint_mode=full", "model.num_layers=8"])
         peak = estimate_memory(cfg, h100, 1).total / 2**30
         assert 0.95 * measured < peak <= measured, (seq, peak)
+
+
+@pytest.mark.e2e
+def test_pick_adds_the_planners_pick_for_the_part_as_a_point_unless_the_preset_has_it(monkeypatch):
+    """PICK=1: `python -m primus.plan --pick` for the preset as the part runs it, on this machine's GPU (an H200
+    here, no GPU): at 5 of DeepSeek-V2-Lite's layers and global batch 64 another micro batch than the preset's,
+    its own point, which composes and validates; at Llama-2-7B's full depth and batch the preset is the pick, and
+    no point repeats it."""
+    from primus.config.validate import validate
+    from primus.context import RunContext
+
+    monkeypatch.setenv("PICK", "1")
+    monkeypatch.setenv("LAYERS", "5")
+    g = next(g for g in MOE if g.name == "deepseek_v2_lite")
+    specs = {spec.split("=", 1)[0]: spec.split("=", 1)[1] for _, spec in at_scale.points(g)}
+    argv = specs["deepseek_v2_lite pick"].split()
+    want = pick(compose_cfg([f"experiment={g.preset}", "model.num_layers=5", "training.global_batch_size=64"]),
+                H200, 1).overrides
+    assert argv[-len(want):] == want and "training.micro_batch_size=2" not in want
+    validate(compose_cfg(argv), RunContext(device="cuda", world_size=1, planned=True))
+    monkeypatch.setenv("POINTS", "torchtitan stock")  # kept as a variant is
+    assert "deepseek_v2_lite pick" in [spec.split("=", 1)[0] for _, spec in at_scale.points(g)]
+    monkeypatch.delenv("POINTS")
+    monkeypatch.delenv("LAYERS")
+    monkeypatch.setenv("FULL_BATCH", "1")
+    dense = next(g for g in DENSE if g.name == "llama2_7b_fp8")
+    assert not [s for _, s in at_scale.points(dense) if s.startswith("llama2_7b_fp8 pick=")]
+    monkeypatch.setenv("VARIANTS", "pick:training.micro_batch_size=1")
+    with pytest.raises(SystemExit, match="is a point of llama2_7b_fp8 already"):
+        at_scale.points(dense)

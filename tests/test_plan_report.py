@@ -493,6 +493,26 @@ def test_pick_cli_prints_the_overrides():
     assert r.returncode == 0, r.stderr
     assert "pick: full recompute, offload 0.5, micro batch 1" in r.stdout
     assert "overrides: recompute=full memory=offload memory.optimizer_offload_fraction=0.5" in r.stdout
+    assert "the config has these settings already" in r.stdout  # the preset carries its pick
+
+
+def test_pick_cli_says_whether_the_config_has_the_picks_settings(capsys):
+    """--pick composes the config again with its overrides and says when nothing changes: the Llama-2-7B fp8 preset
+    carries its pick; at 8 layers on an H100 the pick differs (Adam back on the GPU), and a config with the pick's
+    overrides appended has them."""
+    from primus.plan.__main__ import main
+
+    said = "the config has these settings already"
+    assert main(["--pick", "experiment=llama2_7b_megatron_fp8_gbs256"]) == 0
+    assert said in capsys.readouterr().out
+    fewer = ["experiment=llama2_7b_megatron_fp8_gbs256", "model.num_layers=8", "plan.gpu=H100"]
+    assert main(["--pick"] + fewer) == 0
+    out = capsys.readouterr().out
+    assert said not in out
+    overrides = out.split("overrides: ", 1)[1].split()
+    assert "memory.optimizer_cpu_offload=false" in overrides
+    assert main(["--pick"] + fewer + overrides) == 0
+    assert said in capsys.readouterr().out
 
 
 def test_plan_cli_answers_help_and_names_an_unknown_option(capsys):

@@ -36,10 +36,14 @@ def main(argv=None) -> int:
               "Hydra override (key=value, e.g. plan.gpu=H100)", file=sys.stderr)
         return 2
     want_pick = "--pick" in argv
-    overrides = quote_numeric_group_choices([a for a in argv if a != "--pick"])
-    with initialize_config_dir(config_dir=conf, version_base="1.3"):
-        dcfg = compose("config", overrides=overrides)
-    cfg: PrimusConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
+
+    def composed(ovs) -> PrimusConfig:
+        with initialize_config_dir(config_dir=conf, version_base="1.3"):
+            dcfg = compose("config", overrides=quote_numeric_group_choices(ovs))
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrimusConfig), dcfg))
+
+    overrides = [a for a in argv if a != "--pick"]
+    cfg = composed(overrides)
     ctx = RunContext(device="cuda", world_size=world_size_of(cfg))
     try:  # the plan's own settings and the counts it divides by (the full validation is train.py's)
         validate(cfg, ctx, rules=[plan_values])
@@ -47,12 +51,23 @@ def main(argv=None) -> int:
         print(f"[primus plan] {e}", file=sys.stderr)
         return 2
     if want_pick:
-        return run_pick(cfg, ctx)
+        return run_pick(cfg, ctx, lambda ovs: composed(overrides + ovs))
     return run_plan(cfg, ctx)
 
 
-def run_pick(cfg, ctx) -> int:
-    """Print the planner's pick (primus.plan.advice.pick) as overrides and its estimate; 1 when nothing fits."""
+def picked_settings(cfg) -> tuple:
+    """What a pick sets: the recompute, the optimizer offload (its share and overlap only where it offloads) and
+    the micro batch."""
+    r, m = cfg.recompute, cfg.memory
+    offload = (m.optimizer_offload_fraction, m.overlap_cpu_optimizer_d2h_h2d) if m.optimizer_cpu_offload else ()
+    return (r.recompute_granularity, r.recompute_method, r.recompute_num_layers, r.recompute_layer_ids,
+            r.activation_checkpoint_mode, m.optimizer_cpu_offload, offload, cfg.training.micro_batch_size)
+
+
+def run_pick(cfg, ctx, with_overrides) -> int:
+    """Print the planner's pick (primus.plan.advice.pick) as overrides and its estimate, and whether the config
+    has those settings already (`with_overrides`: the config composed again with the pick's overrides); 1 when
+    nothing fits."""
     from primus.plan import target_gpu
     from primus.plan.advice import pick
 
@@ -66,6 +81,8 @@ def run_pick(cfg, ctx) -> int:
     print(f"[primus plan] pick: {v.label}: {b.needed / G:.1f} GiB needed of {b.capacity / G:.1f} GiB ({v.note}), "
           f"peak during {b.peak_phase}, {b.optimizer_cpu / G:.1f} GiB of Adam states on the CPU\n"
           + (f"  why: {v.why}\n" if v.why else "") + f"  overrides: {' '.join(v.overrides)}")
+    if picked_settings(with_overrides(v.overrides)) == picked_settings(cfg):
+        print("  the config has these settings already")
     return 0
 
 
