@@ -51,6 +51,7 @@ the part runs it (its layers and global batch) on this machine's GPU, unless the
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import glob
 import json
@@ -149,6 +150,15 @@ def env_number(name: str, default: str, cast, least: float):
     return value
 
 
+def env_flag(name: str) -> bool:
+    """An on/off knob of this script (FULL_BATCH, PROFILE, PICK, ALL_PEERS): 1 on, 0 or unset off; any other value
+    stops the script rather than leave it off."""
+    raw = os.environ.get(name, "").strip()
+    if raw not in ("", "0", "1"):
+        sys.exit(f"[at_scale] {name}={raw!r}: not allowed; {name} is 1 (on) or 0 / unset (off)")
+    return raw == "1"
+
+
 def timed_steps() -> int:
     """Timed steps per run after the one compiling step (TIMED_STEPS, default 2; 1 fits a 7B group's three points
     in one part on an H200)."""
@@ -157,7 +167,7 @@ def timed_steps() -> int:
 
 def profile_overrides(g: Group) -> str:
     """PROFILE=1: the profiler over the first step after the compiling one, on a group's megatron points."""
-    if os.environ.get("PROFILE") != "1":
+    if not env_flag("PROFILE"):
         return ""
     return " profile.enabled=true profile.start_step=2 profile.steps=1"
 
@@ -206,7 +216,7 @@ def variants() -> List[Tuple[str, str]]:
 
 
 def bench_batch(g: Group) -> int:
-    return g.global_batch if os.environ.get("FULL_BATCH") == "1" else max(1, g.global_batch // 4)
+    return g.global_batch if env_flag("FULL_BATCH") else max(1, g.global_batch // 4)
 
 
 def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
@@ -225,12 +235,12 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     for label, ov in g.variants:
         out.append(("--extra", f"{g.name} {label}=experiment={g.preset}{fewer} {ov} {batch} {steps}{dry}"))
     taken = {"megatron preset", "megatron-core stock", "reference", "torchtitan stock", *(l for l, _ in g.variants)}
-    taken |= {"pick"} if os.environ.get("PICK") == "1" else set()
+    taken |= {"pick"} if env_flag("PICK") else set()
     for label, ov in variants():  # the variant's overrides last: they win over the bench's batch and steps
         if label in taken:
             sys.exit(f"[at_scale] VARIANTS: the label {label!r} is a point of {g.name} already; pick another")
         out.append(("--extra", f"{g.name} {label}=experiment={g.preset}{fewer} {batch} {steps} {ov}{dry}"))
-    picked = pick_overrides(g, f"{fewer} {batch}") if os.environ.get("PICK") == "1" else None
+    picked = pick_overrides(g.preset, f"{fewer} {batch}") if env_flag("PICK") else None
     if picked:
         out.append(("--extra", f"{g.name} pick=experiment={g.preset}{fewer} {batch} {steps} {picked}{dry}"))
     if g.moe:
@@ -253,23 +263,26 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
     titan = f"bench/torchtitan_stock.py --shape {shape} {size(g.titan_micro or g.micro)} --ac {g.titan_ac}"
     titan += " --float8" if fp8 else ""
     titan += "" if check else " --compile"
-    if not g.variants and (g.titan_fits or check or os.environ.get("ALL_PEERS") == "1"):
+    all_peers = env_flag("ALL_PEERS")  # read (and checked) on every group, whether it needs it or not
+    if not g.variants and (g.titan_fits or check or all_peers):
         out.append(("--peer", f"{g.name} torchtitan stock={titan}"))
     return only_points(g, out)
 
 
-def pick_overrides(g: Group, overrides: str) -> str:
-    """PICK=1: `python -m primus.plan --pick` for the group's preset as its points run it (layers, global batch) on
+@functools.lru_cache(maxsize=None)
+def pick_overrides(preset: str, overrides: str) -> str:
+    """PICK=1: `python -m primus.plan --pick` for the preset as a group's points run it (layers, global batch) on
     this machine's GPU (plan.gpu=auto: an H200 where there is none): its overrides, a megatron point of their own
-    beside the preset; '' where the preset has those settings already (no point: it would repeat the preset)."""
-    cmd = [PY, "-m", "primus.plan", "--pick", f"experiment={g.preset}", *overrides.split(), "plan.gpu=auto"]
+    beside the preset; '' where the preset has those settings already (no point: it would repeat the preset).
+    Asked once per preset and overrides (`list` and a part's command ask for every repeat)."""
+    cmd = [PY, "-m", "primus.plan", "--pick", f"experiment={preset}", *overrides.split(), "plan.gpu=auto"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     lines = [line.strip() for line in r.stdout.splitlines()]
     got = [line[len("overrides: "):] for line in lines if line.startswith("overrides: ")]
     if r.returncode != 0 or not got:
         sys.exit(f"[at_scale] PICK=1: {' '.join(cmd[1:])} gave no pick:\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
     if "the config has these settings already" in lines:
-        print(f"[at_scale] PICK=1: {g.name}: the preset has the pick's settings already ({got[0]}): no pick point",
+        print(f"[at_scale] PICK=1: {preset}: has the pick's settings already ({got[0]}): no pick point",
               flush=True)
         return ""
     return got[0]
@@ -283,7 +296,7 @@ def only_points(g: Group, pts: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
     if not raw:
         return pts
     label = lambda spec: spec.split("=", 1)[0][len(g.name) + 1:]
-    asked = {l for l, _ in variants()} | ({"pick"} if os.environ.get("PICK") == "1" else set())
+    asked = {l for l, _ in variants()} | ({"pick"} if env_flag("PICK") else set())
     wanted = [w.strip() for w in raw.split(",") if w.strip()]
     known = [label(s) for _, s in pts]
     bad = [w for w in wanted if w not in known]

@@ -529,3 +529,23 @@ def test_pick_adds_the_planners_pick_for_the_part_as_a_point_unless_the_preset_h
     monkeypatch.setenv("VARIANTS", "pick:training.micro_batch_size=1")
     with pytest.raises(SystemExit, match="is a point of llama2_7b_fp8 already"):
         at_scale.points(dense)
+
+
+def test_on_off_knobs_refuse_other_values_and_a_failed_pick_stops_the_part(monkeypatch):
+    """FULL_BATCH, PROFILE, PICK and ALL_PEERS are 1 or 0 / unset: PICK=true stops the script naming the knob and
+    what is allowed, instead of running without the pick. A `--pick` that gives no pick (nothing fits) stops it
+    too, with the planner's words, rather than running the part without the point."""
+    g = next(g for g in MOE if g.name == "deepseek_v2_lite")
+    for knob in ("FULL_BATCH", "PROFILE", "PICK", "ALL_PEERS"):
+        monkeypatch.setenv(knob, "true")
+        with pytest.raises(SystemExit, match=f"{knob}='true': not allowed; {knob} is 1 \\(on\\) or 0 / unset"):
+            at_scale.points(g)
+        monkeypatch.setenv(knob, "0")
+    assert at_scale.bench_batch(g) == g.global_batch // 4
+    monkeypatch.setenv("PICK", "1")
+    nothing = subprocess.CompletedProcess([], 1, "", "[primus plan] pick: nothing fits H200 141 GB with 10% free")
+    monkeypatch.setattr(at_scale.subprocess, "run", lambda *a, **k: nothing)
+    at_scale.pick_overrides.cache_clear()
+    with pytest.raises(SystemExit, match="gave no pick:\n.*nothing fits H200"):
+        at_scale.points(g)
+    at_scale.pick_overrides.cache_clear()
