@@ -37,7 +37,10 @@ uncompiled and with fp8 experts in one part:
 
 PICK=1 adds one more, '<group> pick': the preset with the overrides `python -m primus.plan --pick` gives for it as
 the part runs it (its layers and global batch) on this machine's GPU, unless the preset has those settings already
-(at fewer layers or on a smaller GPU the pick is often another micro batch or offload share than the preset's):
+(at fewer layers or on a smaller GPU the pick is often another micro batch or offload share than the preset's).
+Where the pick's recompute is not the one the group's stock TorchTitan runs, and that peer runs, a second
+TorchTitan peer, '<group> torchtitan pick', runs with the pick's recompute and micro batch (the issue's peer runs
+the same recompute):
 
     LAYERS=5 PICK=1 POINTS='megatron preset' bash bench/at_scale.sh 13
 
@@ -62,7 +65,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -260,13 +263,31 @@ def points(g: Group, check: bool = False) -> List[Tuple[str, List[str]]]:
         ref += " --no-compile" if check else " --offload"
         out.append(("--peer", f"{g.name} reference={ref}"))
     # (no --offload: TorchTitan offloads through FSDP2 only, which one GPU does not use)
-    titan = f"bench/torchtitan_stock.py --shape {shape} {size(g.titan_micro or g.micro)} --ac {g.titan_ac}"
-    titan += " --float8" if fp8 else ""
-    titan += "" if check else " --compile"
+    titan = lambda micro, ac: (f"bench/torchtitan_stock.py --shape {shape} {size(micro)} --ac {ac}"  # noqa: E731
+                               + (" --float8" if fp8 else "") + ("" if check else " --compile"))
     all_peers = env_flag("ALL_PEERS")  # read (and checked) on every group, whether it needs it or not
     if not g.variants and (g.titan_fits or check or all_peers):
-        out.append(("--peer", f"{g.name} torchtitan stock={titan}"))
+        out.append(("--peer", f"{g.name} torchtitan stock={titan(g.titan_micro or g.micro, g.titan_ac)}"))
+        same = titan_like_pick(g, picked)
+        if same:
+            out.append(("--peer", f"{g.name} torchtitan pick={titan(*same)}"))
     return only_points(g, out)
+
+
+PICK_RECOMPUTE = re.compile(r"(?:^|\s)recompute=(none|selective|full)(?:\s|$)")
+PICK_MICRO = re.compile(r"(?:^|\s)training\.micro_batch_size=(\d+)(?:\s|$)")
+
+
+def titan_like_pick(g: Group, picked) -> Optional[Tuple[int, str]]:
+    """Stock TorchTitan's (micro batch, activation checkpointing) beside a pick whose recompute is not the one the
+    group's TorchTitan peer runs (the issue's peer runs the same recompute): megatron's none / selective (core
+    attention) / full as TorchTitan's none / selective / full, at the pick's micro batch. None where the pick keeps
+    the group's recompute: the group's peer is that one already."""
+    m = PICK_RECOMPUTE.search(picked or "")
+    if not m or m.group(1) == g.titan_ac:
+        return None
+    micro = PICK_MICRO.search(picked)
+    return (int(micro.group(1)) if micro else g.micro), m.group(1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -296,7 +317,7 @@ def only_points(g: Group, pts: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
     if not raw:
         return pts
     label = lambda spec: spec.split("=", 1)[0][len(g.name) + 1:]
-    asked = {l for l, _ in variants()} | ({"pick"} if env_flag("PICK") else set())
+    asked = {l for l, _ in variants()} | ({"pick", "torchtitan pick"} if env_flag("PICK") else set())
     wanted = [w.strip() for w in raw.split(",") if w.strip()]
     known = [label(s) for _, s in pts]
     bad = [w for w in wanted if w not in known]

@@ -549,3 +549,32 @@ def test_on_off_knobs_refuse_other_values_and_a_failed_pick_stops_the_part(monke
     with pytest.raises(SystemExit, match="gave no pick:\n.*nothing fits H200"):
         at_scale.points(g)
     at_scale.pick_overrides.cache_clear()
+
+
+def test_a_pick_with_another_recompute_gets_stock_torchtitan_with_that_recompute_beside_it(monkeypatch):
+    """PICK=1: where the pick drops the recompute the group's stock TorchTitan runs (row 3's full), a second peer,
+    '<group> torchtitan pick', runs TorchTitan with the pick's recompute and micro batch, so that the pick has the
+    issue's same-recompute peer in the same part; a pick that keeps the recompute adds none, and neither does a
+    group whose TorchTitan peer does not run (ALL_PEERS unset where it cannot fit an H200)."""
+    g = next(g for g in at_scale.GROUPS if g.name == "llama3_8b_seq16k")
+    picked = {"ov": "recompute=none memory=offload memory.optimizer_offload_fraction=0.25 "
+                    "memory.overlap_cpu_optimizer_d2h_h2d=true training.micro_batch_size=1"}
+    monkeypatch.setattr(at_scale, "pick_overrides", lambda preset, ov: picked["ov"])
+    monkeypatch.setenv("PICK", "1")
+    monkeypatch.setenv("LAYERS", "8")
+    assert not [s for _, s in at_scale.points(g) if "torchtitan" in s]  # it cannot fit: no peer, no pick peer
+    monkeypatch.setenv("ALL_PEERS", "1")
+    specs = {s.split("=", 1)[0]: s.split("=", 1)[1] for _, s in at_scale.points(g)}
+    assert "--ac full" in specs["llama3_8b_seq16k torchtitan stock"]
+    theirs = specs["llama3_8b_seq16k torchtitan pick"].split()
+    assert theirs[theirs.index("--ac") + 1] == "none" and theirs[theirs.index("--batch") + 1] == "1"
+    assert theirs[theirs.index("--seq") + 1] == "16384" and theirs[theirs.index("--layers") + 1] == "8"
+    monkeypatch.setenv("POINTS", "torchtitan pick")  # named, it runs; the pick runs with it as PICK asks
+    assert [s.split("=", 1)[0] for _, s in at_scale.points(g)] == [
+        "llama3_8b_seq16k megatron preset", "llama3_8b_seq16k torchtitan pick", "llama3_8b_seq16k pick"]
+    monkeypatch.delenv("POINTS")
+    picked["ov"] = "recompute=selective memory.optimizer_cpu_offload=false training.micro_batch_size=2"
+    specs = [s for _, s in at_scale.points(g) if s.startswith("llama3_8b_seq16k torchtitan pick=")]
+    assert len(specs) == 1 and "--ac selective" in specs[0] and "--batch 2 " in specs[0]
+    picked["ov"] = "recompute=full memory.optimizer_cpu_offload=false training.micro_batch_size=1"
+    assert not [s for _, s in at_scale.points(g) if s.startswith("llama3_8b_seq16k torchtitan pick=")]
