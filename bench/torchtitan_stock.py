@@ -201,7 +201,7 @@ def main():
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    os.environ.setdefault("MASTER_PORT", "0")  # the store binds any free port itself: no probe to race with
     os.makedirs(os.path.join(ROOT, "outputs", "bench"), exist_ok=True)
     out_dir = tempfile.mkdtemp(prefix="torchtitan_stock_", dir=os.path.join(ROOT, "outputs", "bench"))
     path = os.path.join(out_dir, "job.toml")

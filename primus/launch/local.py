@@ -8,32 +8,32 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import uuid
 from typing import Any, Dict, Optional
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Port 0 lets the store's server bind whatever port the kernel hands it at bind time. Probing a free port first and
+# binding it later races with every other socket on the host (an outgoing connection's ephemeral port can take it in
+# between: EADDRINUSE at init_process_group). Only the server needs the number: a world of one has no other rank, and
+# the elastic agent's workers get the port of the store it shares with them from the agent itself.
+ANY_PORT = 0
 
 
 def single_process_env(port: Optional[int] = None, addr: str = "127.0.0.1") -> Dict[str, str]:
     """Rendezvous env for a world of one, so trainers can always initialise torch.distributed the same way."""
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": addr, "MASTER_PORT": str(port or free_port())}
+            "MASTER_ADDR": addr, "MASTER_PORT": str(port or ANY_PORT)}
 
 
 def launch_local(cfg_yaml: str, run_dir: str, nproc: int, meta: Dict[str, Any], master_port: int = 0,
                  master_addr: str = "127.0.0.1") -> Optional[Dict]:
     """Start nproc workers (primus.train_loop.worker) on this node and return rank 0's summary. The rendezvous
-    is launcher.master_addr:launcher.master_port (this host's loopback and a free port by default)."""
+    is launcher.master_addr:launcher.master_port (this host's loopback and any free port by default)."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from primus.train_loop import worker
 
-    port = master_port or free_port()
+    port = master_port or ANY_PORT
     lc = LaunchConfig(
         min_nodes=1,
         max_nodes=1,

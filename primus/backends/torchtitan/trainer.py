@@ -12,7 +12,6 @@ import gc
 import json
 import logging
 import os
-import socket
 from datetime import timedelta
 from typing import Any, Dict
 
@@ -22,6 +21,7 @@ from primus.backends.torchtitan.jobconfig_keys import (
     EXTRA_KEYS, FLAVOR_KEY, TURBO_KEY, UnknownTorchTitanKey, installed_version, runtime_problems, static_problems,
 )
 from primus.config.errors import ConfigError
+from primus.launch.local import single_process_env
 
 
 def _toml_value(v: Any) -> str:
@@ -68,12 +68,6 @@ def _quiet_torchtitan():
         root.setLevel(level)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class TorchTitanTrainer(Trainer):
     name = "torchtitan"
 
@@ -85,9 +79,8 @@ class TorchTitanTrainer(Trainer):
         args = tt_args.build_args(cfg, ctx)
 
         # torchtitan initialises torch.distributed itself from the env:// variables; a bare 1-process run has none
-        for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        for k, v in single_process_env().items():
             os.environ.setdefault(k, v)
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # offline only: never reach a hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
