@@ -332,26 +332,37 @@ def _restore_environ():
 
 # ------------------------------------------------------------------------------------------------ local Slurm cluster
 
-def _free_port():
+def _below_ephemeral_range() -> range:
+    """Ports the kernel never hands to an outgoing connection or a bind to port 0: a port probed free here stays free
+    until the daemon binds it, whatever the tests running beside this one open meanwhile."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default range starts here
+    return range(10000, max(10001, low))
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def _free_ports(nodes: int):
-    """A free port for slurmctld, and the first of `nodes` consecutive free ports for the slurmd daemons."""
+    """A free port for slurmctld, and the first of `nodes` consecutive free ports for the slurmd daemons, all outside
+    the ephemeral range (a probed ephemeral port can be taken by another socket before slurmctld binds it)."""
+    import random
+
+    span = _below_ephemeral_range()
     while True:
-        ctld, first = _free_port(), _free_port()
+        ctld, first = random.sample(span[:-nodes], 2)
         block = range(first, first + nodes)
-        if ctld in block or block[-1] > 65535:
-            continue
-        try:
-            for p in block[1:]:
-                with socket.socket() as s:
-                    s.bind(("", p))
-        except OSError:
-            continue
-        return ctld, first
+        if ctld not in block and _bindable(ctld) and all(_bindable(p) for p in block):
+            return ctld, first
 
 
 @pytest.fixture(scope="session")
