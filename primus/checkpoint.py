@@ -41,6 +41,8 @@ import uuid
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
+from primus.launch.dist import barrier
+
 META_FILE = "primus_meta.json"
 HEAD_FILE = "HEAD.json"  # the newest save: {"name", "id", "branch"}
 FORMAT = 1  # history fields (id, parent, branch) are optional in format 1: older checkpoints have none
@@ -136,12 +138,6 @@ def _dist():
 def _rank_world() -> Tuple[int, int]:
     d = _dist()
     return (d.get_rank(), d.get_world_size()) if d else (0, 1)
-
-
-def _barrier() -> None:
-    d = _dist()
-    if d:
-        d.barrier()
 
 
 def _gather_lists(mine: List[Any]) -> List[Any]:
@@ -429,7 +425,7 @@ class CheckpointManager:
             raise OutOfSpace(short)
         if rank == 0:
             os.makedirs(tmp)
-        _barrier()
+        barrier()
         try:
             extra = self.trainer.save_checkpoint(tmp, step) or {}
             import torch
@@ -444,7 +440,7 @@ class CheckpointManager:
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)  # give the space back; the older checkpoints are intact
             raise OutOfSpace(self._space_message(step, "ran out of space while saving")) from e
-        _barrier()
+        barrier()
         rels = _broadcast(list_files(tmp) if rank == 0 else None)
         recs = _gather_lists([(rel, os.path.getsize(os.path.join(tmp, rel)), crc32_file(os.path.join(tmp, rel)))
                               for rel in _share(rels, rank, world)])
@@ -482,7 +478,7 @@ class CheckpointManager:
         self.ancestry = [{"name": name, "id": cid, "step": step}] + self.ancestry
         if rank == 0:
             self._prune()
-        _barrier()
+        barrier()
         self.saved.append(final)
         self.last_saved_step = step
         mb = sum(r[1] for r in recs) / 2**20 if rank == 0 else 0

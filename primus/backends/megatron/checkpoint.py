@@ -21,6 +21,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from primus.launch.dist import barrier
+
 CKPT_DIR = "megatron"
 
 
@@ -83,7 +85,7 @@ def save(tr, path: str, step: int) -> Dict[str, Any]:
     d = os.path.join(path, CKPT_DIR)
     if torch.distributed.get_rank() == 0:
         os.makedirs(d, exist_ok=True)
-    torch.distributed.barrier()
+    barrier()
     with _cpu_safe():
         dist_checkpointing.save(sd, d)
     rank = torch.distributed.get_rank()

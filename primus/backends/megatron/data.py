@@ -13,6 +13,8 @@ from typing import Dict, Iterator, List
 
 import torch
 
+from primus.launch.dist import barrier
+
 
 def _null_tokenizer(vocab_size: int):
     from megatron.core.tokenizers import MegatronTokenizer
@@ -54,8 +56,7 @@ def _ensure_indexed(cfg, ctx, tokenizer_dir: str) -> str:
         from primus.data.megatron_preprocess import preprocess
 
         preprocess(d.path, tokenizer_dir, prefix)
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
+    barrier()
     return prefix
 
 
