@@ -5,7 +5,7 @@ from __future__ import annotations
 def barrier() -> None:
     """Wait for every rank of the default group; a no-op outside torch.distributed.
 
-    With NCCL it names this rank's GPU: torch (2.13) otherwise guesses the device from the current context and warns
+    With NCCL it names this rank's GPU: torch otherwise guesses the device from the current context and warns
     at every call that the guess may be wrong (a hang when it is), since init_process_group gets no device_id here.
     Gloo takes no device ids."""
     import torch
