@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from primus.launch import dist as pdist
 
@@ -18,7 +19,6 @@ def test_outside_torch_distributed_it_returns_at_once():
 @pytest.mark.parametrize("backend, expected", [("nccl", {"device_ids": [3]}),
                                                ("cpu:gloo,cuda:nccl", {"device_ids": [3]}), ("gloo", {})])
 def test_the_device_ids_follow_the_backend(monkeypatch, backend, expected):
-    import torch
     import torch.distributed as d
 
     seen = []
@@ -44,3 +44,21 @@ def test_two_gloo_ranks_meet(tmp_path):
     outs = [p.communicate(timeout=120)[0].split() for p in ps]
     assert [p.returncode for p in ps] == [0, 0]
     assert outs == [["0", "True"], ["1", "True"]]
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="NCCL needs a GPU (runs on the GPU machine)")
+def test_an_nccl_barrier_names_the_gpu_and_torch_does_not_warn():
+    """On a GPU: a world of one on NCCL, torch's own barrier warns that it guesses the device; ours does not."""
+    code = ("import os, warnings, torch, torch.distributed as d\n"
+            "from primus.launch.local import single_process_env\n"
+            "from primus.launch.dist import barrier\n"
+            "os.environ.update(single_process_env()); torch.cuda.set_device(0); d.init_process_group('nccl')\n"
+            "for name, call in (('ours', barrier), ('torch', d.barrier)):\n"
+            "    with warnings.catch_warnings(record=True) as w:\n"
+            "        warnings.simplefilter('always'); call(); torch.cuda.synchronize()\n"
+            "    print(name, any('barrier(): using the device' in str(x.message) for x in w))\n"
+            "d.destroy_process_group()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ours", "False", "torch", "True"]
