@@ -1,5 +1,6 @@
 """The local launcher's rendezvous reads launcher.master_addr / master_port (master_addr used to be read nowhere),
 and leaves SIGTERM to the workers (forwarded by the launching process) instead of torch elastic's handler."""
+import os
 import subprocess
 import sys
 
@@ -47,3 +48,13 @@ def test_a_world_of_one_initialises_on_port_zero():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["0", "1", "1"]
+
+
+def test_a_trainer_without_a_launcher_gets_a_world_of_one_and_a_launchers_values_win(monkeypatch):
+    for k in local.single_process_env():
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29123")
+    local.default_to_single_process()
+    assert {k: os.environ[k] for k in local.single_process_env()} == {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29123"}

@@ -25,6 +25,13 @@ def single_process_env(port: Optional[int] = None, addr: str = "127.0.0.1") -> D
             "MASTER_ADDR": addr, "MASTER_PORT": str(port or ANY_PORT)}
 
 
+def default_to_single_process() -> None:
+    """A trainer started without a launcher is a world of one: fill in the rendezvous env it lacks (what a launcher
+    set wins)."""
+    for k, v in single_process_env().items():
+        os.environ.setdefault(k, v)
+
+
 def launch_local(cfg_yaml: str, run_dir: str, nproc: int, meta: Dict[str, Any], master_port: int = 0,
                  master_addr: str = "127.0.0.1") -> Optional[Dict]:
     """Start nproc workers (primus.train_loop.worker) on this node and return rank 0's summary. The rendezvous

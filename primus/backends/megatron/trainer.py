@@ -30,10 +30,9 @@ def _init_distributed(ctx) -> None:
     if torch.distributed.is_initialized():
         return
     if "MASTER_ADDR" not in os.environ:  # a world of one started without a launcher
-        from primus.launch.local import single_process_env
+        from primus.launch.local import default_to_single_process
 
-        for k, v in single_process_env().items():
-            os.environ.setdefault(k, v)
+        default_to_single_process()
     if ctx.device == "cuda":
         torch.cuda.set_device(ctx.local_rank)
     torch.distributed.init_process_group(backend=ctx.dist_backend, init_method="env://",

@@ -21,7 +21,7 @@ from primus.backends.torchtitan.jobconfig_keys import (
     EXTRA_KEYS, FLAVOR_KEY, TURBO_KEY, UnknownTorchTitanKey, installed_version, runtime_problems, static_problems,
 )
 from primus.config.errors import ConfigError
-from primus.launch.local import single_process_env
+from primus.launch.local import default_to_single_process
 
 
 def _toml_value(v: Any) -> str:
@@ -79,8 +79,7 @@ class TorchTitanTrainer(Trainer):
         args = tt_args.build_args(cfg, ctx)
 
         # torchtitan initialises torch.distributed itself from the env:// variables; a bare 1-process run has none
-        for k, v in single_process_env().items():
-            os.environ.setdefault(k, v)
+        default_to_single_process()
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # offline only: never reach a hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
