@@ -25,6 +25,19 @@ pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 STEPS = 10  # stopped after step 3 (the signal lands within a step or two), resumed to the end
 
 
+def slurm_story(cluster, job_id, states) -> str:
+    """What Slurm did with the job, for a failure's message: the states the test saw after the stop, the job's
+    record now, and slurmctld's log lines about it (the cluster's dir is gone once the session ends)."""
+    record = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], env={**os.environ, **cluster},
+                            capture_output=True, text=True, timeout=30)
+    log = os.path.join(os.path.dirname(cluster["SLURM_CONF"]), "log", "slurmctld.log")
+    lines = [line for line in open(log)] if os.path.exists(log) else []
+    about = [line for line in lines if re.search(rf"\bJobId={job_id}\b|\bjob {job_id}\b|requeue", line)]
+    return ("\n\nstates after the stop (s since the start, state):\n" + "\n".join(f"  {t} {s}" for t, s in states)
+            + f"\njob record now: {(record.stdout + record.stderr).strip()}"
+            + "\nslurmctld.log about the job (last 40 lines):\n" + "".join(about[-40:]))
+
+
 @pytest.mark.parametrize("stop", ["usr1", "scontrol_requeue"])
 def test_stopped_job_checkpoints_requeues_and_resumes(cluster, tmp_path, stop):
     sweep = tmp_path / "sweep"
@@ -37,6 +50,7 @@ def test_stopped_job_checkpoints_requeues_and_resumes(cluster, tmp_path, stop):
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     job_id = log0 = None
     out = []
+    states = []  # (s since the start, the job's state as slurmctld showed it) after the stop, each change once
     try:
         for line in proc.stdout:
             out.append(line)
@@ -61,6 +75,9 @@ def test_stopped_job_checkpoints_requeues_and_resumes(cluster, tmp_path, stop):
         while time.time() < deadline:
             q = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True,
                                timeout=30).stdout
+            seen = " ".join(re.findall(r"\b(?:JobState|Reason|Restarts|ExitCode)=\S+", q))
+            if not states or states[-1][1] != seen:
+                states.append((round(time.time() - t0, 1), seen))
             if "Restarts=1" in q and "JobState=PENDING" in q:
                 subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, timeout=30)
                 break
@@ -71,7 +88,7 @@ def test_stopped_job_checkpoints_requeues_and_resumes(cluster, tmp_path, stop):
         if proc.poll() is None:
             proc.kill()
     text = "".join(out)
-    assert proc.returncode == 0, text[-4000:]
+    assert proc.returncode == 0, text[-4000:] + slurm_story(cluster, job_id, states)
     log = open(log0).read() + open(log0.replace("_log.out", "_log.err")).read()
 
     r = load(sweep / "0" / "result.json")
