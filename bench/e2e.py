@@ -197,6 +197,22 @@ def environment():
     return vers
 
 
+def with_iters(points, iters):
+    """Each point run for `iters` steps, the first 4 untimed."""
+    return [(n, a + (["--steps", str(iters - 4), "--warmup", "4"] if a[0] != "train.py" else
+                     [f"training.train_iters={iters}", "training.timing_warmup_steps=4",
+                      "training.lr_warmup_iters=2"])) for n, a in points]
+
+
+def at_micro_batch(points, micro_batch):
+    """Each point at this micro batch and one micro batch per optimizer step: a preset that accumulates (the
+    TorchTitan one sets gradient_accumulation_steps) would otherwise ask for a global batch of several."""
+    mb = str(micro_batch)
+    return [(n, a + (["--batch", mb] if a[0] != "train.py" else
+                     [f"training.micro_batch_size={mb}", f"training.global_batch_size={mb}",
+                      "training.gradient_accumulation_steps=1"])) for n, a in points]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--suite", default="core", choices=sorted(SUITES))
@@ -241,13 +257,9 @@ def main():
     if args.iters:
         if args.iters < 6:
             ap.error(f"--iters {args.iters}: at least 6 (4 untimed warm-up steps, then 2 timed)")
-        points = [(n, a + (["--steps", str(args.iters - 4), "--warmup", "4"] if a[0] != "train.py" else
-                           [f"training.train_iters={args.iters}", "training.timing_warmup_steps=4",
-                            "training.lr_warmup_iters=2"])) for n, a in points]
+        points = with_iters(points, args.iters)
     if args.micro_batch:
-        mb = str(args.micro_batch)
-        points = [(n, a + (["--batch", mb] if a[0] != "train.py" else
-                           [f"training.micro_batch_size={mb}", f"training.global_batch_size={mb}"])) for n, a in points]
+        points = at_micro_batch(points, args.micro_batch)
     out = os.environ.get("OUT")
     log_dir = args.log_dir or out or os.path.join(ROOT, "outputs", "bench")
     os.makedirs(log_dir, exist_ok=True)

@@ -1,0 +1,39 @@
+"""bench/e2e.py's points: what its options add to each train.py point composes and passes validation."""
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT, compose_cfg
+from primus.config.validate import RULES, validate
+from primus.context import RunContext
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import e2e  # noqa: E402
+
+TRAIN_POINTS = [(suite, name, argv) for suite, points in e2e.SUITES.items() for name, argv in points
+                if argv[0] == "train.py"]
+
+
+@pytest.mark.parametrize("suite,name,argv", TRAIN_POINTS, ids=[f"{s}:{n}" for s, n, _ in TRAIN_POINTS])
+def test_micro_batch_option_gives_one_micro_batch_per_step_for_every_point(suite, name, argv):
+    """`--micro-batch 4` (how the suites run on an H100, where micro batch 16 does not fit) runs every point at
+    micro and global batch 4: a preset that accumulates (llama3_2_1b_torchtitan_bf16 sets
+    gradient_accumulation_steps: 2) was refused before it started (global 4 != 4 x 2)."""
+    [(_, point)] = e2e.at_micro_batch(e2e.with_iters([(name, argv)], 12), 4)
+    cfg = compose_cfg(point[1:])
+    validate(cfg, RunContext(device="cuda", world_size=1, planned=True), rules=RULES)
+    t = cfg.training
+    assert (t.micro_batch_size, t.global_batch_size, t.gradient_accumulation_steps) == (4, 4, 1)
+    assert (t.train_iters, t.timing_warmup_steps) == (12, 4)
+
+
+def test_the_torchtitan_preset_accumulates_so_the_option_must_say_so():
+    """The case above is not vacuous: without the option's gradient_accumulation_steps=1 the TorchTitan preset at
+    micro and global batch 4 is refused, naming the keys."""
+    from primus.config.errors import ConfigError
+
+    cfg = compose_cfg(["experiment=llama3_2_1b_torchtitan_bf16", "training.micro_batch_size=4",
+                       "training.global_batch_size=4"])
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps"):
+        validate(cfg, RunContext(device="cuda", world_size=1, planned=True), rules=RULES)
