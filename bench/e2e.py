@@ -254,11 +254,13 @@ def main():
         if not argv or not argv.split()[0].startswith("bench/"):
             ap.error(f"--peer {e!r}: NAME=bench/<script>.py ARGS (the label ends at the first '=')")
         points.append((name, shlex.split(argv)))
-    if args.iters:
+    if args.iters is not None:  # (0 too: an error, never the points' own count unasked)
         if args.iters < 6:
             ap.error(f"--iters {args.iters}: at least 6 (4 untimed warm-up steps, then 2 timed)")
         points = with_iters(points, args.iters)
-    if args.micro_batch:
+    if args.micro_batch is not None:
+        if args.micro_batch < 1:
+            ap.error(f"--micro-batch {args.micro_batch}: sequences per micro batch, at least 1 (e.g. 4 on an H100)")
         points = at_micro_batch(points, args.micro_batch)
     out = os.environ.get("OUT")
     log_dir = args.log_dir or out or os.path.join(ROOT, "outputs", "bench")

@@ -37,3 +37,15 @@ def test_the_torchtitan_preset_accumulates_so_the_option_must_say_so():
                        "training.global_batch_size=4"])
     with pytest.raises(ConfigError, match="gradient_accumulation_steps"):
         validate(cfg, RunContext(device="cuda", world_size=1, planned=True), rules=RULES)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("option,value,why", [("--micro-batch", "0", "at least 1"), ("--iters", "0", "at least 6")])
+def test_a_zero_count_is_refused_before_any_point_runs(tmp_path, option, value, why):
+    """0 used to read as 'not given': every point then ran at its own micro batch / step count, unasked."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "bench/e2e.py", "--suite", "presets", option, value], cwd=ROOT,
+                       env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"{option} {value}: " in r.stderr and why in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
