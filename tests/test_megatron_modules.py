@@ -100,3 +100,26 @@ def test_grouped_gemm_matches_per_expert_matmuls(trans_b):
     torch.testing.assert_close(out, ref)
     out.sum().backward()
     assert b.grad[1].abs().sum() == 0 and b.grad[0].abs().sum() > 0  # an expert without tokens gets no gradient
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_process_group_is_bound_to_the_ranks_gpu(device, monkeypatch):
+    """On a GPU the default group names this rank's device, as Megatron-LM's initializer does (NCCL then neither
+    guesses the device at a collective nor bootstraps each subgroup anew); gloo on CPU takes none."""
+    from primus.backends.megatron import trainer
+    from primus.context import RunContext
+
+    got = {}
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: got.update(kw))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: got.update(set_device=i))
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "8", "RANK": "5"}.items():
+        monkeypatch.setenv(k, v)
+    ctx = RunContext(device=device, world_size=8, rank=5, local_rank=1,
+                     dist_backend="nccl" if device == "cuda" else "gloo")
+    trainer._init_distributed(ctx)
+    assert (got["world_size"], got["rank"], got["backend"]) == (8, 5, ctx.dist_backend)
+    if device == "cuda":
+        assert got["device_id"] == torch.device("cuda", 1) and got["set_device"] == 1
+    else:
+        assert "device_id" not in got and "set_device" not in got

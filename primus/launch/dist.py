@@ -5,9 +5,9 @@ from __future__ import annotations
 def barrier() -> None:
     """Wait for every rank of the default group; a no-op outside torch.distributed.
 
-    With NCCL it names this rank's GPU: torch otherwise guesses the device from the current context and warns
-    at every call that the guess may be wrong (a hang when it is), since init_process_group gets no device_id here.
-    Gloo takes no device ids."""
+    With NCCL it names this rank's GPU: a group initialised without device_id (TorchTitan's; megatron's passes it)
+    otherwise makes torch guess the device from the current context and warn at every call that the guess may be
+    wrong (a hang when it is). Gloo takes no device ids."""
     import torch
     import torch.distributed as dist
 

@@ -33,11 +33,16 @@ def _init_distributed(ctx) -> None:
         from primus.launch.local import default_to_single_process
 
         default_to_single_process()
+    kw = {}
     if ctx.device == "cuda":
         torch.cuda.set_device(ctx.local_rank)
+        # Megatron-LM's own initializer binds the group to the rank's GPU (torch >= 2.3): NCCL then knows the device
+        # at every collective instead of guessing it from the current context, and splits subgroups' communicators
+        # from the default one rather than bootstrapping each anew.
+        kw["device_id"] = torch.device("cuda", ctx.local_rank)
     torch.distributed.init_process_group(backend=ctx.dist_backend, init_method="env://",
                                          world_size=int(os.environ.get("WORLD_SIZE", ctx.world_size)),
-                                         rank=int(os.environ.get("RANK", ctx.rank)))
+                                         rank=int(os.environ.get("RANK", ctx.rank)), **kw)
 
 
 def _mcore_error(what: str, e: Exception, keys: List[str]) -> ConfigError:
