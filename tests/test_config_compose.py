@@ -79,3 +79,10 @@ def test_unknown_group_option_lists_available():
     with pytest.raises(MissingConfigException) as e:
         compose_dict(["model=llama9"])
     assert "llama2_7b" in str(e.value)
+
+
+def test_misspelt_experiment_fails_at_compose():
+    # a Hydra `optional` default skips an option it cannot find: a misspelt preset would train the debug model
+    with pytest.raises(MissingConfigException) as e:
+        compose_dict(["experiment=llama2_7b_megatron_fp8_gbs265"])
+    assert "llama2_7b_megatron_fp8_gbs256" in str(e.value)
