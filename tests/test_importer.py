@@ -78,7 +78,8 @@ def test_zoo_only_model_becomes_a_preset_with_its_sizes_and_every_key_is_account
     assert s["model.max_position_embeddings"] == 128  # an override of the model's 256
     assert s["data.kind"] == "synthetic" and s["checkpoint.interval"] == 0  # save: null saves nothing
     assert s["training.weight_decay"] == 0.01  # Primus's pre_trainer.yaml over its trainer_base.yaml
-    assert s["training.lr_warmup_iters"] == 1 and s["precision.fp8_recipe"] == "delayed"  # module defaults
+    assert s["training.lr_warmup_iters"] == 1  # a module default
+    assert "precision.fp8_recipe" not in s  # the module's default recipe (delayed): fp8 is off, nothing reads it
     assert "logging.wandb_project" in s
     over = yaml.safe_load(open(_f("dense.yaml")))["modules"]["pre_trainer"]["overrides"]
     assert _accounted(imp, over) == []
@@ -112,6 +113,89 @@ def test_deepep_switches_to_the_flex_dispatcher_as_primus_s_patch_does(tmp_path)
     imp = import_experiment(str(p), PRIMUS_ROOT)
     assert imp.sets["moe.moe_token_dispatcher_type"] == "flex"
     assert any("flex" in n for n in imp.notes)
+
+
+def _import_with(tmp_path, base, framework_overrides, root=None):
+    src = yaml.safe_load(open(_f(base)))
+    src["modules"]["pre_trainer"]["overrides"].update(framework_overrides)
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(src))
+    return import_experiment(str(p), root)
+
+
+def test_guide_keys_that_have_a_key_here_are_imported_not_called_missing(tmp_path):
+    # these have the guide's (Megatron-LM's) names here too; the table once called them "no equivalent"
+    imp = _import_with(tmp_path, "llama2_7b.yaml", {
+        "optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.75, "overlap_cpu_optimizer_d2h_h2d": True,
+        "ddp_bucket_size": 40000000, "align_grad_reduce": False, "first_last_layers_bf16": True,
+        "num_layers_at_start_in_bf16": 2, "num_layers_at_end_in_bf16": 0, "tensor_model_parallel_size": 2,
+        "async_tensor_model_parallel_allreduce": True, "pipeline_model_parallel_size": 2,
+        "virtual_pipeline_model_parallel_size": 2, "overlap_p2p_comm": True, "rope_type": "rope"})
+    assert {k: v for k, v in imp.sets.items() if k.startswith(("memory.", "overlap.", "precision.first",
+                                                                 "precision.num_layers", "model.rope"))} == {
+        "memory.optimizer_cpu_offload": True, "memory.optimizer_offload_fraction": 0.75,
+        "memory.overlap_cpu_optimizer_d2h_h2d": True, "memory.use_distributed_optimizer": True,
+        "overlap.bucket_size": 40000000, "overlap.align_grad_reduce": False,
+        "overlap.async_tensor_model_parallel_allreduce": True, "overlap.overlap_p2p_comm": True,
+        "precision.first_last_layers_bf16": True, "precision.num_layers_at_start_in_bf16": 2,
+        "precision.num_layers_at_end_in_bf16": 0, "model.rope_type": "rope"}
+    assert not [i for i in imp.listed if i.reason.startswith(K.NO_EQUIV)]
+
+
+def test_settings_that_would_act_on_nothing_are_listed_with_what_they_need(tmp_path):
+    # what Megatron-LM would ignore (or switch off) for this run is listed, so the imported config asks for nothing
+    # that validation then refuses as idle (primus.features.idle_settings)
+    imp = _import_with(tmp_path, "llama2_7b.yaml", {
+        "fp8": None, "fp8_recipe": "delayed", "fp8_margin": 1, "loss_scale": 1024.0, "hysteresis": 3,
+        "optimizer_offload_fraction": 0.5, "overlap_cpu_optimizer_d2h_h2d": True, "overlap_p2p_comm": True,
+        "async_tensor_model_parallel_allreduce": True, "recompute_modules": ["mlp"], "fp4_recipe": "mxfp4",
+        "num_layers_at_start_in_bf16": 2, "data_parallel_replicate_degree": 2})
+    assert not [k for k in imp.sets if k.startswith(("precision.fp8_", "precision.loss", "precision.hyst",
+                                                     "precision.fp4_", "precision.num_layers", "recompute.",
+                                                     "memory.optimizer", "memory.overlap", "overlap.overlap_p2p",
+                                                     "overlap.async"))]
+    reasons = {i.key: i.reason for i in imp.listed}
+    assert reasons["fp8_recipe"] == K.FP8_OFF and "delayed" in reasons["fp8_margin"]
+    assert "fp16" in reasons["loss_scale"] and "fp16" in reasons["hysteresis"]
+    assert reasons["optimizer_offload_fraction"] == reasons["overlap_cpu_optimizer_d2h_h2d"] == K.OFFLOAD_OFF
+    assert "interleaved" in reasons["overlap_p2p_comm"] and "tensor_model_parallel_size 1" in reasons[
+        "async_tensor_model_parallel_allreduce"]
+    assert "selective" in reasons["recompute_modules"] and "fp4 is off" in reasons["fp4_recipe"]
+    assert "first_last_layers_bf16" in reasons["num_layers_at_start_in_bf16"]
+    assert reasons["data_parallel_replicate_degree"].startswith("not importable: Megatron-FSDP's 2 replicas")
+    with_fp8 = _import_with(tmp_path, "llama2_7b.yaml", {"fp8_recipe": "delayed", "fp8_margin": 1})
+    assert with_fp8.sets["precision.fp8_recipe"] == "delayed" and with_fp8.sets["precision.fp8_margin"] == 1
+
+
+def test_a_key_the_table_lacks_but_a_setting_here_shares_is_pointed_at(tmp_path):
+    imp = _import_with(tmp_path, "llama2_7b.yaml", {"timing_warmup_steps": 3})
+    reason = {i.key: i.reason for i in imp.listed}["timing_warmup_steps"]
+    assert "training.timing_warmup_steps" in reason and not reason.startswith(K.NO_EQUIV)
+
+
+def test_no_table_entry_calls_a_key_with_a_namesake_here_missing():
+    from primus.importer.core import schema_keys
+
+    leaves = {k.rsplit(".", 1)[-1] for k in schema_keys()}
+    other_meaning = {"stage": "Primus's trainer variant, not the GEMM tuning stage",
+                     "checkpoint.interval": "TorchTitan's, taken with checkpoint.enable"}
+    said_missing = [f"{name}: {key}" for name, table in K.TABLES.items() for key, e in table.items()
+                    if isinstance(e, K.No) and key.rsplit(".", 1)[-1] in leaves and key not in other_meaning]
+    assert said_missing == []
+
+
+def test_torchtitan_float8_settings_follow_the_converter(tmp_path):
+    on = {"quantize": {"linear": {"float8": {"enable_fsdp_float8_all_gather": True,
+                                             "precompute_float8_dynamic_scale_for_fsdp": True,
+                                             "filter_fqns": ["output", "router.gate"]}}}}
+    imp = _import_with(tmp_path, "torchtitan.yaml", on, PRIMUS_ROOT)
+    assert imp.sets["precision.float8_enable_fsdp_float8_all_gather"] is True
+    assert imp.sets["precision.float8_filter_fqns"] == ["output", "router.gate"]
+    on["primus_turbo"] = {"enable_primus_turbo": True, "use_turbo_float8_linear": True}
+    imp = _import_with(tmp_path, "torchtitan.yaml", on, PRIMUS_ROOT)
+    assert "precision.float8_enable_fsdp_float8_all_gather" not in imp.sets  # the turbo linear gathers bf16
+    assert "replaces them" in {i.key: i.reason for i in imp.listed}[
+        "quantize.linear.float8.enable_fsdp_float8_all_gather"]
 
 
 def test_moe_settings_on_a_dense_model_are_listed_not_set(tmp_path):

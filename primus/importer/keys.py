@@ -98,6 +98,39 @@ def _full(m):
     return m.get("recompute_granularity") == "full" and not _no_full(m)
 
 
+def _interleaved(m):
+    return (m.get("pipeline_model_parallel_size") or 1) > 1 and bool(
+        m.get("virtual_pipeline_model_parallel_size") or m.get("num_virtual_stages_per_pipeline_rank"))
+
+
+def _raise(why: str):
+    raise ValueError(why)
+
+
+OFFLOAD_OFF = "no effect: optimizer_cpu_offload is off"
+FP8_OFF = "no effect: fp8 is off"
+
+
+def _float8_on(m) -> bool:
+    return "quantize.linear.float8" in (m.get("model.converters") or [])
+
+
+def _float8(key: str) -> Map:
+    return Map(lambda v, m: {key: v} if v is not None and _float8_on(m) else {},
+               "no effect: the model config has no quantize.linear.float8 converter (bf16 linears)")
+
+
+def _turbo_float8(m) -> bool:
+    return bool(m.get("primus_turbo.enable_primus_turbo") and m.get("primus_turbo.use_turbo_float8_linear"))
+
+
+def _fsdp_float8(key: str) -> Map:
+    # torchao's float8 all-gather; Primus's turbo float8 linear, which replaces torchao's, casts after FSDP's bf16 one
+    return Map(lambda v, m: {key: v} if v is not None and _float8_on(m) and not _turbo_float8(m) else {},
+               "no effect: no torchao float8 linears (the model config has no quantize.linear.float8 converter, or "
+               "primus_turbo.use_turbo_float8_linear replaces them and casts after FSDP's bf16 all-gather)")
+
+
 def _kv_groups(v, m):
     return {"model.num_query_groups": v} if v and m.get("group_query_attention", True) else {}
 
@@ -181,9 +214,22 @@ MEGATRON: Dict[str, Entry] = {
     "use_torch_fsdp2": No(NO_EQUIV + " on megatron (FSDP2 is backend=torchtitan's data parallelism)"),
     "use_megatron_fsdp": No(NO_EQUIV + ": megatron data parallelism here is DDP + the distributed optimizer"),
     "data_parallel_sharding_strategy": No(NO_EQUIV + ": megatron FSDP is not used"),
+    "data_parallel_replicate_degree": Map(lambda v, m: {} if (v or 1) == 1 else _raise(
+        f"Megatron-FSDP's {v} replicas: megatron data parallelism here is DDP + the distributed optimizer (one "
+        "replica per dp rank)"), "1: one Megatron-FSDP replica, which is megatron data parallelism here"),
     # communication overlap
     "overlap_grad_reduce": "overlap.overlap_grad_reduce",
     "overlap_param_gather": "overlap.overlap_param_gather",
+    # Megatron-LM turns the p2p overlap off unless the schedule is interleaved (virtual pipeline stages)
+    "overlap_p2p_comm": Map(lambda v, m: {"overlap.overlap_p2p_comm": bool(v)} if _interleaved(m) else {},
+                            "no effect: Megatron overlaps pipeline send/recv in the interleaved schedule only "
+                            "(pipeline_model_parallel_size > 1 with virtual stages)"),
+    "align_grad_reduce": "overlap.align_grad_reduce",
+    "async_tensor_model_parallel_allreduce": Map(
+        lambda v, m: {"overlap.async_tensor_model_parallel_allreduce": bool(v)}
+        if (m.get("tensor_model_parallel_size") or 1) > 1 else {},
+        "no effect: with tensor_model_parallel_size 1 there is no TP all-reduce"),
+    "ddp_bucket_size": _if_set("overlap.bucket_size"),
     # Megatron aligns the param gathers only when it overlaps them
     "align_param_gather": Map(lambda v, m: {"overlap.align_param_gather": bool(v and m.get("overlap_param_gather"))}),
     "ddp_average_in_collective": No(NO_EQUIV + ": gradients are averaged as megatron-core's DDP default does"),
@@ -194,6 +240,11 @@ MEGATRON: Dict[str, Entry] = {
     "use_distributed_optimizer": "memory.use_distributed_optimizer",
     "use_precision_aware_optimizer": "memory.use_precision_aware_optimizer",
     "empty_unused_memory_level": "memory.empty_unused_memory_level",
+    "optimizer_cpu_offload": "memory.optimizer_cpu_offload",
+    "optimizer_offload_fraction": Map(lambda v, m: {"memory.optimizer_offload_fraction": v}
+                                      if m.get("optimizer_cpu_offload") else {}, OFFLOAD_OFF),
+    "overlap_cpu_optimizer_d2h_h2d": Map(lambda v, m: {"memory.overlap_cpu_optimizer_d2h_h2d": bool(v)}
+                                         if m.get("optimizer_cpu_offload") else {}, OFFLOAD_OFF),
     "main_grads_dtype": No(NO_EQUIV + ": main grads are fp32"),
     "exp_avg_dtype": No(NO_EQUIV + ": Adam states are fp32 (memory.use_precision_aware_optimizer keeps them low)"),
     "exp_avg_sq_dtype": No(NO_EQUIV + ": Adam states are fp32 (memory.use_precision_aware_optimizer keeps them low)"),
@@ -209,18 +260,32 @@ MEGATRON: Dict[str, Entry] = {
                                 "no effect: no full recompute (recompute_granularity null/selective, or 0 layers)"),
     "recompute_layer_ids": Map(lambda v, m: {"recompute.recompute_layer_ids": [int(x) for x in str(v).split(",")]
                                              if isinstance(v, (str, int)) else v}),
+    "recompute_modules": Map(lambda v, m: {"recompute.recompute_modules": list(v)}
+                             if v and m.get("recompute_granularity") == "selective" else {},
+                             "no effect: recompute_granularity is not selective"),
     "moe_layer_recompute": No(NO_EQUIV + ": recompute.recompute_modules=[moe] recomputes the MoE layers"),
     # precision
     "bf16": "precision.bf16",
     "fp16": "precision.fp16",
+    # fp16's loss scaling, fp8's and fp4's recipes act only with their format on (Primus's module defaults carry
+    # them for every run): imported where they act, listed where they would be dropped
+    **{k: Map(lambda v, m, k=k: {f"precision.{k}": v} if m.get("fp16") else {},
+              "no effect: loss scaling is fp16's (bf16 and fp32 need none)")
+       for k in ("loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis")},
     "fp8": "precision.fp8",
-    "fp8_recipe": "precision.fp8_recipe",
-    "fp8_margin": "precision.fp8_margin",
-    "fp8_interval": "precision.fp8_interval",
-    "fp8_amax_history_len": "precision.fp8_amax_history_len",
-    "fp8_amax_compute_algo": "precision.fp8_amax_compute_algo",
+    "fp8_recipe": Map(lambda v, m: {"precision.fp8_recipe": v} if m.get("fp8") else {}, FP8_OFF),
+    # delayed scaling's settings; the other recipes scale from each tensor's current amax
+    **{k: Map(lambda v, m, k=k: {f"precision.{k}": v} if m.get("fp8") and m.get("fp8_recipe") == "delayed" else {},
+              "no effect: delayed scaling's setting, and fp8 is off or its recipe is not delayed")
+       for k in ("fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo")},
     "fp4": "precision.fp4",
-    "fp4_recipe": "precision.fp4_recipe",
+    "fp4_recipe": Map(lambda v, m: {"precision.fp4_recipe": v} if m.get("fp4") else {}, "no effect: fp4 is off"),
+    "first_last_layers_bf16": Map(lambda v, m: {"precision.first_last_layers_bf16": bool(v)}
+                                  if m.get("fp8") or m.get("fp4") else {}, "no effect: fp8 and fp4 are off"),
+    **{k: Map(lambda v, m, k=k: {f"precision.{k}": v} if m.get("first_last_layers_bf16") and
+              (m.get("fp8") or m.get("fp4")) else {},
+              "no effect: first_last_layers_bf16 is off (or fp8 and fp4 are)")
+       for k in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")},
     "fp8_param_gather": No(NO_EQUIV + ": parameters are gathered in bf16"),
     "no_fp8_weight_transpose_cache": No(NO_EQUIV + ": precision.fp8_weight_cache decides the fp8 weight cache"),
     "disable_delayed_scaling_patches": No(NO_EQUIV + ": Primus-internal patch switch"),
@@ -258,6 +323,7 @@ MEGATRON: Dict[str, Entry] = {
     "original_max_position_embeddings": "model.original_max_position_embeddings",
     "mscale": "model.mscale",
     "mscale_all_dim": "model.mscale_all_dim",
+    "rope_type": _if_set("model.rope_type"),
     "hidden_dropout": Map(_no_dropout),
     "attention_dropout": Map(_no_dropout),
     "attention_softmax_in_fp32": No(NO_EQUIV + ": attention kernels accumulate softmax in fp32"),
@@ -484,11 +550,13 @@ TORCHTITAN: Dict[str, Entry] = {
     "primus_turbo.enable_attention_float8": No(NO_EQUIV + ": attention runs in bf16"),
     "primus_turbo.use_classic_attention": No(NO_EQUIV + ": attention is SDPA / turbo.use_turbo_attention"),
     "primus_turbo.use_moe_fp8": No(NO_EQUIV + ": experts run in bf16 on torchtitan"),
-    "quantize.linear.float8.enable_fsdp_float8_all_gather": No(NO_EQUIV + ": FSDP gathers bf16 parameters"),
-    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": No(NO_EQUIV + ": FSDP gathers bf16 parameters"),
-    "quantize.linear.float8.filter_fqns": No("the fp8 converter skips the output projection (as filter_fqns: "
-                                             "[output])"),
-    "quantize.linear.float8.recipe_name": Map(lambda v, m: {"precision.fp8_recipe": v} if v else {}),
+    # the float8 converter's settings act only where the model config lists the converter
+    "quantize.linear.float8.enable_fsdp_float8_all_gather": _fsdp_float8(
+        "precision.float8_enable_fsdp_float8_all_gather"),
+    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": _fsdp_float8(
+        "precision.float8_precompute_float8_dynamic_scale_for_fsdp"),
+    "quantize.linear.float8.filter_fqns": _float8("precision.float8_filter_fqns"),
+    "quantize.linear.float8.recipe_name": _float8("precision.fp8_recipe"),
     "job.dump_folder": No("outputs go to the run dir (hydra.run.dir)"),
     "job.description": No(LOG_ONLY),
 }
