@@ -315,7 +315,7 @@ def test_head_dim_must_be_whole_unless_kv_channels_is_set():
 
 def test_loss_scaling_settings_need_fp16_and_sane_values():
     msg = error_of(["precision.loss_scale=1024"])  # bf16 (the default): a loss scale would be ignored
-    assert "precision.loss_scale" in msg and "precision.fp16" in msg and "fp16 training only" in msg
+    assert "precision.loss_scale = 1024.0" in msg and "acts only with fp16 training" in msg and "precision=fp16" in msg
     check(["precision=fp16", "precision.loss_scale=1024"])
     check(["precision=fp16", "precision.initial_loss_scale=65536", "precision.hysteresis=1"])
     msg = error_of(["precision=fp16", "precision.loss_scale=0"])
@@ -352,3 +352,50 @@ def test_out_of_range_values_are_named(overrides, key, words):
     msg = error_of(overrides)
     assert key in msg and words in msg, msg
 
+
+
+# (overrides: one field set where nothing reads it, the message's parts, a valid config that sets it)
+IDLE = [
+    (["recompute.recompute_num_layers=2"], ["recompute.recompute_num_layers = 2", "recompute_method"],
+     ["recompute=full", "recompute.recompute_method=block", "recompute.recompute_num_layers=2"]),
+    (["recompute=full", "recompute.recompute_num_layers=2"], ["recompute.recompute_num_layers = 2", "uniform or block"],
+     ["recompute=full", "recompute.recompute_method=uniform", "recompute.recompute_num_layers=2"]),
+    (["recompute=full", "recompute.recompute_modules=[mlp]"], ["recompute.recompute_modules", "selective"],
+     ["recompute=selective", "recompute.recompute_modules=[mlp]"]),
+    (["precision.fp8_recipe=delayed"], ["precision.fp8_recipe = 'delayed'", "fp8 on"], ["precision=fp8_delayed"]),
+    (["precision=fp8", "precision.fp8_margin=1"], ["precision.fp8_margin = 1", "delayed fp8 recipe"],
+     ["precision=fp8_delayed", "precision.fp8_margin=1"]),
+    (["precision.fp4_recipe=mxfp4"], ["precision.fp4_recipe = 'mxfp4'", "fp4 on"], None),
+    (["precision=fp8", "precision.num_layers_at_end_in_bf16=2"],
+     ["precision.num_layers_at_end_in_bf16 = 2", "first_last_layers_bf16=true"],
+     ["precision=fp8", "precision.first_last_layers_bf16=true", "precision.num_layers_at_end_in_bf16=2"]),
+]
+
+
+@pytest.mark.parametrize("overrides,parts,valid", IDLE)
+def test_a_setting_nothing_would_read_is_refused(overrides, parts, valid):
+    msg = error_of(overrides)
+    assert "nothing would read it" in msg and all(p in msg for p in parts), msg
+    if valid:
+        check(valid)
+
+
+def test_architecture_fields_a_switch_leaves_behind_are_warned_not_refused():
+    from primus.features import idle_settings
+
+    cfg = check(["model=deepseek_v2_lite", "model.rope_type=rope"])  # the preset's YaRN factors stay behind
+    (w,) = idle_settings(cfg)
+    assert w.severity == "warning" and "model.rotary_scaling_factor" in w.keys and "rope_type=yarn" in w.rule
+    (w,) = idle_settings(check(["model.kv_lora_rank=64"]))
+    assert w.keys == ["model.kv_lora_rank"] and "multi_latent_attention=true" in w.rule
+
+
+def test_the_other_backend_s_fields_are_named_once():
+    from conftest import compose_dict
+    from primus.run import checked
+
+    overrides = ["backend=torchtitan", "recompute.recompute_num_layers=2"]
+    with pytest.raises(ConfigError) as e:
+        checked(compose_dict(overrides), overrides)
+    msg = str(e.value)
+    assert "(1 problem)" in msg and "megatron-core only" in msg

@@ -10,6 +10,8 @@ Each module (`precision`, `recompute`, `turbo`, `moe`, `parallel`, `overlap`, `m
   backend, as installed, cannot honour: `megatron_issues(cfg, ctx)` / `torchtitan_issues(cfg, ctx)`;
 - its fields that only one backend reads: `megatron_only(cfg)` / `torchtitan_only(cfg)` (set away from its
   default under the other backend, such a field is an issue: that backend has no such setting);
+- its fields that act only under another setting: `ACTS_ONLY_WITH` rows (set away from its default while that
+  setting is off, such a field would be dropped, so it is an issue: `idle_settings` below);
 - its in-model application where one exists.
 
 Facts that several rules or mappings need (which fp8 recipe runs on which backend and device, which Turbo flag
@@ -91,6 +93,43 @@ BACKEND_NAMES = {"megatron": ("torchtitan", "TorchTitan", "megatron-core 0.16.1"
                  "torchtitan": ("megatron", "megatron-core", "torchtitan 0.2.2")}
 
 
+def _default(section, k: str):
+    f = type(section).__dataclass_fields__[k]
+    return f.default_factory() if callable(f.default_factory) else f.default
+
+
+def idle_settings(cfg, ctx=None) -> List[Any]:
+    """Every feature's `ACTS_ONLY_WITH` rows, (fields of its group, what they act under, holds(cfg), the fix[,
+    severity]): the row's fields set away from their schema defaults while it does not hold. Nothing would read
+    them, so each is an error, or a WARNING where a row says so (a model preset's architecture fields, which a
+    switch such as rope_type=rope leaves behind). Fields that only the other backend reads are left to
+    other_backend_issues, which names the backend instead."""
+    from primus.config.errors import ERROR, ConfigIssue
+
+    other = BACKEND_NAMES[cfg.backend.name.value][0]
+    out = []
+    for feature in modules():
+        rows = getattr(feature, "ACTS_ONLY_WITH", ())
+        if not rows:
+            continue
+        group = feature.__name__.rsplit(".", 1)[1]
+        section = getattr(cfg, group)
+        theirs = set(getattr(feature, f"{other}_only", lambda c: ())(cfg))
+        for fields, need, holds, fix, *severity in rows:
+            if holds(cfg):
+                continue
+            set_ = {f"{group}.{k}": getattr(getattr(section, k), "value", getattr(section, k)) for k in fields
+                    if k not in theirs and getattr(section, k) != _default(section, k)}
+            if set_:
+                out.append(ConfigIssue(list(set_), set_[next(iter(set_))] if len(set_) == 1 else set_,
+                                       f"acts only with {need}: nothing would read it", fix,
+                                       severity=severity[0] if severity else ERROR))
+    return out
+
+
+rule(idle_settings)
+
+
 def other_backend_issues(backend: str, cfg) -> List[Any]:
     """Every feature's fields that only the other backend reads (`<other>_only(cfg)`), set away from their defaults
     on this backend: it has no such setting, so the value would have no effect. One rule for both backends."""
@@ -103,10 +142,8 @@ def other_backend_issues(backend: str, cfg) -> List[Any]:
             continue
         group = feature.__name__.rsplit(".", 1)[1]
         section = getattr(cfg, group)
-        fields = type(section).__dataclass_fields__
         for k in getattr(feature, f"{other}_only")(cfg):
-            value, default = getattr(section, k), fields[k]
-            default = default.default_factory() if callable(default.default_factory) else default.default
+            value, default = getattr(section, k), _default(section, k)
             if value != default:
                 shown = getattr(default, "value", default)
                 leave = "unset" if default is None else f"at its default ({shown!r})"

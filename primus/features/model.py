@@ -13,7 +13,7 @@ import importlib.util
 import os
 from typing import Any, Dict, List, Optional
 
-from primus.config.errors import ConfigIssue
+from primus.config.errors import WARNING, ConfigIssue
 from primus.features import rule
 from primus.features.moe import LoadBalancing, ScoreFunction
 
@@ -83,6 +83,18 @@ class ModelConfig:
 
 
 # ------------------------------------------------------------------------------------------- rules
+
+# Fields that act only under another setting (primus.features.idle_settings). An architecture field a switch leaves
+# behind (`model=deepseek_v2_lite model.rope_type=rope` keeps the preset's YaRN factors) is harmless: warned, as
+# MoE settings on a dense model are, and listed in result.json's ignored_settings.
+ACTS_ONLY_WITH = (
+    (("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"),
+     "multi-latent attention (model.multi_latent_attention=true)", lambda c: c.model.multi_latent_attention,
+     "drop them, or use an MLA model (e.g. model=deepseek_v2_lite)", WARNING),
+    (("rotary_scaling_factor", "original_max_position_embeddings", "mscale", "mscale_all_dim"),
+     "YaRN RoPE scaling (model.rope_type=yarn)", lambda c: c.model.rope_type == RopeType.yarn,
+     "drop them, or set model.rope_type=yarn (multi-latent attention)", WARNING),
+)
 
 
 @rule

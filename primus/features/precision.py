@@ -238,17 +238,27 @@ LOSS_SCALING = {k: getattr(PrecisionConfig(), k) for k in  # fp16's scaler setti
                 ("loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis")}
 
 
+# Fields that act only under another setting (primus.features.idle_settings): set while it is off, they are refused
+ACTS_ONLY_WITH = (
+    (tuple(LOSS_SCALING), "fp16 training (bf16 and fp32 need no loss scaling)", lambda c: c.precision.fp16,
+     "use precision=fp16, or drop these settings"),
+    (("fp8_recipe",), "fp8 on (precision.fp8)", lambda c: c.precision.fp8 is not None,
+     "use an fp8 preset (precision=fp8, fp8_delayed, fp8_rowwise, fp8_blockwise), or drop it"),
+    (("fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo"),
+     "the delayed fp8 recipe (the others scale from each tensor's current amax)",
+     lambda c: c.precision.fp8 is not None and c.precision.fp8_recipe == FP8Recipe.delayed,
+     "use precision=fp8_delayed, or drop these settings"),
+    (("fp4_recipe",), "fp4 on (precision.fp4)", lambda c: c.precision.fp4 is not None, "use precision=fp4, or drop it"),
+    (("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"), "precision.first_last_layers_bf16=true",
+     lambda c: c.precision.first_last_layers_bf16, "set precision.first_last_layers_bf16=true, or drop them"),
+)
+
+
 @rule
 def fp16_loss_scaling(cfg, ctx):
     p, out = cfg.precision, []
-    changed = [k for k, d in LOSS_SCALING.items() if getattr(p, k) != d]
     if not p.fp16:
-        if changed:
-            out.append(ConfigIssue([f"precision.{k}" for k in changed] + ["precision.fp16"],
-                                   {k: getattr(p, k) for k in changed},
-                                   "loss scaling applies to fp16 training only (bf16 and fp32 need none)",
-                                   "use precision=fp16, or drop these settings"))
-        return out
+        return out  # the settings' own row above refuses them
     if p.loss_scale is not None and p.loss_scale <= 0:
         out.append(ConfigIssue(["precision.loss_scale"], p.loss_scale, "a static loss scale must be > 0",
                                "use a power of 2 such as 1024, or null for dynamic scaling"))

@@ -104,6 +104,19 @@ def recompute_modules_known(cfg, ctx):
     return out
 
 
+# Fields that act only under another setting (primus.features.idle_settings): set while it is off, they are refused.
+# Megatron-LM refuses a layer count with selective recompute; with full recompute and no method, the plain
+# `recompute=full` here checkpoints every layer on its own, which a count would not change.
+ACTS_ONLY_WITH = (
+    (("recompute_num_layers",), "a recompute_method (uniform: chunks of N layers; block: the first N layers of each "
+     "pipeline stage)", lambda c: c.recompute.recompute_method is not None,
+     "set recompute.recompute_method=uniform or block (with recompute_granularity=full), or drop it"),
+    (("recompute_modules",), "selective recompute (recompute_granularity=selective)",
+     lambda c: c.recompute.recompute_granularity == RecomputeGranularity.selective,
+     "use recompute=selective, or drop it"),
+)
+
+
 @rule
 def recompute_method_needs_full(cfg, ctx):
     r = cfg.recompute
