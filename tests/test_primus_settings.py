@@ -165,10 +165,14 @@ def test_moe_shared_expert_overlap_needs_shared_experts():
     assert "model.moe_shared_expert_intermediate_size" in keys(found)
 
 
-@pytest.mark.parametrize("setting", ["moe.moe_router_dtype=fp32", "moe.moe_shared_expert_overlap=true"])
-def test_megatron_only_moe_settings_are_refused_on_torchtitan(setting):
-    found = errors(["backend=torchtitan", "model=debug_moe", setting])
-    assert setting.split("=")[0] in keys(found)
+@pytest.mark.parametrize("setting", ["moe.moe_router_dtype=fp32", "moe.moe_shared_expert_overlap=true",
+                                     "moe.moe_token_dispatcher_type=allgather",
+                                     "model.apply_rope_fusion=true", "model.bias_activation_fusion=false",
+                                     "model.cross_entropy_fusion_impl=turbo", "backend.layer_spec=local"])
+def test_megatron_only_settings_are_refused_on_torchtitan(setting):
+    # TorchTitan 0.2.2 has its own dispatch, permute, RoPE, SwiGLU, loss and model classes: these would be dropped
+    found = errors(["backend=torchtitan", "model=debug_moe", "moe.moe_router_load_balancing_type=none", setting])
+    assert setting.split("=")[0] in keys(found) and "megatron-core only" in " ".join(map(str, found))
 
 
 def test_forced_load_balancing_reaches_torchtitans_debug_switch():
@@ -176,6 +180,20 @@ def test_forced_load_balancing_reaches_torchtitans_debug_switch():
     assert torchtitan_args(["model=debug_moe", none, "moe.moe_router_force_load_balancing=true"])["debug"][
         "moe_force_load_balance"] is True
     assert "moe_force_load_balance" not in torchtitan_args(["model=debug_moe", none])["debug"]
+
+
+def test_permute_fusion_on_torchtitan_is_said_not_refused():
+    # moe=optimized on TorchTitan: its grouped GEMM maps (use_grouped_mm); TorchTitan permutes its own way anyway
+    _, ctx = ok(["backend=torchtitan", "model=debug_moe", "moe.moe_router_load_balancing_type=none", "moe=optimized"])
+    assert [w.keys for w in ctx.warnings] == [["moe.moe_permute_fusion"]]
+    assert torchtitan_args(["model=debug_moe", "moe.moe_router_load_balancing_type=none", "moe=optimized"])[
+        "flavor_args"]["moe_args"]["use_grouped_mm"] is True
+
+
+def test_every_moe_setting_and_expert_shape_on_a_dense_model_is_listed_as_ignored():
+    _, ctx = ok(["moe.moe_token_dispatcher_type=allgather", "moe.moe_z_loss_coeff=0.001", "model.moe_router_topk=4"])
+    ignored = {k for w in ctx.warnings for k in w.keys}
+    assert {"moe.moe_token_dispatcher_type", "moe.moe_z_loss_coeff", "model.moe_router_topk"} <= ignored
 
 
 def test_moe_settings_on_a_dense_model_are_listed_as_ignored():

@@ -93,7 +93,8 @@ BACKEND_NAMES = {"megatron": ("torchtitan", "TorchTitan", "megatron-core 0.16.1"
                  "torchtitan": ("megatron", "megatron-core", "torchtitan 0.2.2")}
 
 
-def _default(section, k: str):
+def default_of(section, k: str):
+    """A group field's schema default."""
     f = type(section).__dataclass_fields__[k]
     return f.default_factory() if callable(f.default_factory) else f.default
 
@@ -119,7 +120,7 @@ def idle_settings(cfg, ctx=None) -> List[Any]:
             if holds(cfg):
                 continue
             set_ = {f"{group}.{k}": getattr(getattr(section, k), "value", getattr(section, k)) for k in fields
-                    if k not in theirs and getattr(section, k) != _default(section, k)}
+                    if k not in theirs and getattr(section, k) != default_of(section, k)}
             if set_:
                 out.append(ConfigIssue(list(set_), set_[next(iter(set_))] if len(set_) == 1 else set_,
                                        f"acts only with {need}: nothing would read it", fix,
@@ -143,7 +144,7 @@ def other_backend_issues(backend: str, cfg) -> List[Any]:
         group = feature.__name__.rsplit(".", 1)[1]
         section = getattr(cfg, group)
         for k in getattr(feature, f"{other}_only")(cfg):
-            value, default = getattr(section, k), _default(section, k)
+            value, default = getattr(section, k), default_of(section, k)
             if value != default:
                 shown = getattr(default, "value", default)
                 leave = "unset" if default is None else f"at its default ({shown!r})"

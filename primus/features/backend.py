@@ -64,3 +64,8 @@ def megatron_issues(cfg, ctx) -> list:
         out.append(ConfigIssue(["backend.layer_spec", "device"], "te", "Transformer Engine layers need a GPU",
                                "use backend.layer_spec=local on CPU"))
     return out
+
+
+def megatron_only(cfg) -> tuple:
+    # megatron-core's layer spec (TE or local modules); TorchTitan builds its own model classes
+    return ("layer_spec",)

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 from primus.config.errors import WARNING, ConfigIssue
 from primus.features import rule
-from primus.features.moe import LoadBalancing, ScoreFunction
+from primus.features.moe import ROUTER as MOE_ROUTER, LoadBalancing, ScoreFunction
 
 
 class RopeType(str, Enum):
@@ -88,6 +88,9 @@ class ModelConfig:
 # behind (`model=deepseek_v2_lite model.rope_type=rope` keeps the preset's YaRN factors) is harmless: warned, as
 # MoE settings on a dense model are, and listed in result.json's ignored_settings.
 ACTS_ONLY_WITH = (
+    (("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_first_k_dense")
+     + MOE_ROUTER, "experts (model.num_experts)", lambda c: bool(c.model.num_experts),
+     "drop them, or choose a MoE model (e.g. model=debug_moe)", WARNING),
     (("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"),
      "multi-latent attention (model.multi_latent_attention=true)", lambda c: c.model.multi_latent_attention,
      "drop them, or use an MLA model (e.g. model=deepseek_v2_lite)", WARNING),
@@ -372,6 +375,11 @@ def torchtitan(cfg, ctx) -> Dict[str, Any]:
 
     flavor = flavors.build_flavor(cfg)
     return {"model": {"name": flavor.spec, "flavor": flavor.name}, FLAVOR_KEY: flavor.args}
+
+
+def megatron_only(cfg) -> tuple:
+    # megatron's fused-kernel switches: TorchTitan's models run their own RoPE, SwiGLU and loss (compiled)
+    return ("cross_entropy_fusion_impl", "apply_rope_fusion", "bias_activation_fusion")
 
 
 def torchtitan_issues(cfg, ctx) -> List[ConfigIssue]:

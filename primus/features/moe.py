@@ -6,13 +6,14 @@ the model's flavor (primus/backends/torchtitan/flavors.py).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 import importlib.util
 from typing import Any, Dict, List, Optional
 
 from primus.config.errors import ConfigIssue, warning
-from primus.features import rule
+from primus.features import default_of, rule
 
 
 class TokenDispatcher(str, Enum):
@@ -67,8 +68,6 @@ def router(cfg, name: str):
 
 
 # ------------------------------------------------------------------------------------------- rules
-MOE_FLAGS = ("moe_permute_fusion", "moe_grouped_gemm", "overlap_moe_expert_parallel_comm", "moe_router_dtype",
-             "moe_router_force_load_balancing", "moe_shared_expert_overlap")
 
 
 @rule
@@ -96,7 +95,8 @@ def moe_settings_on_dense_model(cfg, ctx):
             out.append(ConfigIssue(["model.moe_router_topk"], cfg.model.moe_router_topk,
                                    f"must be in 1..num_experts ({cfg.model.num_experts})", "lower top-k"))
         return out
-    on = [f"moe.{f}" for f in MOE_FLAGS if getattr(cfg.moe, f)]
+    on = [f"moe.{f.name}" for f in dataclasses.fields(MoEConfig)
+          if getattr(cfg.moe, f.name) != default_of(cfg.moe, f.name)]
     # the MoE-only turbo flags; DeepEP's own rule (turbo.turbo_deepep) names it together with its dispatcher
     on += [f"turbo.{f}" for f in flags(moe_only=True) if f != "use_turbo_deepep" and getattr(cfg.turbo, f)]
     if on:
@@ -162,9 +162,18 @@ def megatron(cfg, ctx) -> Dict[str, Any]:
 
 
 def megatron_only(cfg) -> tuple:
-    """moe.* fields only megatron reads: TorchTitan 0.2.2's MoE routes in the model's dtype and has no shared-expert
-    overlap."""
-    return ("moe_router_dtype", "moe_shared_expert_overlap")
+    """moe.* fields only megatron reads: TorchTitan 0.2.2's MoE routes in the model's dtype, has no shared-expert
+    overlap, and dispatches tokens its own way (its expert-parallel all-to-all)."""
+    return ("moe_router_dtype", "moe_shared_expert_overlap", "moe_token_dispatcher_type")
+
+
+def torchtitan_issues(cfg, ctx) -> List[ConfigIssue]:
+    if cfg.moe.moe_permute_fusion and cfg.model.num_experts:
+        # what the flag asks for is how TorchTitan works anyway (moe=optimized's grouped GEMM does map there)
+        return [warning(["moe.moe_permute_fusion"], True, "torchtitan 0.2.2's MoE always reorders tokens by expert "
+                        "its own way (a sort and gather, no fused-permute switch): nothing to turn on",
+                        "drop it, or use backend=megatron")]
+    return []
 
 
 def torchtitan(cfg, ctx) -> dict:
