@@ -149,7 +149,8 @@ def test_settings_that_would_act_on_nothing_are_listed_with_what_they_need(tmp_p
         "fp8": None, "fp8_recipe": "delayed", "fp8_margin": 1, "loss_scale": 1024.0, "hysteresis": 3,
         "optimizer_offload_fraction": 0.5, "overlap_cpu_optimizer_d2h_h2d": True, "overlap_p2p_comm": True,
         "async_tensor_model_parallel_allreduce": True, "recompute_modules": ["mlp"], "fp4_recipe": "mxfp4",
-        "num_layers_at_start_in_bf16": 2, "data_parallel_replicate_degree": 2})
+        "num_layers_at_start_in_bf16": 2, "data_parallel_replicate_degree": 2, "cross_entropy_loss_fusion": False,
+        "cross_entropy_fusion_impl": "te"})
     assert not [k for k in imp.sets if k.startswith(("precision.fp8_", "precision.loss", "precision.hyst",
                                                      "precision.fp4_", "precision.num_layers", "recompute.",
                                                      "memory.optimizer", "memory.overlap", "overlap.overlap_p2p",
@@ -162,6 +163,8 @@ def test_settings_that_would_act_on_nothing_are_listed_with_what_they_need(tmp_p
         "async_tensor_model_parallel_allreduce"]
     assert "selective" in reasons["recompute_modules"] and "fp4 is off" in reasons["fp4_recipe"]
     assert "first_last_layers_bf16" in reasons["num_layers_at_start_in_bf16"]
+    assert "model.cross_entropy_fusion_impl" not in imp.sets and "loss_fusion is off" in reasons[
+        "cross_entropy_fusion_impl"]
     assert reasons["data_parallel_replicate_degree"].startswith("not importable: Megatron-FSDP's 2 replicas")
     with_fp8 = _import_with(tmp_path, "llama2_7b.yaml", {"fp8_recipe": "delayed", "fp8_margin": 1})
     assert with_fp8.sets["precision.fp8_recipe"] == "delayed" and with_fp8.sets["precision.fp8_margin"] == 1

@@ -388,6 +388,9 @@ def test_architecture_fields_a_switch_leaves_behind_are_warned_not_refused():
     assert w.severity == "warning" and "model.rotary_scaling_factor" in w.keys and "rope_type=yarn" in w.rule
     (w,) = idle_settings(check(["model.kv_lora_rank=64"]))
     assert w.keys == ["model.kv_lora_rank"] and "multi_latent_attention=true" in w.rule
+    # the loss A/B of docs/benchmarks.md: the fusion off on a preset that names its kernel
+    (w,) = idle_settings(check(["experiment=llama3_2_1b_megatron_bf16", "model.cross_entropy_loss_fusion=false"]))
+    assert w.keys == ["model.cross_entropy_fusion_impl"] and w.severity == "warning"
 
 
 def test_the_other_backend_s_fields_are_named_once():

@@ -94,6 +94,9 @@ ACTS_ONLY_WITH = (
     (("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"),
      "multi-latent attention (model.multi_latent_attention=true)", lambda c: c.model.multi_latent_attention,
      "drop them, or use an MLA model (e.g. model=deepseek_v2_lite)", WARNING),
+    # an A/B that turns the fusion off on a preset naming its kernel leaves the kernel's name behind
+    (("cross_entropy_fusion_impl",), "the fused cross entropy (model.cross_entropy_loss_fusion=true)",
+     lambda c: c.model.cross_entropy_loss_fusion, "drop it, or set model.cross_entropy_loss_fusion=true", WARNING),
     (("rotary_scaling_factor", "original_max_position_embeddings", "mscale", "mscale_all_dim"),
      "YaRN RoPE scaling (model.rope_type=yarn)", lambda c: c.model.rope_type == RopeType.yarn,
      "drop them, or set model.rope_type=yarn (multi-latent attention)", WARNING),

@@ -333,7 +333,9 @@ MEGATRON: Dict[str, Entry] = {
     "spec": No(NO_EQUIV + ": backend.layer_spec picks the TE or the local layer spec"),
     # loss and fusions
     "cross_entropy_loss_fusion": "model.cross_entropy_loss_fusion",
-    "cross_entropy_fusion_impl": "model.cross_entropy_fusion_impl",
+    "cross_entropy_fusion_impl": Map(lambda v, m: {"model.cross_entropy_fusion_impl": v}
+                                     if m.get("cross_entropy_loss_fusion") else {},
+                                     "no effect: cross_entropy_loss_fusion is off"),
     "apply_rope_fusion": "model.apply_rope_fusion",
     "bias_swiglu_fusion": "model.bias_activation_fusion",
     "masked_softmax_fusion": No(NO_EQUIV + ": causal attention runs in flash/SDPA kernels, not a masked softmax"),
