@@ -177,9 +177,9 @@ def test_a_key_the_table_lacks_but_a_setting_here_shares_is_pointed_at(tmp_path)
 
 
 def test_no_table_entry_calls_a_key_with_a_namesake_here_missing():
-    from primus.importer.core import schema_keys
+    from primus.config.keys import schema_leaves
 
-    leaves = {k.rsplit(".", 1)[-1] for k in schema_keys()}
+    leaves = {k.rsplit(".", 1)[-1] for k in schema_leaves()}
     other_meaning = {"stage": "Primus's trainer variant, not the GEMM tuning stage",
                      "checkpoint.interval": "TorchTitan's, taken with checkpoint.enable"}
     said_missing = [f"{name}: {key}" for name, table in K.TABLES.items() for key, e in table.items()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import typing
 from typing import Any, Dict, List, Optional
 
@@ -43,6 +44,23 @@ def _dotted(tree: Dict[str, Any], prefix: str = "") -> List[str]:
         if isinstance(sub, dict):
             out += _dotted(sub, key + ".")
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def schema_leaves(cls=None) -> tuple:
+    """Every dotted leaf key of the schema (a free-form mapping counts as a leaf)."""
+    if cls is None:
+        from primus.config.schema import PrimusConfig
+
+        cls = PrimusConfig
+    tree = schema_tree(cls)
+    return tuple(k for k in _dotted(tree) if not isinstance(_subtree(tree, k), dict))
+
+
+def _subtree(tree: Dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        tree = tree[part]
+    return tree
 
 
 def _suggest(key: str, here: List[str], everywhere: List[str]) -> Optional[str]:

@@ -100,22 +100,12 @@ def missing_in_schema(targets) -> List[str]:
     return sorted(t for t in set(targets) if _schema_field(t) is None)
 
 
-def schema_keys(cls: Any = None, prefix: str = "") -> List[str]:
-    """Every dotted leaf key of the schema."""
-    from primus.config.schema import PrimusConfig
-
-    cls = cls or PrimusConfig
-    out: List[str] = []
-    for name, tp in typing.get_type_hints(cls).items():
-        inner = next((a for a in getattr(tp, "__args__", ()) if a is not type(None)), tp) if _optional(tp) else tp
-        out += schema_keys(inner, f"{prefix}{name}.") if dataclasses.is_dataclass(inner) else [prefix + name]
-    return out
-
-
 def unmapped_reason(key: str) -> str:
     """Why a Primus key the table has no entry for is not imported. Where a key here has the same name (the guide's
     names are kept), saying "no equivalent" would be wrong: the user is pointed at it instead."""
-    same = [k for k in schema_keys() if k.rsplit(".", 1)[-1] == key]
+    from primus.config.keys import schema_leaves
+
+    same = [k for k in schema_leaves() if k.rsplit(".", 1)[-1] == key]
     if same:
         return (f"not imported: the importer has no entry for it, though {' / '.join(same)} here has the same name; "
                 f"if it means the same, set it by hand ({same[0]}=...)")
