@@ -525,3 +525,39 @@ def test_plan_cli_answers_help_and_names_an_unknown_option(capsys):
     assert main(["--picks", "model=debug"]) == 2  # a misspelt option, not Hydra's parse error
     err = capsys.readouterr().err
     assert "--picks: not an option" in err and "--pick and --help" in err
+
+
+# tokens/s the presets measured on one H200 (docs/benchmarks.md), against the planner's default estimate there
+MEASURED_ON_H200 = [
+    ("llama2_7b_megatron_fp8_gbs256", 19_872),  # 32 layers, global batch 256, 92.6% MFU
+    ("llama3_8b_megatron_bf16_seq16k", 7_334),  # full recompute, 52.5%
+    ("llama3_2_1b_megatron_bf16", 65_426),
+    ("llama3_2_1b_megatron_fp8", 84_443),
+    ("llama3_2_1b_torchtitan_bf16", 59_241),
+    ("mixtral_small_moe_fp8", 93_670),
+]
+
+
+@pytest.mark.parametrize("preset,measured", MEASURED_ON_H200)
+def test_default_throughput_estimate_is_within_15pct_of_what_the_preset_measured(preset, measured):
+    t = plan(compose_cfg([f"experiment={preset}", "plan.gpu=H200"]), GPU_CTX, advise=False).throughput
+    assert t.tokens_per_s == pytest.approx(measured, rel=0.15), (t.assumed_mfu, t.mfu_source)
+    assert t.mfu_source.startswith("measured for megatron" if "megatron" in preset or "moe" in preset
+                                   else "measured for torchtitan")
+
+
+def test_the_measured_mfu_follows_precision_moe_and_recompute_and_a_setting_wins():
+    from primus.plan.memory import MEASURED_MFU, RECOMPUTE_MFU, measured_mfu
+
+    def mfu(*ov):
+        return measured_mfu(compose_cfg(list(ov) + ["plan.gpu=H200"]))
+
+    assert mfu("model=llama3_8b")[0] == MEASURED_MFU[("megatron", False, False)]
+    assert mfu("model=llama3_8b", "precision=fp8")[0] == MEASURED_MFU[("megatron", True, False)]
+    assert mfu("model=llama3_8b", "recompute=full")[0] == pytest.approx(
+        MEASURED_MFU[("megatron", False, False)] * RECOMPUTE_MFU["full"])
+    assert mfu("model=debug_moe")[0] == MEASURED_MFU[("megatron", False, True)]
+    assert mfu("backend=torchtitan", "model=llama3_8b")[0] == MEASURED_MFU[("torchtitan", False, False)]
+    assert mfu("model=llama3_8b", "precision=fp8", "plan.assumed_mfu=0.3") == (0.3, "plan.assumed_mfu")
+    text = plan(compose_cfg(["model=llama3_8b", "plan.gpu=H200"]), GPU_CTX, advise=False).text
+    assert "(measured for megatron, bf16, dense; plan.assumed_mfu sets another)" in text

@@ -14,7 +14,9 @@ from primus.features import rule
 class PlanConfig:
     gpu: str = "auto"  # target GPU for the estimate: auto (this machine's, else H200), H100, H200, MI300X, MI325X, MI355X
     gpu_memory_gb: Optional[float] = None  # override the target's memory (GB)
-    assumed_mfu: float = 0.45  # MFU used to turn FLOPs into step time and tokens/s
+    # MFU that turns FLOPs into step time and tokens/s; null: what the presets measured for this backend, precision,
+    # dense or MoE, and recompute (primus.plan.memory.MEASURED_MFU)
+    assumed_mfu: Optional[float] = None
     enforce: bool = True  # refuse to start a run the estimate says cannot fit
 
 
@@ -29,9 +31,9 @@ def plan_values(cfg, ctx):
     elif p.gpu_memory_gb is None and p.gpu and p.gpu.lower() != "auto" and lookup(p.gpu) is None:
         out.append(ConfigIssue(["plan.gpu"], p.gpu, f"not a GPU the planner knows ({', '.join(KNOWN)})",
                                "use one of those or auto, or give the size: plan.gpu_memory_gb=<GiB>"))
-    if not 0 < p.assumed_mfu <= 1:
+    if p.assumed_mfu is not None and not 0 < p.assumed_mfu <= 1:
         out.append(ConfigIssue(["plan.assumed_mfu"], p.assumed_mfu, "an MFU is a fraction in (0, 1]",
-                               "e.g. plan.assumed_mfu=0.45"))
+                               "e.g. plan.assumed_mfu=0.45, or null for the measured figure"))
     return out
 
 

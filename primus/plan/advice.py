@@ -243,7 +243,8 @@ def _set_offload(cfg, frac: float) -> List[str]:
 #    H200 machine's 16 cores (3.37 B in 0.95 s; 3.9-4.7 G/s on an H100 machine's; 6.74 B in 1.40-1.90 s, 3.5-4.8
 #    G/s, at Llama-2-7B's full depth on an H200), each rank assumed to have such a share of its host. The GPU share
 #    reads and writes about 28 bytes a parameter (fp32 param, grad, two moments; the bf16 copy).
-#  - With pipeline parallelism, 1F1B's bubble: (pp - 1) / (vp x micro batches) of the compute, at plan.assumed_mfu.
+#  - With pipeline parallelism, 1F1B's bubble: (pp - 1) / (vp x micro batches) of the compute, at the throughput
+#    estimate's MFU.
 #  - Each micro batch's own cost beyond its FLOPs, MICRO_BATCH_LAYER_S a layer: the GEMMs of a smaller micro batch
 #    run less efficiently, and every pass has its fixed launches. Calibrated on row 4 (docs/benchmarks.md: Llama-2-7B's
 #    16 fp8 layers on an H100, global batch 256): beyond the adds, micro batch 1 -> 2 -> 4 took 0.49 s and 0.62 s a
@@ -261,7 +262,7 @@ def _set_offload(cfg, frac: float) -> List[str]:
 # with the fusion it puts micro batch 2 with all of Adam offloaded 0.86 s ahead of micro batch 1 with half (measured
 # 0.76 s, 1.027x).
 # The pick leaves the order's first fit for the model's best only when the model puts it at least MODEL_GAIN of the
-# step (plan.assumed_mfu) ahead: below that the model's error is larger than the gain.
+# step (at the throughput estimate's MFU) ahead: below that the model's error is larger than the gain.
 MODEL_GAIN = 0.01
 ADD_BYTES = 10
 FUSED_ACCUM_BYTES = 3

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from primus.config.schema import Backend, PrimusConfig
 from primus.features.parallel import uneven
@@ -52,7 +52,7 @@ class PlanSettings:
     """The `plan.*` group (owned by the schema); read through `plan_settings` so this module works without it."""
     gpu: Optional[str] = None  # H100 | H200 | MI300X | MI325X | MI355X; None / "auto" = detect, else H200
     gpu_memory_gb: Optional[float] = None  # explicit capacity in GiB (wins over gpu)
-    assumed_mfu: float = 0.45  # MFU used to turn FLOPs into step time and tokens/s
+    assumed_mfu: Optional[float] = None  # MFU that turns FLOPs into step time and tokens/s; None: measured_mfu()
     enforce: bool = True  # train.py refuses a config whose estimate does not fit
     reserve_gb: float = 1.0  # CUDA context + cuBLAS workspaces, not counted by the allocator
     fragmentation: float = 0.05  # caching-allocator slack on top of the peak allocated
@@ -635,6 +635,53 @@ def _notes(cfg: PrimusConfig, lay: Layout, hints: BackendHints) -> List[str]:
 # ------------------------------------------------------------------------------------------------ throughput
 
 
+# The MFU the throughput estimate assumes where plan.assumed_mfu is unset: what this project's presets measured on
+# H100 and H200 (docs/benchmarks.md; MFU on the bf16 peak, attention not causal-halved), by backend, whether the
+# linears run fp8 (or fp4), and dense or MoE. A flat guess under-stated the fp8 presets twice over (45% against the
+# Llama-2-7B fp8 preset's measured 92.6%). Measured on NVIDIA GPUs only: elsewhere the same figures are a guess.
+MEASURED_MFU = {
+    # megatron, dense: bf16 59.7-60.4% (Llama-3.2-1B, H200), 61.5-64.2% (16 of Llama-2-7B's layers, 8 of
+    # Llama-3.1-8B's, H100); fp8 77.0% (1B, H200), 84.9% (8 of 8B's layers, H100), 88.4-92.6% (7B: 16 layers,
+    # H100; 32 layers, H200)
+    ("megatron", False, False): 0.60,
+    ("megatron", True, False): 0.80,
+    # megatron, MoE (the routed experts' grouped GEMMs at a few hundred tokens an expert): bf16 48.8% (2 Mixtral
+    # layers, H200); fp8 linears 48.0-49.7% with bf16 routed experts (4 of Qwen3-30B-A3B's layers, 5 of
+    # DeepSeek-V2-Lite's, H100), 56.1% with fp8 experts (2 Mixtral layers, H200)
+    ("megatron", False, True): 0.48,
+    ("megatron", True, True): 0.50,
+    # torchtitan, dense (the project's settings): bf16 54.0%, fp8 67.1-68.5% (1B, H200)
+    ("torchtitan", False, False): 0.54,
+    ("torchtitan", True, False): 0.67,
+    # torchtitan, MoE: stock TorchTitan's at the DeepSeek-V2-Lite and Qwen3-30B-A3B shapes, 21.9-28.3% (H100)
+    ("torchtitan", False, True): 0.25,
+    ("torchtitan", True, True): 0.25,
+}
+# MFU counts the model's FLOPs, not the recomputed forward: against no recompute, full recompute ran 0.78x (the
+# Llama-3.1-8B shape at seq 16384, 8 layers, H100) and 0.88x at 4x the micro batch (16 of Llama-2-7B's fp8 layers,
+# H100); selective recompute 0.95x (the latter).
+RECOMPUTE_MFU = {"full": 0.80, "selective": 0.95, "none": 1.0}
+
+
+def measured_mfu(cfg: PrimusConfig) -> Tuple[float, str]:
+    """(MFU, where it comes from): plan.assumed_mfu, else MEASURED_MFU for this backend, precision and model kind
+    times RECOMPUTE_MFU for its recompute."""
+    from primus.features.recompute import ac_mode
+
+    given = plan_settings(cfg).assumed_mfu
+    if given is not None:
+        return given, "plan.assumed_mfu"
+    p = cfg.precision
+    low = p.fp8 is not None or p.fp4 is not None
+    moe = num_moe_layers(cfg.model) > 0
+    backend = cfg.backend.name.value
+    recompute = ac_mode(cfg.recompute)
+    what = f"{backend}, {'fp8' if low else 'bf16'}, {'MoE' if moe else 'dense'}" + (
+        f", {recompute} recompute" if recompute != "none" else "")
+    mfu = MEASURED_MFU[(backend, low, moe)] * RECOMPUTE_MFU.get(recompute, 1.0)
+    return mfu, f"measured for {what}; plan.assumed_mfu sets another"
+
+
 @dataclass
 class Throughput:
     flops_per_token: float  # training FLOPs (fwd + bwd) per token, primus.metrics.flops
@@ -642,7 +689,8 @@ class Throughput:
     flops_per_step: float  # whole job
     flops_per_gpu_step: float
     peak_tflops: Optional[float]  # bf16 dense peak of the target GPU
-    assumed_mfu: float
+    assumed_mfu: float  # plan.assumed_mfu or measured_mfu's
+    mfu_source: str  # where assumed_mfu comes from
     step_time_s: Optional[float]
     tokens_per_s: Optional[float]  # whole job
     tokens_per_s_per_gpu: Optional[float]
@@ -654,7 +702,7 @@ def estimate_throughput(cfg: PrimusConfig, gpu: Gpu, world: Optional[int] = None
     from primus.features.training import global_batch
 
     lay = layout_of(cfg, world)
-    mfu = plan_settings(cfg).assumed_mfu
+    mfu, source = measured_mfu(cfg)
     t = cfg.training
     fpt = flops_per_token(cfg.model, t.seq_length)
     tokens = global_batch(cfg, lay.world) * t.seq_length
@@ -665,5 +713,5 @@ def estimate_throughput(cfg: PrimusConfig, gpu: Gpu, world: Optional[int] = None
     if peak and mfu > 0:
         step = per_gpu / (mfu * peak * 1e12)
         tps = tokens / step
-        return Throughput(fpt, tokens, total, per_gpu, peak, mfu, step, tps, tps / lay.world)
-    return Throughput(fpt, tokens, total, per_gpu, peak, mfu, None, None, None)
+        return Throughput(fpt, tokens, total, per_gpu, peak, mfu, source, step, tps, tps / lay.world)
+    return Throughput(fpt, tokens, total, per_gpu, peak, mfu, source, None, None, None)

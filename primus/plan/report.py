@@ -47,8 +47,8 @@ def format_plan(title: str, lay: Layout, bd: MemoryBreakdown, tp: Throughput, va
     L.append(f"    FLOPs per token {tp.flops_per_token:.4g}; per step {tp.flops_per_step:.4g} "
              f"({tp.tokens_per_step} tokens), per GPU {tp.flops_per_gpu_step:.4g}")
     if tp.step_time_s is not None:
-        L.append(f"    at {100 * tp.assumed_mfu:.0f}% MFU of {tp.peak_tflops:g} TFLOP/s: step {tp.step_time_s:.3f} s, "
-                 f"{tp.tokens_per_s:,.0f} tokens/s ({tp.tokens_per_s_per_gpu:,.0f} per GPU)")
+        L.append(f"    at {100 * tp.assumed_mfu:.0f}% MFU of {tp.peak_tflops:g} TFLOP/s ({tp.mfu_source}): step "
+                 f"{tp.step_time_s:.3f} s, {tp.tokens_per_s:,.0f} tokens/s ({tp.tokens_per_s_per_gpu:,.0f} per GPU)")
     else:
         L.append("    no bf16 peak known for this GPU: step time not estimated")
     if bd.fits:
