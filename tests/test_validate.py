@@ -393,6 +393,19 @@ def test_architecture_fields_a_switch_leaves_behind_are_warned_not_refused():
     assert w.keys == ["model.cross_entropy_fusion_impl"] and w.severity == "warning"
 
 
+@pytest.mark.parametrize("overrides,keys,under", [
+    (["training.eval_iters=20"], ["training.eval_iters"], "eval_interval > 0"),
+    (["training.optimizer=sgd", "training.adam_beta2=0.99"], ["training.adam_beta2"], "an Adam optimizer"),
+    (["training.lr_decay_style=constant", "training.min_lr=0.0"], ["training.min_lr"], "a decaying learning rate"),
+])
+def test_training_settings_their_switch_leaves_idle_are_warned(overrides, keys, under):
+    from primus.features import idle_settings
+
+    (w,) = idle_settings(check(overrides))
+    assert w.severity == "warning" and w.keys == keys and under in w.rule and "nothing would read it" in w.rule
+    assert idle_settings(check(["training.eval_interval=5", "training.eval_iters=20"])) == []
+
+
 def test_the_other_backend_s_fields_are_named_once():
     from conftest import compose_dict
     from primus.run import checked

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import List, Optional, Tuple
 
-from primus.config.errors import ConfigIssue, note, warning
+from primus.config.errors import WARNING, ConfigIssue, note, warning
 from primus.features import rule, unmet
 
 
@@ -67,6 +67,19 @@ class TrainingConfig:
     # apex's fused_weight_gradient_mlp_cuda, or without apex the workaround megatron.local.grad_accum_fusion)
     gradient_accumulation_fusion: bool = False
 
+
+# Fields that act only under another setting (primus.features.idle_settings): warned (a training group's leftover,
+# e.g. `training.lr_decay_style=constant` on a preset that sets min_lr, is harmless) and listed in result.json's
+# ignored_settings
+ACTS_ONLY_WITH = (
+    (("eval_iters",), "evaluation (training.eval_interval > 0)", lambda c: c.training.eval_interval > 0,
+     "set training.eval_interval > 0 to evaluate, or drop it", WARNING),
+    (("adam_beta1", "adam_beta2", "adam_eps"), "an Adam optimizer (training.optimizer=adam or adamw)",
+     lambda c: c.training.optimizer != Optimizer.sgd, "drop them, or use training.optimizer=adamw", WARNING),
+    (("min_lr", "lr_decay_iters"), "a decaying learning rate (training.lr_decay_style=linear or cosine)",
+     lambda c: c.training.lr_decay_style != LRDecay.constant, "drop them, or set training.lr_decay_style=cosine",
+     WARNING),
+)
 
 WARMUP_FRACTION = 0.05  # of train_iters, as Megatron-LM's --lr-warmup-fraction
 WARMUP_CAP = 2000  # the warm-up common in Megatron-LM pretraining configs (--lr-warmup-iters 2000)
