@@ -170,6 +170,30 @@ def test_settings_that_would_act_on_nothing_are_listed_with_what_they_need(tmp_p
     assert with_fp8.sets["precision.fp8_recipe"] == "delayed" and with_fp8.sets["precision.fp8_margin"] == 1
 
 
+def test_profiler_sink_evaluation_and_schedule_leftovers_are_listed_where_their_switch_is_off(tmp_path):
+    # Primus's module defaults set a profiler window and stack traces with the profiler off, and eval_iters 0 with
+    # an eval_interval: nothing Megatron-LM would read, so not imported (validation would warn them as idle)
+    off = {"profile": False, "profile_step_start": 5, "profile_step_end": 7, "torch_profiler_with_stack": True,
+           "profile_ranks": [0, 1], "disable_wandb": True, "wandb_project": "p", "eval_interval": 1000,
+           "eval_iters": 0, "optimizer": "sgd", "adam_beta2": 0.99, "lr_decay_style": "constant", "min_lr": 0.0}
+    imp = _import_with(tmp_path, "llama2_7b.yaml", off)
+    leftovers = ("profile.", "logging.wandb_project", "training.eval", "training.adam", "training.min_lr")
+    assert [k for k in imp.sets if k.startswith(leftovers)] == ["profile.enabled"], imp.sets
+    reasons = {i.key: i.reason for i in imp.listed}
+    assert reasons["torch_profiler_with_stack"] == K.PROFILE_OFF and "profile" in reasons["profile_step_start"]
+    assert "disable_wandb" in reasons["wandb_project"] and "evaluation is off" in reasons["eval_interval"]
+    assert "sgd" in reasons["adam_beta2"] and "constant" in reasons["min_lr"]
+    on = {**off, "profile": True, "disable_wandb": False, "eval_iters": 8, "optimizer": "adam",
+          "lr_decay_style": "cosine"}
+    imp = _import_with(tmp_path, "llama2_7b.yaml", on)
+    assert {k: imp.sets[k] for k in ("profile.start_step", "profile.steps", "profile.with_stack", "profile.ranks",
+                                     "logging.wandb_project", "training.eval_interval", "training.eval_iters",
+                                     "training.adam_beta2", "training.min_lr")} == {
+        "profile.start_step": 5, "profile.steps": 2, "profile.with_stack": True, "profile.ranks": [0, 1],
+        "logging.wandb_project": "p", "training.eval_interval": 1000, "training.eval_iters": 8,
+        "training.adam_beta2": 0.99, "training.min_lr": 0.0}
+
+
 def test_a_key_the_table_lacks_but_a_setting_here_shares_is_pointed_at(tmp_path):
     imp = _import_with(tmp_path, "llama2_7b.yaml", {"timing_warmup_steps": 3})
     reason = {i.key: i.reason for i in imp.listed}["timing_warmup_steps"]

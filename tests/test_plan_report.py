@@ -407,8 +407,9 @@ def test_pick_takes_the_cheapest_recompute_then_the_modelled_fastest_offload_and
 def test_the_picks_overrides_validate_on_the_config_they_came_from():
     """`--pick`'s overrides, appended to the command they were picked for, make a config train.py accepts. The
     long-sequence presets offload with overlapped transfers; at 8 layers on an H100 the pick keeps Adam on the GPU,
-    so it turns the overlap off too (the memory rules refuse it without offload: that pick ran as printed, 1.044x
-    the preset, docs/benchmarks.md row 3). An offloading pick turns it on, as the offloaded presets run."""
+    so it turns the overlap off too and puts the preset's share back to its default (the memory rules refuse either
+    without offload; that pick ran, without the share, 1.044x the preset, docs/benchmarks.md row 3). An offloading
+    pick turns the overlap on, as the offloaded presets run."""
     from primus.config.validate import validate
     from primus.context import RunContext
     from primus.plan.advice import pick
@@ -416,7 +417,8 @@ def test_the_picks_overrides_validate_on_the_config_they_came_from():
     h100, h200 = resolve_gpu("H100", None), resolve_gpu("H200", None)
     cases = ((["experiment=llama3_8b_megatron_bf16_seq32k", "model.num_layers=8", "training.global_batch_size=8"],
               h100, ["recompute=full", "memory.optimizer_cpu_offload=false",
-                     "memory.overlap_cpu_optimizer_d2h_h2d=false", "training.micro_batch_size=1"]),
+                     "memory.overlap_cpu_optimizer_d2h_h2d=false", "memory.optimizer_offload_fraction=1.0",
+                     "training.micro_batch_size=1"]),
              (["experiment=deepseek_v2_lite_megatron_fp8"], h200,
               ["recompute=none", "memory=offload", "memory.optimizer_offload_fraction=0.25",
                "memory.overlap_cpu_optimizer_d2h_h2d=true", "training.micro_batch_size=4"]),
@@ -427,6 +429,7 @@ def test_the_picks_overrides_validate_on_the_config_they_came_from():
         cfg = compose_cfg(command + v.overrides)
         validate(cfg, RunContext(device="cuda", world_size=1, planned=True))
         assert cfg.memory.overlap_cpu_optimizer_d2h_h2d == cfg.memory.optimizer_cpu_offload
+        assert cfg.memory.optimizer_cpu_offload or cfg.memory.optimizer_offload_fraction == 1.0
 
 
 def test_the_step_model_prices_the_moe_micro_batch_as_measured():

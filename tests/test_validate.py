@@ -217,7 +217,7 @@ def test_missing_data_path(tmp_path):
 
 
 def test_all_problems_reported_together():
-    msg = error_of(["precision=fp16", "precision.bf16=true", "memory.optimizer_offload_fraction=2"])
+    msg = error_of(["precision=fp16", "precision.bf16=true", "memory=offload", "memory.optimizer_offload_fraction=2"])
     assert "2 problems" in msg
 
 
@@ -366,6 +366,10 @@ IDLE = [
     (["precision=fp8", "precision.fp8_margin=1"], ["precision.fp8_margin = 1", "delayed fp8 recipe"],
      ["precision=fp8_delayed", "precision.fp8_margin=1"]),
     (["precision.fp4_recipe=mxfp4"], ["precision.fp4_recipe = 'mxfp4'", "fp4 on"], None),
+    (["memory.optimizer_offload_fraction=0.5"], ["memory.optimizer_offload_fraction = 0.5", "optimizer offload"],
+     ["memory=offload", "memory.optimizer_offload_fraction=0.5"]),
+    (["memory.overlap_cpu_optimizer_d2h_h2d=true"], ["memory.overlap_cpu_optimizer_d2h_h2d = True", "memory=offload"],
+     ["memory=offload", "memory.overlap_cpu_optimizer_d2h_h2d=true"]),
     (["precision=fp8", "precision.num_layers_at_end_in_bf16=2"],
      ["precision.num_layers_at_end_in_bf16 = 2", "first_last_layers_bf16=true"],
      ["precision=fp8", "precision.first_last_layers_bf16=true", "precision.num_layers_at_end_in_bf16=2"]),
@@ -397,13 +401,20 @@ def test_architecture_fields_a_switch_leaves_behind_are_warned_not_refused():
     (["training.eval_iters=20"], ["training.eval_iters"], "eval_interval > 0"),
     (["training.optimizer=sgd", "training.adam_beta2=0.99"], ["training.adam_beta2"], "an Adam optimizer"),
     (["training.lr_decay_style=constant", "training.min_lr=0.0"], ["training.min_lr"], "a decaying learning rate"),
+    (["profile.with_stack=true", "profile.steps=3"], ["profile.steps", "profile.with_stack"], "profile.enabled=true"),
+    (["profile.start_step=5"], ["profile.start_step"], "profile.memory_snapshot=true"),
+    (["profile.enabled=true", "profile.memory_snapshot_steps=4"], ["profile.memory_snapshot_steps"],
+     "profile.memory_snapshot=true"),
+    (["logging.wandb_project=mine"], ["logging.wandb_project"], "logging.wandb=true"),
 ])
-def test_training_settings_their_switch_leaves_idle_are_warned(overrides, keys, under):
+def test_leftovers_their_switch_leaves_idle_are_warned(overrides, keys, under):
+    """Training, profiler and sink settings whose switch is off: harmless, so warned and listed as ignored."""
     from primus.features import idle_settings
 
     (w,) = idle_settings(check(overrides))
     assert w.severity == "warning" and w.keys == keys and under in w.rule and "nothing would read it" in w.rule
     assert idle_settings(check(["training.eval_interval=5", "training.eval_iters=20"])) == []
+    assert idle_settings(check(["profile.enabled=true", "profile.start_step=5", "profile.with_stack=true"])) == []
 
 
 def test_the_other_backend_s_fields_are_named_once():

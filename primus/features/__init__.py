@@ -100,8 +100,8 @@ def default_of(section, k: str):
 
 
 def idle_settings(cfg, ctx=None) -> List[Any]:
-    """Every feature's `ACTS_ONLY_WITH` rows, (fields of its group, what they act under, holds(cfg), the fix[,
-    severity]): the row's fields set away from their schema defaults while it does not hold. Nothing would read
+    """Every feature's `ACTS_ONLY_WITH` rows, (fields of its group, or "group.field" of another group the module
+    owns, what they act under, holds(cfg), the fix[, severity]): the row's fields set away from their schema defaults while it does not hold. Nothing would read
     them, so each is an error, or a WARNING where a row says so (a model preset's architecture fields, which a
     switch such as rope_type=rope leaves behind). Fields that only the other backend reads are left to
     other_backend_issues, which names the backend instead."""
@@ -114,13 +114,16 @@ def idle_settings(cfg, ctx=None) -> List[Any]:
         if not rows:
             continue
         group = feature.__name__.rsplit(".", 1)[1]
-        section = getattr(cfg, group)
         theirs = set(getattr(feature, f"{other}_only", lambda c: ())(cfg))
         for fields, need, holds, fix, *severity in rows:
             if holds(cfg):
                 continue
-            set_ = {f"{group}.{k}": getattr(getattr(section, k), "value", getattr(section, k)) for k in fields
-                    if k not in theirs and getattr(section, k) != default_of(section, k)}
+            set_ = {}
+            for k in fields:  # a field of the module's group, or "group.field" of another group it owns
+                g, _, k = k.rpartition(".")
+                section = getattr(cfg, g or group)
+                if k not in theirs and getattr(section, k) != default_of(section, k):
+                    set_[f"{g or group}.{k}"] = getattr(getattr(section, k), "value", getattr(section, k))
             if set_:
                 out.append(ConfigIssue(list(set_), set_[next(iter(set_))] if len(set_) == 1 else set_,
                                        f"acts only with {need}: nothing would read it", fix,

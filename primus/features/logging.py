@@ -10,7 +10,7 @@ from enum import Enum
 from typing import List, Tuple
 
 
-from primus.config.errors import ConfigIssue
+from primus.config.errors import WARNING, ConfigIssue
 from primus.features import rule
 
 
@@ -44,6 +44,22 @@ class ProfileConfig:
     top_kernels: int = 15  # rows of the printed kernel table
     memory_snapshot: bool = False  # CUDA allocator history -> memory_snapshot.pickle (pytorch.org/memory_viz)
     memory_snapshot_steps: int = 2  # steps recorded from start_step
+
+
+# Fields that act only under another setting (primus.features.idle_settings): warned, as a window or a project name
+# left behind by switching the profiler or the sink off is harmless, and listed in result.json's ignored_settings
+ACTS_ONLY_WITH = (
+    (("profile.start_step", "profile.ranks"), "the profiler or the memory snapshot (profile.enabled=true or "
+     "profile.memory_snapshot=true)", lambda c: c.profile.enabled or c.profile.memory_snapshot,
+     "set profile.enabled=true, or drop them", WARNING),
+    (("profile.steps", "profile.record_shapes", "profile.with_stack", "profile.top_kernels"),
+     "the profiler (profile.enabled=true)", lambda c: c.profile.enabled, "set profile.enabled=true, or drop them",
+     WARNING),
+    (("profile.memory_snapshot_steps",), "the memory snapshot (profile.memory_snapshot=true)",
+     lambda c: c.profile.memory_snapshot, "set profile.memory_snapshot=true, or drop it", WARNING),
+    (("wandb_project",), "the Weights & Biases sink (logging.wandb=true)", lambda c: c.logging.wandb,
+     "set logging.wandb=true, or drop it", WARNING),
+)
 
 
 @rule

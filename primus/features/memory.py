@@ -21,16 +21,21 @@ class MemoryConfig:
     enable_cpu_offload: bool = False  # TorchTitan training.enable_cpu_offload (FSDP CPU offload)
 
 
+# Fields that act only under another setting (primus.features.idle_settings): the offloaded share and the overlap of
+# its transfers, without offload, would be dropped: refused
+ACTS_ONLY_WITH = (
+    (("optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d"),
+     "optimizer offload (memory.optimizer_cpu_offload=true)", lambda c: c.memory.optimizer_cpu_offload,
+     "use memory=offload with them (it sets optimizer_cpu_offload=true), or drop them"),
+)
+
+
 @rule
 def memory_values(cfg, ctx):
     mem, out = cfg.memory, []
     if not 0.0 <= mem.optimizer_offload_fraction <= 1.0:
         out.append(ConfigIssue(["memory.optimizer_offload_fraction"], mem.optimizer_offload_fraction,
                                "a fraction: must be in [0, 1]", "use e.g. 1.0 (all) or 0.5"))
-    if mem.overlap_cpu_optimizer_d2h_h2d and not mem.optimizer_cpu_offload:
-        out.append(ConfigIssue(["memory.overlap_cpu_optimizer_d2h_h2d", "memory.optimizer_cpu_offload"], True,
-                               "overlaps the offloaded optimizer's transfers: without optimizer_cpu_offload there "
-                               "are none", "use memory=offload with it, or drop it"))
     if mem.empty_unused_memory_level not in (0, 1, 2):
         out.append(ConfigIssue(["memory.empty_unused_memory_level"], mem.empty_unused_memory_level,
                                "must be 0, 1 or 2", "use 0 (default)"))

@@ -108,6 +108,7 @@ def _raise(why: str):
 
 
 OFFLOAD_OFF = "no effect: optimizer_cpu_offload is off"
+PROFILE_OFF = "no effect: profile is off"
 FP8_OFF = "no effect: fp8 is off"
 
 
@@ -143,7 +144,34 @@ def _no_dropout(v, m):
 
 def _profile_steps(v, m):
     start, end = m.get("profile_step_start"), m.get("profile_step_end")
-    return {"profile.start_step": start, "profile.steps": max(1, end - start)} if start is not None and end else {}
+    if start is None or not end or not (m.get("profile") or m.get("record_memory_history")):
+        return {}
+    return {"profile.start_step": start, "profile.steps": max(1, end - start)}
+
+
+# Settings that act only under another (the schema's ACTS_ONLY_WITH rows): Primus's module defaults carry them for
+# every run, so each is imported where it acts and listed ("no effect: ...") where Megatron would ignore it.
+def _when(key: str, on: Callable[[Any, Dict[str, Any]], bool], idle: str) -> Map:
+    return Map(lambda v, m: {key: v} if v is not None and on(v, m) else {}, idle)
+
+
+def _profiling(key: str) -> Map:
+    return _when(key, lambda v, m: bool(m.get("profile")), PROFILE_OFF)
+
+
+def _evaluating(key: str) -> Map:
+    # Megatron-LM evaluates every eval_interval steps for eval_iters batches: either 0 (or null) turns it off
+    return _when(key, lambda v, m: bool(m.get("eval_interval")) and bool(m.get("eval_iters")),
+                 "no effect: evaluation is off (eval_interval or eval_iters is 0)")
+
+
+def _adam(key: str) -> Map:
+    return _when(key, lambda v, m: m.get("optimizer", "adam") != "sgd", "no effect: the optimizer is sgd")
+
+
+def _decaying(key: str) -> Map:
+    return _when(key, lambda v, m: m.get("lr_decay_style", "linear") != "constant",
+                 "no effect: lr_decay_style is constant")
 
 
 def _tt_ac(v, m):
@@ -162,21 +190,21 @@ MEGATRON: Dict[str, Entry] = {
     "global_batch_size": "training.global_batch_size",
     "seq_length": "training.seq_length",
     "lr": "training.lr",
-    "min_lr": "training.min_lr",
+    "min_lr": _decaying("training.min_lr"),
     "lr_warmup_iters": "training.lr_warmup_iters",
-    "lr_decay_iters": "training.lr_decay_iters",
+    "lr_decay_iters": _decaying("training.lr_decay_iters"),
     "lr_decay_style": "training.lr_decay_style",
     "weight_decay": "training.weight_decay",
-    "adam_beta1": "training.adam_beta1",
-    "adam_beta2": "training.adam_beta2",
-    "adam_eps": "training.adam_eps",
+    "adam_beta1": _adam("training.adam_beta1"),
+    "adam_beta2": _adam("training.adam_beta2"),
+    "adam_eps": _adam("training.adam_eps"),
     "clip_grad": "training.clip_grad",
     "init_method_std": "training.init_method_std",
     "seed": "training.seed",
     "optimizer": "training.optimizer",
     "log_interval": "training.log_interval",
-    "eval_iters": "training.eval_iters",
-    "eval_interval": "training.eval_interval",
+    "eval_iters": _evaluating("training.eval_iters"),
+    "eval_interval": _evaluating("training.eval_interval"),
     "gradient_accumulation_fusion": "training.gradient_accumulation_fusion",
     "PRIMUS_DETERMINISTIC": Map(lambda v, m: {"training.deterministic": bool(v)}),
     # data
@@ -403,7 +431,8 @@ MEGATRON: Dict[str, Entry] = {
     "dist_ckpt_strictness": No(NO_EQUIV + ": a checkpoint must match the model exactly"),
     "exit_on_missing_checkpoint": No(NO_EQUIV + ": a resume path that does not exist is an error before start"),
     # logging and profiling
-    "wandb_project": "logging.wandb_project",
+    "wandb_project": _when("logging.wandb_project", lambda v, m: not m.get("disable_wandb", False),
+                           "no effect: disable_wandb is true"),
     "disable_wandb": _not("logging.wandb"),
     "disable_tensorboard": _not("logging.tensorboard"),
     "tensorboard_dir": No("TensorBoard writes to <run dir>/tensorboard"),
@@ -422,14 +451,15 @@ MEGATRON: Dict[str, Entry] = {
     "nvtx_ranges": No(LOG_ONLY),
     "profile": "profile.enabled",
     "use_pytorch_profiler": No("profile.enabled uses torch.profiler"),
-    "profile_step_start": Map(_profile_steps),
-    "profile_step_end": Map(_profile_steps),
-    "profile_ranks": "profile.ranks",
-    "record_shapes": "profile.record_shapes",
-    "torch_profiler_record_shapes": "profile.record_shapes",
-    "torch_profiler_with_stack": "profile.with_stack",
-    "pytorch_profiler_collect_shapes": "profile.record_shapes",
-    "pytorch_profiler_collect_callstack": "profile.with_stack",
+    "profile_step_start": Map(_profile_steps, "no effect: profile and record_memory_history are off"),
+    "profile_step_end": Map(_profile_steps, "no effect: profile and record_memory_history are off"),
+    "profile_ranks": _when("profile.ranks", lambda v, m: bool(m.get("profile") or m.get("record_memory_history")),
+                           "no effect: profile and record_memory_history are off"),
+    "record_shapes": _profiling("profile.record_shapes"),
+    "torch_profiler_record_shapes": _profiling("profile.record_shapes"),
+    "torch_profiler_with_stack": _profiling("profile.with_stack"),
+    "pytorch_profiler_collect_shapes": _profiling("profile.record_shapes"),
+    "pytorch_profiler_collect_callstack": _profiling("profile.with_stack"),
     "pytorch_profiler_collect_chakra": No(NO_EQUIV + ": no Chakra execution traces"),
     "torch_profiler_use_gzip": No(NO_EQUIV + ": traces are written uncompressed"),
     "disable_profiler_activity_cpu": No(NO_EQUIV + ": traces record CPU and GPU activity"),

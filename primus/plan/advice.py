@@ -212,13 +212,20 @@ OFFLOAD_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 def _set_offload(cfg, frac: float) -> List[str]:
     """The overrides for an Adam offload share, applied to cfg. An offloaded share comes with its transfers
     overlapped with the CPU step, as every offloaded preset runs it (the host Adam's price below is measured so);
-    none turns that overlap off too where the config had it on, which the memory rules refuse without offload."""
+    none turns that overlap off too where the config had it on, and puts a share the config set back to its default:
+    the memory rules refuse either without offload."""
+    from primus.features import default_of
+
     m = cfg.memory
     if frac == 0.0:
         ov = ["memory.optimizer_cpu_offload=false"]
         if m.overlap_cpu_optimizer_d2h_h2d:
             ov.append("memory.overlap_cpu_optimizer_d2h_h2d=false")
+        share = default_of(m, "optimizer_offload_fraction")
+        if m.optimizer_offload_fraction != share:
+            ov.append(f"memory.optimizer_offload_fraction={share}")
         m.optimizer_cpu_offload = m.overlap_cpu_optimizer_d2h_h2d = False
+        m.optimizer_offload_fraction = share
         return ov
     m.use_distributed_optimizer, m.optimizer_cpu_offload, m.optimizer_offload_fraction = True, True, frac
     m.overlap_cpu_optimizer_d2h_h2d = True
