@@ -10,8 +10,7 @@ import os
 from typing import Dict
 
 from primus.config.schema import PrimusConfig
-from primus.features.training import deterministic_on
-from primus.features.tuning import tuning_enabled
+from primus.features.tuning import tuning_on
 
 
 def model_root(cfg: PrimusConfig) -> str:
@@ -33,16 +32,14 @@ def results_file(cfg: PrimusConfig) -> str:
 
 
 def effective_stage(cfg: PrimusConfig) -> int:
-    if not tuning_enabled(cfg) or deterministic_on(cfg):
-        return 0
-    return cfg.tuning.stage
+    return cfg.tuning.stage if tuning_on(cfg) else 0
 
 
 def tuning_env(cfg: PrimusConfig, rocm: bool, node_rank: int = 0) -> Dict[str, str]:
     """Env vars the run sets for its stage (before any GPU work)."""
     stage = effective_stage(cfg)
     env: Dict[str, str] = {"PRIMUS_HIPBLASLT_TUNING_STAGE": str(stage)}
-    if not tuning_enabled(cfg) or deterministic_on(cfg):
+    if not tuning_on(cfg):
         env.update(TE_HIPBLASLT_TUNING_RUN_COUNT="0", TE_HIPBLASLT_TUNING_ALGO_COUNT="0")
         return env
     env["PRIMUS_HIPBLASLT_TUNING"] = "1"

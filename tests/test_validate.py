@@ -406,15 +406,20 @@ def test_architecture_fields_a_switch_leaves_behind_are_warned_not_refused():
     (["profile.enabled=true", "profile.memory_snapshot_steps=4"], ["profile.memory_snapshot_steps"],
      "profile.memory_snapshot=true"),
     (["logging.wandb_project=mine"], ["logging.wandb_project"], "logging.wandb=true"),
+    (["tuning_stage=1", "tuning.enabled=false"], ["tuning.stage"], "PRIMUS_HIPBLASLT_TUNING=1"),
+    (["turbo.enable_primus_turbo=true"], ["turbo.enable_primus_turbo"], "a Turbo feature flag"),
 ])
 def test_leftovers_their_switch_leaves_idle_are_warned(overrides, keys, under):
-    """Training, profiler and sink settings whose switch is off: harmless, so warned and listed as ignored."""
+    """Training, profiler, sink, tuning and Turbo settings whose switch is off: harmless, so warned and listed as
+    ignored."""
     from primus.features import idle_settings
 
     (w,) = idle_settings(check(overrides))
     assert w.severity == "warning" and w.keys == keys and under in w.rule and "nothing would read it" in w.rule
     assert idle_settings(check(["training.eval_interval=5", "training.eval_iters=20"])) == []
     assert idle_settings(check(["profile.enabled=true", "profile.start_step=5", "profile.with_stack=true"])) == []
+    assert idle_settings(check(["tuning_stage=1", "tuning.enabled=true"])) == []
+    assert idle_settings(check(["turbo=megatron"])) == []
 
 
 def test_the_other_backend_s_fields_are_named_once():

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from primus.config.errors import ConfigIssue
+from primus.config.errors import WARNING, ConfigIssue
 from primus.features import rule
 
 
@@ -24,14 +24,27 @@ def tuning_enabled(cfg) -> bool:
     return os.environ.get("PRIMUS_HIPBLASLT_TUNING") == "1"
 
 
-@rule
-def tuning_stage(cfg, ctx):
+def tuning_on(cfg) -> bool:
+    """Whether the stage is honoured: the master switch on and deterministic mode off (the guide's section 1)."""
     from primus.features.training import deterministic_on
 
+    return tuning_enabled(cfg) and not deterministic_on(cfg)
+
+
+# Fields that act only under another setting (primus.features.idle_settings): without the master switch the run
+# forces stage 0, as Primus's hook skips tuning; warned, since the switch is often an env var set per job
+ACTS_ONLY_WITH = (
+    (("stage", "override_file", "root"),
+     "GEMM tuning on (tuning.enabled=true or PRIMUS_HIPBLASLT_TUNING=1) and deterministic mode off", tuning_on, "set tuning.enabled=true (or export PRIMUS_HIPBLASLT_TUNING=1), or drop them", WARNING),
+)
+
+
+@rule
+def tuning_stage(cfg, ctx):
     tcfg = cfg.tuning
     if tcfg.stage not in (0, 1, 2, 3):
         return [ConfigIssue(["tuning.stage"], tcfg.stage, "must be 0, 1, 2 or 3", "use tuning_stage=0..3")]
-    if tcfg.stage == 3 and tuning_enabled(cfg) and not deterministic_on(cfg):
+    if tcfg.stage == 3 and tuning_on(cfg):
         from primus.tuning_env import results_file
 
         path = results_file(cfg)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from primus.config.errors import ConfigIssue, note, warning
+from primus.config.errors import WARNING, ConfigIssue, note, warning
 from primus.features import resolver, rule, unmet
 
 
@@ -257,6 +257,15 @@ def turbo_gemm_fp8_recipe(cfg, ctx):
                         f"fp8 through the turbo GEMM path must be one of {list(TURBO_GEMM_FP8_RECIPES)}",
                         "use precision=" + " / ".join(preset(x) for x in TURBO_GEMM_FP8_RECIPES)
                         + ", or turbo.use_turbo_parallel_linear=false")]
+
+
+# Fields that act only under another setting (primus.features.idle_settings). The master switch alone turns no
+# kernel on (Primus's semantics: each path has its flag): warned, as Primus's own configs often carry it so
+ACTS_ONLY_WITH = (
+    (("enable_primus_turbo",), "a Turbo feature flag (turbo.use_turbo_*, turbo.turbo_sync_free_moe_stage)",
+     lambda c: c.turbo.turbo_sync_free_moe_stage > 0 or any(getattr(c.turbo, f) for f in TURBO_FLAGS),
+     "turn on the paths you want (a turbo= preset such as turbo=megatron sets them), or drop it", WARNING),
+)
 
 
 @rule
