@@ -99,3 +99,40 @@ def test_trains_on_jsonl_through_an_indexed_dataset(local_data, tmp_path):
     losses = res["losses"]
     assert abs(losses[0] - 7.62) < 0.15
     assert min(losses[-3:]) < losses[0] - 0.5, losses  # real text: token frequencies are learnt within steps
+
+
+class _Samples:
+    """A dataset of distinct samples (the index is in every token), as megatron-core's GPTDataset returns them."""
+
+    def __len__(self):
+        return 50
+
+    def __getitem__(self, i):
+        import numpy as np
+
+        t = np.full(8, i, dtype=np.int64)
+        return {"tokens": t, "labels": t + 1, "loss_mask": np.ones(8, np.float32), "position_ids": np.arange(8)}
+
+
+def test_data_workers_give_the_main_process_s_batches_in_its_order_from_any_position():
+    """data.num_workers (Megatron-LM's --num-workers) reads in DataLoader workers: the same micro batches for this
+    dp rank, and a resume that moves the position restarts the workers there."""
+    from primus.backends.megatron.data import MicroBatches
+
+    def take(it, n):
+        return [next(it)["tokens"][:, 0].tolist() for _ in range(n)]
+
+    main, workers = (MicroBatches(_Samples(), 2, 1, 3, "cpu", num_workers=w) for w in (0, 2))
+    expected = take(main, 12)
+    assert expected[:2] == [[2, 3], [8, 9]] and take(workers, 12) == expected  # rank 1 of 3: rows of 6
+    for it in (main, workers):
+        it.next_micro = 4  # what a checkpoint's consumed samples set before the first batch
+    assert take(workers, 5) == take(main, 5) == expected[4:9]
+
+
+@pytest.mark.e2e
+def test_a_megatron_run_with_data_workers_trains_on_the_same_batches(tmp_path):
+    base = ["backend=megatron", "model=debug"]
+    a = _train(tmp_path / "a", base, steps=3)
+    b = _train(tmp_path / "b", base + ["data.num_workers=2"], steps=3)
+    assert b["losses"] == a["losses"]

@@ -25,7 +25,8 @@ class DataConfig:
     # `bytes` (the built-in byte-level tokenizer; jsonl's default), a tokenizer.json file or a local Hugging Face
     # tokenizer folder holding one
     tokenizer: Optional[str] = None
-    num_workers: int = 0  # dataloader workers
+    # processes that read and stack the samples (megatron: Megatron-LM's --num-workers; torchtitan: its dataloader's)
+    num_workers: int = 0
     # leave the end-of-document token out of the loss (the token predicted after it belongs to another document);
     # synthetic data's end-of-document id is vocab_size - 1 (megatron's null tokenizer), else the tokenizer's
     eod_mask_loss: bool = False
@@ -132,6 +133,7 @@ def megatron(cfg, ctx) -> dict:
     ev = evaluating(cfg)
     return {"data": {"kind": d.kind.value, "path": d.path, "tokenizer": tokenizer_dir(d), "seed": t.seed,
                      "num_samples": t.train_iters * global_batch(cfg, ctx.world_size), "eod_mask_loss": d.eod_mask_loss,
+                     "num_workers": d.num_workers,
                      "split": EVAL_SPLIT if ev else "100,0,0",
                      "valid_samples": t.eval_iters * global_batch(cfg, ctx.world_size) if ev else 0}}
 

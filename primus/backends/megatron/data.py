@@ -98,25 +98,58 @@ def build_datasets(cfg, ctx, args: Dict, cache_dir: str):
     return train, (valid if d["valid_samples"] else None)
 
 
-class MicroBatches:
-    """Iterator over this dp rank's micro batches, in Megatron-LM's sample order (see module doc)."""
+def _stack(samples) -> Dict[str, torch.Tensor]:
+    return {k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in
+            ("tokens", "labels", "loss_mask", "position_ids")}
 
-    def __init__(self, dataset, micro_batch_size: int, dp_rank: int, dp_size: int, device: str):
+
+class _Rows:
+    """DataLoader batch sampler: this dp rank's micro batches from row `start` on, without end."""
+
+    def __init__(self, it: "MicroBatches", start: int):
+        self.it, self.start = it, start
+
+    def __iter__(self):
+        row = self.start
+        while True:
+            yield self.it.indices(row)
+            row += 1
+
+
+class MicroBatches:
+    """Iterator over this dp rank's micro batches, in Megatron-LM's sample order (see module doc). With
+    data.num_workers > 0 the samples are read and stacked in that many DataLoader worker processes (Megatron-LM's
+    --num-workers), in pinned memory on a GPU; the batches and their order are the same as without."""
+
+    def __init__(self, dataset, micro_batch_size: int, dp_rank: int, dp_size: int, device: str,
+                 num_workers: int = 0):
         self.ds, self.mbs, self.r, self.dp, self.device = dataset, micro_batch_size, dp_rank, dp_size, device
+        self.num_workers = num_workers
         self.next_micro = 0  # micro batches consumed (across all dp ranks: one "row" of mbs*dp samples each)
+        self._loader, self._loader_next = None, None  # the workers' iterator and the row it yields next
 
     def __iter__(self) -> Iterator:
         return self
 
-    def _indices(self) -> List[int]:
-        start = self.next_micro * self.mbs * self.dp + self.r * self.mbs
+    def indices(self, row: int) -> List[int]:
+        start = row * self.mbs * self.dp + self.r * self.mbs
         return [i % len(self.ds) for i in range(start, start + self.mbs)]
 
+    def _from_workers(self) -> Dict[str, torch.Tensor]:
+        if self._loader is None or self._loader_next != self.next_micro:  # first batch, or a resume moved it
+            self._loader = iter(torch.utils.data.DataLoader(
+                self.ds, batch_sampler=_Rows(self, self.next_micro), num_workers=self.num_workers,
+                collate_fn=_stack, pin_memory=self.device != "cpu"))
+        batch = next(self._loader)
+        self._loader_next = self.next_micro + 1
+        return batch
+
     def __next__(self) -> Dict[str, torch.Tensor]:
-        samples = [self.ds[i] for i in self._indices()]
+        if self.num_workers > 0:
+            batch = self._from_workers()
+        else:
+            batch = _stack([self.ds[i] for i in self.indices(self.next_micro)])
         self.next_micro += 1
-        batch = {k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in
-                 ("tokens", "labels", "loss_mask", "position_ids")}
         if self.device != "cpu":
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         return batch

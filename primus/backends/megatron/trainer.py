@@ -212,8 +212,8 @@ class MegatronTrainer(Trainer):
                                                            cache_dir=os.path.join(ctx.run_dir, "data", "cache"))
         self.data_device = device = "cpu" if cpu else f"cuda:{torch.cuda.current_device()}"
         # one iterator per model chunk: each chunk takes the same micro batches in the same order
-        self.iters = [mdata.MicroBatches(dataset, a["schedule"]["micro_batch_size"], dp_rank, dp, device)
-                      for _ in self.model]
+        self.iters = [mdata.MicroBatches(dataset, a["schedule"]["micro_batch_size"], dp_rank, dp, device,
+                                         a["data"]["num_workers"]) for _ in self.model]
         from primus.backends.megatron import checkpoint as mckpt  # issue 9: on_nonfinite=skip
 
         self._guard = mckpt.nonfinite_guard(self)
@@ -486,7 +486,8 @@ class MegatronTrainer(Trainer):
 
         s, ps = self.args["schedule"], self.ps
         iters = [mdata.MicroBatches(self.valid_dataset, s["micro_batch_size"], ps.get_data_parallel_rank(),
-                                    ps.get_data_parallel_world_size(), self.data_device) for _ in self.model]
+                                    ps.get_data_parallel_world_size(), self.data_device,
+                                    self.args["data"]["num_workers"]) for _ in self.model]
         self._nan_step = False
         for m in self.model:
             m.eval()
