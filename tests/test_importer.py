@@ -194,6 +194,16 @@ def test_profiler_sink_evaluation_and_schedule_leftovers_are_listed_where_their_
         "training.adam_beta2": 0.99, "training.min_lr": 0.0}
 
 
+def test_primus_s_fused_rope_true_is_imported_as_where_it_runs(tmp_path):
+    # Primus's true is Transformer Engine's fused RoPE, which runs under q/k layernorm (Qwen3); true here would
+    # require primus' split + RoPE kernel, which cannot, and refuse the import's dry run
+    imp = _import_with(tmp_path, "llama2_7b.yaml", {"apply_rope_fusion": True, "qk_layernorm": True})
+    assert "model.apply_rope_fusion" not in imp.sets and imp.sets["model.qk_layernorm"] is True
+    assert "Transformer Engine" in {i.key: i.reason for i in imp.listed}["apply_rope_fusion"]
+    imp = _import_with(tmp_path, "llama2_7b.yaml", {"apply_rope_fusion": False})
+    assert imp.sets["model.apply_rope_fusion"] is False
+
+
 def test_a_key_the_table_lacks_but_a_setting_here_shares_is_pointed_at(tmp_path):
     imp = _import_with(tmp_path, "llama2_7b.yaml", {"timing_warmup_steps": 3})
     reason = {i.key: i.reason for i in imp.listed}["timing_warmup_steps"]

@@ -364,7 +364,13 @@ MEGATRON: Dict[str, Entry] = {
     "cross_entropy_fusion_impl": Map(lambda v, m: {"model.cross_entropy_fusion_impl": v}
                                      if m.get("cross_entropy_loss_fusion") else {},
                                      "no effect: cross_entropy_loss_fusion is off"),
-    "apply_rope_fusion": "model.apply_rope_fusion",
+    # Primus's true is Transformer Engine's fused RoPE, which runs under q/k layernorm too; here true requires the
+    # fusion where it cannot always run (primus' split + RoPE kernel, not under q/k layernorm), null takes it wherever
+    # it runs
+    "apply_rope_fusion": Map(lambda v, m: {"model.apply_rope_fusion": False} if v is False else {},
+                             "null or true in Primus (true: Transformer Engine's fused RoPE): model.apply_rope_fusion "
+                             "stays null here, the fused RoPE wherever it runs (TE's, or primus' Triton kernel where "
+                             "no q/k layernorm sits between the split and RoPE)"),
     "bias_swiglu_fusion": "model.bias_activation_fusion",
     "masked_softmax_fusion": No(NO_EQUIV + ": causal attention runs in flash/SDPA kernels, not a masked softmax"),
     "no_persist_layer_norm": No(NO_EQUIV + ": the persistent LayerNorm kernel is not used"),
