@@ -101,10 +101,10 @@ def default_of(section, k: str):
 
 def idle_settings(cfg, ctx=None) -> List[Any]:
     """Every feature's `ACTS_ONLY_WITH` rows, (fields of its group, or "group.field" of another group the module
-    owns, what they act under, holds(cfg), the fix[, severity]): the row's fields set away from their schema defaults while it does not hold. Nothing would read
-    them, so each is an error, or a WARNING where a row says so (a model preset's architecture fields, which a
-    switch such as rope_type=rope leaves behind). Fields that only the other backend reads are left to
-    other_backend_issues, which names the backend instead."""
+    owns, what they act under, holds(cfg), the fix[, severity]): the row's fields set away from their schema
+    defaults while it does not hold. Nothing would read them, so each is an error, or a WARNING where a row says
+    so (a model preset's architecture fields, which a switch such as rope_type=rope leaves behind). Fields that
+    only the other backend reads are left to other_backend_issues, which names the backend instead."""
     from primus.config.errors import ERROR, ConfigIssue
 
     other = BACKEND_NAMES[cfg.backend.name.value][0]

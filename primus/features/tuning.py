@@ -35,7 +35,8 @@ def tuning_on(cfg) -> bool:
 # forces stage 0, as Primus's hook skips tuning; warned, since the switch is often an env var set per job
 ACTS_ONLY_WITH = (
     (("stage", "override_file", "root"),
-     "GEMM tuning on (tuning.enabled=true or PRIMUS_HIPBLASLT_TUNING=1) and deterministic mode off", tuning_on, "set tuning.enabled=true (or export PRIMUS_HIPBLASLT_TUNING=1), or drop them", WARNING),
+     "GEMM tuning on (tuning.enabled=true or PRIMUS_HIPBLASLT_TUNING=1) and deterministic mode off", tuning_on,
+     "set tuning.enabled=true (or export PRIMUS_HIPBLASLT_TUNING=1), or drop them", WARNING),
 )
 
 
