@@ -112,13 +112,18 @@ PROFILE_OFF = "no effect: profile is off"
 FP8_OFF = "no effect: fp8 is off"
 
 
+# Settings that act only under another (the schema's ACTS_ONLY_WITH rows): Primus's module defaults carry them for
+# every run, so each is imported where it acts and listed ("no effect: ...") where Megatron would ignore it.
+def _when(key: str, on: Callable[[Dict[str, Any]], bool], idle: str) -> Map:
+    return Map(lambda v, m: {key: v} if v is not None and on(m) else {}, idle)
+
+
 def _float8_on(m) -> bool:
     return "quantize.linear.float8" in (m.get("model.converters") or [])
 
 
 def _float8(key: str) -> Map:
-    return Map(lambda v, m: {key: v} if v is not None and _float8_on(m) else {},
-               "no effect: the model config has no quantize.linear.float8 converter (bf16 linears)")
+    return _when(key, _float8_on, "no effect: the model config has no quantize.linear.float8 converter (bf16 linears)")
 
 
 def _turbo_float8(m) -> bool:
@@ -127,9 +132,9 @@ def _turbo_float8(m) -> bool:
 
 def _fsdp_float8(key: str) -> Map:
     # torchao's float8 all-gather; Primus's turbo float8 linear, which replaces torchao's, casts after FSDP's bf16 one
-    return Map(lambda v, m: {key: v} if v is not None and _float8_on(m) and not _turbo_float8(m) else {},
-               "no effect: no torchao float8 linears (the model config has no quantize.linear.float8 converter, or "
-               "primus_turbo.use_turbo_float8_linear replaces them and casts after FSDP's bf16 all-gather)")
+    return _when(key, lambda m: _float8_on(m) and not _turbo_float8(m),
+                 "no effect: no torchao float8 linears (the model config has no quantize.linear.float8 converter, or "
+                 "primus_turbo.use_turbo_float8_linear replaces them and casts after FSDP's bf16 all-gather)")
 
 
 def _kv_groups(v, m):
@@ -149,28 +154,22 @@ def _profile_steps(v, m):
     return {"profile.start_step": start, "profile.steps": max(1, end - start)}
 
 
-# Settings that act only under another (the schema's ACTS_ONLY_WITH rows): Primus's module defaults carry them for
-# every run, so each is imported where it acts and listed ("no effect: ...") where Megatron would ignore it.
-def _when(key: str, on: Callable[[Any, Dict[str, Any]], bool], idle: str) -> Map:
-    return Map(lambda v, m: {key: v} if v is not None and on(v, m) else {}, idle)
-
-
 def _profiling(key: str) -> Map:
-    return _when(key, lambda v, m: bool(m.get("profile")), PROFILE_OFF)
+    return _when(key, lambda m: bool(m.get("profile")), PROFILE_OFF)
 
 
 def _evaluating(key: str) -> Map:
     # Megatron-LM evaluates every eval_interval steps for eval_iters batches: either 0 (or null) turns it off
-    return _when(key, lambda v, m: bool(m.get("eval_interval")) and bool(m.get("eval_iters")),
+    return _when(key, lambda m: bool(m.get("eval_interval")) and bool(m.get("eval_iters")),
                  "no effect: evaluation is off (eval_interval or eval_iters is 0)")
 
 
 def _adam(key: str) -> Map:
-    return _when(key, lambda v, m: m.get("optimizer", "adam") != "sgd", "no effect: the optimizer is sgd")
+    return _when(key, lambda m: m.get("optimizer", "adam") != "sgd", "no effect: the optimizer is sgd")
 
 
 def _decaying(key: str) -> Map:
-    return _when(key, lambda v, m: m.get("lr_decay_style", "linear") != "constant",
+    return _when(key, lambda m: m.get("lr_decay_style", "linear") != "constant",
                  "no effect: lr_decay_style is constant")
 
 
@@ -437,7 +436,7 @@ MEGATRON: Dict[str, Entry] = {
     "dist_ckpt_strictness": No(NO_EQUIV + ": a checkpoint must match the model exactly"),
     "exit_on_missing_checkpoint": No(NO_EQUIV + ": a resume path that does not exist is an error before start"),
     # logging and profiling
-    "wandb_project": _when("logging.wandb_project", lambda v, m: not m.get("disable_wandb", False),
+    "wandb_project": _when("logging.wandb_project", lambda m: not m.get("disable_wandb", False),
                            "no effect: disable_wandb is true"),
     "disable_wandb": _not("logging.wandb"),
     "disable_tensorboard": _not("logging.tensorboard"),
@@ -459,7 +458,7 @@ MEGATRON: Dict[str, Entry] = {
     "use_pytorch_profiler": No("profile.enabled uses torch.profiler"),
     "profile_step_start": Map(_profile_steps, "no effect: profile and record_memory_history are off"),
     "profile_step_end": Map(_profile_steps, "no effect: profile and record_memory_history are off"),
-    "profile_ranks": _when("profile.ranks", lambda v, m: bool(m.get("profile") or m.get("record_memory_history")),
+    "profile_ranks": _when("profile.ranks", lambda m: bool(m.get("profile") or m.get("record_memory_history")),
                            "no effect: profile and record_memory_history are off"),
     "record_shapes": _profiling("profile.record_shapes"),
     "torch_profiler_record_shapes": _profiling("profile.record_shapes"),
