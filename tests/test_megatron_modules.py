@@ -55,6 +55,83 @@ def test_sdpa_core_matches_megatron_dot_product_attention(groups, monkeypatch):
         torch.testing.assert_close(a, c, atol=1e-4, rtol=1e-4)
 
 
+class _CpuTorch:
+    """megatron's masks and its learned softmax offset are created on device="cuda": the same factories on CPU."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def ones(self, *a, device=None, **kw):
+        return torch.ones(*a, **kw)
+
+    def empty(self, *a, device=None, **kw):
+        return torch.empty(*a, **kw)
+
+
+@pytest.mark.parametrize("window,layer", [(None, 1), ((3, 0), 1), ((3, 0), 2), ((2, 1), 3)],
+                         ids=["sinks", "sinks+window", "window-skipped-layer", "window-both-sides"])
+def test_sink_attention_matches_megatron_dot_product_attention(window, layer, monkeypatch):
+    """Learned sinks (softmax_type=learnable) and their sliding window (window_size, window_attn_skip_freq=2: layer
+    2 attends in full): the SDPA core with the sink as one more key computes megatron-core's softmax with offset,
+    forward and backward, the sinks' own gradient included."""
+    import megatron.core.transformer.dot_product_attention as dpa
+    import megatron.core.transformer.utils as mutils
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from primus.backends.megatron.spec import SDPAttention
+
+    buffer = types.SimpleNamespace(get_tensor=lambda shape, dtype, name: torch.empty(shape, dtype=dtype))
+    monkeypatch.setattr(dpa.parallel_state, "get_global_memory_buffer", lambda: buffer)
+    monkeypatch.setattr(dpa.tensor_parallel, "get_cuda_rng_tracker",
+                        lambda: types.SimpleNamespace(fork=contextlib.nullcontext))
+    monkeypatch.setattr(dpa, "torch", _CpuTorch())
+    monkeypatch.setattr(mutils, "torch", _CpuTorch())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    cfg = _config(softmax_type="learnable", window_size=window, window_attn_skip_freq=2)
+    kw = dict(config=cfg, layer_number=layer, attn_mask_type=AttnMaskType.causal, attention_type="self",
+              pg_collection=_tp1())
+    ours, stock = SDPAttention(**kw), DotProductAttention(**kw)
+    assert ours.window == (window if layer % 2 else None)
+    with torch.no_grad():
+        stock.softmax_offset.copy_(torch.linspace(-2.0, 3.0, 8))
+        ours.softmax_offset.copy_(stock.softmax_offset)
+    s, b, hd = 12, 2, cfg.kv_channels
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(s, b, 8, hd, generator=g, requires_grad=True)
+    k = torch.randn(s, b, 2, hd, generator=g, requires_grad=True)
+    v = torch.randn(s, b, 2, hd, generator=g, requires_grad=True)
+    causal = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)[None, None]
+    out_ours, out_stock = ours(q, k, v, None), stock(q, k, v, causal)
+    torch.testing.assert_close(out_ours, out_stock, atol=1e-5, rtol=1e-4)
+    plain = SDPAttention(**{**kw, "config": _config()})(q, k, v, None)
+    assert (out_ours - plain).abs().max() > 1e-2  # the sinks (and window) change the output
+    grads_ours = torch.autograd.grad(out_ours.square().sum(), (q, k, v, ours.softmax_offset))
+    grads_stock = torch.autograd.grad(out_stock.square().sum(), (q, k, v, stock.softmax_offset))
+    for a, c in zip(grads_ours, grads_stock):
+        torch.testing.assert_close(a, c, atol=1e-4, rtol=1e-4)
+
+
+def test_sink_attention_in_bf16_keeps_the_sink_to_16_bits():
+    """A bf16 run carries the sink's logit in two bf16 channels (its high and low half). With q = 0 and v = 1 the
+    output is (i + 1) / (e^sink + i + 1), exact in float64. Here it is within 0.5% of that (0.2%); one bf16 channel
+    (the sinks / scale, 101.28 and 90.65, rounded to 101.0 and 90.5) is 3.1% and 2.1% off."""
+    import math
+
+    from primus.backends.megatron.spec import sink_attention
+
+    s, d = 6, 64
+    q = torch.zeros(1, 2, s, d, dtype=torch.bfloat16)
+    k = torch.randn(1, 2, s, d, generator=torch.Generator().manual_seed(2)).bfloat16()
+    v = torch.ones(1, 2, s, d, dtype=torch.bfloat16)
+    offset = torch.tensor([12.66, 11.3312])  # neither is a bf16 number, nor their quotients by the scale
+    out = sink_attention(q, k, v, offset, 1 / math.sqrt(d), True)
+    n = torch.arange(1, s + 1, dtype=torch.float64).view(1, 1, s, 1)
+    want = n / (offset.double().exp().view(1, 2, 1, 1) + n)
+    rel = ((out.double() - want) / want).abs().max()
+    assert rel < 5e-3, rel
+
+
 def test_rmsnorm_matches_torch_and_carries_the_sequence_parallel_mark():
     from primus.backends.megatron.spec import RMSNorm
 

@@ -98,6 +98,14 @@ def test_megatron_qkv_biases_counted_exactly(tmp_path):
     assert bd.main_params_numel == main and bd.optimizer_state_numel == states == 2 * params
 
 
+def test_megatron_attention_sinks_counted_exactly(tmp_path):
+    ov = MEGATRON + ["model=debug", "model.use_sink_attention=true", "model.sink_sliding_window=16"]
+    _, bd = _estimate(ov)
+    params, main, states = _megatron_counts(ov, str(tmp_path))
+    assert bd.params_numel == params == 1_311_872 + 4 * 4  # debug + one learned sink per head and layer
+    assert bd.main_params_numel == main and bd.optimizer_state_numel == states == 2 * params
+
+
 def test_megatron_tied_embeddings_counted_once(tmp_path):
     ov = MEGATRON + ["model=debug", "model.tie_word_embeddings=true"]
     _, bd = _estimate(ov)

@@ -72,6 +72,11 @@ class ModelConfig:
     mscale: float = 1.0
     mscale_all_dim: float = 1.0
     mtp_num_layers: int = 0  # multi-token-prediction depths (their recompute ids follow the decoder's)
+    # Attention sinks (gpt-oss; Primus's names): a learned logit per head joins every softmax row and attends
+    # nothing (megatron-core's softmax_type=learnable), optionally with a sliding window on alternate layers
+    use_sink_attention: bool = False
+    sink_sliding_window: int = 0  # keys before each query a windowed layer sees (gpt-oss: 128); 0 = no window
+    sink_window_even_layers_only: bool = True  # the window on layers 0, 2, 4, ... (gpt-oss), full attention between
     # Loss fusion (guide: language_model.yaml)
     cross_entropy_loss_fusion: bool = False  # fused cross entropy
     cross_entropy_fusion_impl: CrossEntropyImpl = CrossEntropyImpl.native  # "te" needs TE; "turbo": Triton, tp=1
@@ -100,7 +105,26 @@ ACTS_ONLY_WITH = (
     (("rotary_scaling_factor", "original_max_position_embeddings", "mscale", "mscale_all_dim"),
      "YaRN RoPE scaling (model.rope_type=yarn)", lambda c: c.model.rope_type == RopeType.yarn,
      "drop them, or set model.rope_type=yarn (multi-latent attention)", WARNING),
+    # the window belongs to sink attention, as in Primus (its sink_sliding_window is read by the sink kernel only)
+    (("sink_sliding_window", "sink_window_even_layers_only"), "attention sinks (model.use_sink_attention=true)",
+     lambda c: c.model.use_sink_attention, "drop them, or set model.use_sink_attention=true", WARNING),
+    (("sink_window_even_layers_only",), "a sliding window (model.sink_sliding_window > 0)",
+     lambda c: not c.model.use_sink_attention or c.model.sink_sliding_window > 0,
+     "drop it, or set model.sink_sliding_window (e.g. 128, gpt-oss)", WARNING),
 )
+
+
+def window_size(m) -> Optional[tuple]:
+    """megatron's window_size of the windowed layers: (keys before the query, keys after), or None."""
+    return (m.sink_sliding_window, 0) if m.use_sink_attention and m.sink_sliding_window > 0 else None
+
+
+def windowed_layers(m) -> int:
+    """How many of the decoder's layers attend within the window (megatron: window_attn_skip_freq=2 leaves the
+    layers numbered 2, 4, ... from 1 at full attention)."""
+    if window_size(m) is None:
+        return 0
+    return (m.num_layers + 1) // 2 if m.sink_window_even_layers_only else m.num_layers
 
 
 @rule
@@ -121,6 +145,10 @@ def model_values(cfg, ctx):
                                     "rotary_scaling_factor": m.rotary_scaling_factor},
                                    "YaRN needs the original context length and a scaling factor > 0",
                                    "e.g. original_max_position_embeddings=4096 rotary_scaling_factor=40 (DeepSeek-V2)"))
+    if m.sink_sliding_window < 0:
+        out.append(ConfigIssue(["model.sink_sliding_window"], m.sink_sliding_window,
+                               "keys before each query in the window: must be >= 0 (0 = no window)",
+                               "use 0, or e.g. 128 (gpt-oss)"))
     if m.add_qkv_bias and m.multi_latent_attention:
         out.append(ConfigIssue(["model.add_qkv_bias", "model.multi_latent_attention"], True,
                                "multi-latent attention's low-rank q/kv projections have no biases (megatron-core "
@@ -319,6 +347,11 @@ def megatron(cfg, ctx) -> Dict[str, Any]:
                        "mscale": m.mscale, "mscale_all_dim": m.mscale_all_dim})
     else:
         tc["kv_channels"] = m.kv_channels
+    if m.use_sink_attention:
+        tc["softmax_type"] = "learnable"
+        if window_size(m):
+            tc["window_size"] = list(window_size(m))
+            tc["window_attn_skip_freq"] = 2 if m.sink_window_even_layers_only else None
     if m.mtp_num_layers:
         tc["mtp_num_layers"] = m.mtp_num_layers
     gpt_model = {
@@ -382,7 +415,9 @@ def torchtitan(cfg, ctx) -> Dict[str, Any]:
 
 def megatron_only(cfg) -> tuple:
     # megatron's fused-kernel switches: TorchTitan's models run their own RoPE, SwiGLU and loss (compiled)
-    return ("cross_entropy_fusion_impl", "apply_rope_fusion", "bias_activation_fusion")
+    # and attention sinks: TorchTitan 0.2.2 has them in its gpt_oss model only, not in the families built here
+    return ("cross_entropy_fusion_impl", "apply_rope_fusion", "bias_activation_fusion", "use_sink_attention",
+            "sink_sliding_window", "sink_window_even_layers_only")
 
 
 def torchtitan_issues(cfg, ctx) -> List[ConfigIssue]:

@@ -420,6 +420,12 @@ def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
             out.append(ConfigIssue(on + ["backend.layer_spec"], "te",
                                    "the megatron turbo swaps replace modules of the local spec; Transformer Engine's "
                                    "layers already fuse these", "set backend.layer_spec=local, or turbo=off"))
+    if turbo_on(cfg, "use_turbo_attention") and m.use_sink_attention and spec == "local":
+        # Primus runs sinks inside its turbo attention; the kernel here has no sink (or window) argument
+        out.append(ConfigIssue(["turbo.use_turbo_attention", "model.use_sink_attention"], True,
+                               "the turbo attention kernel has no attention sinks: every layer runs torch's SDPA "
+                               "with the sink as one more key instead (primus.backends.megatron.spec.sink_attention)",
+                               "drop turbo.use_turbo_attention (nothing else changes)", severity=WARNING))
     if turbo_linears(cfg) and p.fp8 is not None:
         r = p.fp8_recipe.value
         if r in TURBO_GEMM_FP8_RECIPES and r not in PORTABLE_FP8_RECIPES:  # turbo_gemm_fp8_recipe judges the rest

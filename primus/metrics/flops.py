@@ -3,7 +3,8 @@
 MFU = tokens/s x (6 N + 12 L H Dh S) / peak, where N counts the parameters that do matmuls per token (the input
 embedding lookup is left out, as TorchTitan does; the output projection is in, tied or not; for MoE only the
 routed top-k experts, the shared experts and the router), L layers, H query heads, Dh head dim, S sequence length.
-The 12 L H Dh S term is attention's QK^T and AV (forward + backward, no causal discount), as in the reference.
+The 12 L H Dh S term is attention's QK^T and AV (forward + backward, no causal discount), as in the reference; a
+layer with a sliding window (model.sink_sliding_window) counts the keys its window holds instead of S.
 """
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ def qkv_bias_params(m: ModelConfig) -> int:
     return (m.num_attention_heads + 2 * m.num_query_groups) * head_dim(m)
 
 
+def sink_params(m: ModelConfig) -> int:
+    """One layer's learned attention sinks (model.use_sink_attention): a logit per query head, outside N."""
+    return m.num_attention_heads if m.use_sink_attention else 0
+
+
 def dense_mlp_params(m: ModelConfig) -> int:
     return 3 * m.hidden_size * m.ffn_hidden_size  # SwiGLU: gate, up, down
 
@@ -62,6 +68,7 @@ def param_counts(m: ModelConfig) -> ParamCounts:
     h = m.hidden_size
     attn = attention_params(m)
     norms_per_layer = 2 * h + qkv_bias_params(m)  # (+ the q/k/v biases: per-layer vectors like the norms)
+    norms_per_layer += sink_params(m)
     if m.qk_layernorm:  # GQA: per-head q/k norms; MLA: norms on the compressed latents
         norms_per_layer += (m.kv_lora_rank + (m.q_lora_rank or 0)) if m.multi_latent_attention else 2 * head_dim(m)
     moe_layers = num_moe_layers(m)
@@ -88,5 +95,13 @@ def flops_per_token(m: ModelConfig, seq_length: int, causal: bool = False) -> fl
         attn_dim = (m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim) / 2
     else:
         attn_dim = head_dim(m)
-    attention = 12.0 * m.num_layers * m.num_attention_heads * attn_dim * seq_length
-    return 6.0 * n + (attention / 2 if causal else attention)
+    from primus.features.model import window_size, windowed_layers
+
+    def keys(layers: int, span: int) -> float:  # keys per query summed over layers: the span, or half it (causal)
+        return layers * (span - span * span / (2.0 * seq_length) if causal else span)
+
+    window = window_size(m)
+    span = min(window[0] + 1, seq_length) if window else seq_length
+    n_win = windowed_layers(m)
+    per_key = 12.0 * m.num_attention_heads * attn_dim
+    return 6.0 * n + per_key * (keys(m.num_layers - n_win, seq_length) + keys(n_win, span))

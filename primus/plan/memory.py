@@ -38,10 +38,11 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 from primus.config.schema import Backend, PrimusConfig
+from primus.features.model import windowed_layers
 from primus.features.parallel import uneven
 from primus.features.precision import recipes, te_available
 from primus.metrics.flops import (attention_params, dense_mlp_params, expert_params, flops_per_token, head_dim,
-                                  num_moe_layers, qkv_bias_params, shared_expert_params)
+                                  num_moe_layers, qkv_bias_params, shared_expert_params, sink_params)
 from primus.plan.gpus import GiB, Gpu
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -167,6 +168,7 @@ def _layer_params(m, moe_layer: bool, tp: int, ep: int) -> Dict[str, int]:
         norms += m.kv_lora_rank + (m.q_lora_rank or 0)  # MLA's kv / q low-rank norms
     attn = attention_params(m) // tp
     norms += qkv_bias_params(m) // tp  # the q/k/v biases are sharded with their column-parallel projection
+    norms += sink_params(m) // tp  # the sinks of this rank's heads
     if moe_layer:
         router = h * m.num_experts  # replicated
         experts = m.num_experts // ep * expert_params(m) // tp
@@ -267,8 +269,20 @@ def layer_activation_bytes(cfg: PrimusConfig, lay: Layout, hints: BackendHints, 
     # SDPA's saved q, k (new tensors after RoPE) and v; megatron's v is a view into the fused QKV output, which
     # therefore stays alive whole (hq + hk + hv) instead of v alone
     qkv_w = hq + hk + (hq + hk + hv if hints.v_keeps_qkv else hv)
+    o_w = ho
+    if m.use_sink_attention and not hints.te_linears:
+        # spec.sink_attention: SDPA saves q, k, v widened by the sink's channels (the head dim padded to a multiple
+        # of 8; v only where it is as wide as q / k), new tensors: the fused QKV output is not kept alive by v
+        dqk, dv = hq // m.num_attention_heads, ho // m.num_attention_heads
+        fq = (dqk + 2 + (-(dqk + 2)) % 8) / dqk
+        fv = fq if dv == dqk else 1.0
+        qkv_w, o_w = (hq + hk) * fq + hv * fv, ho * fv
+        n_win = windowed_layers(m)
+        if n_win:  # SDPA's saved mask, bf16 [s + 1, s + 1] (its last dim padded to 16) per windowed layer
+            s_ = cfg.training.seq_length / lay.cp
+            parts["window_mask"] = 2 * (s_ + 1) * (s_ + 17) * n_win / m.num_layers
     parts["qkv"] = T * qkv_w * a / t + extra_attn * T * a
-    parts["core_attn"] = T * ho * a / t + T * heads * 4  # SDPA's saved output O + fp32 log-sum-exp
+    parts["core_attn"] = T * o_w * a / t + T * heads * 4  # SDPA's saved output O + fp32 log-sum-exp
     parts["proj_in"] = T * ho * lin / t  # O reshaped to [T, heads*dh] (a copy): linear_proj / wo input
     parts["pre_mlp_in"] = T * h * resid * rep  # pre-MLP RMSNorm's saved input (the residual stream)
     if moe_layer:

@@ -5,6 +5,11 @@ Llama-3.2-1B at seq 4096: 8.7% MFU, out of memory at micro batch 8). `SDPAttenti
 torch's scaled_dot_product_attention (cuDNN / flash on the GPU, GQA without repeating K/V): 45% MFU there.
 Norms become `RMSNorm` (torch.nn.functional.rms_norm, one fused kernel on the GPU) whose weights carry megatron's
 `sequence_parallel` mark, so their gradients are summed over tp ranks when sequence parallel is on.
+
+Attention sinks (model.use_sink_attention: megatron's softmax_type="learnable", a learned logit per head that joins
+every row's softmax and attends nothing) and their sliding window (megatron's window_size / window_attn_skip_freq)
+run through the same SDPA call: `sink_attention` adds the sink as one more key, which keeps the flash / cuDNN
+kernels (torch's SDPA has no sink argument).
 """
 from __future__ import annotations
 
@@ -40,6 +45,22 @@ class SDPAttention(MegatronModule):
         # MLA passes its own scale (q/k head dim 192, v 128); otherwise 1/sqrt(kv_channels) as megatron does
         self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        from megatron.core.transformer.utils import is_layer_window_attention
+
+        # (left, right) as flash attention counts it: query i sees keys i - left .. i + right
+        self.window = config.window_size if is_layer_window_attention(
+            config.window_size, config.window_attn_skip_freq, layer_number) else None
+        self.tp_group = pg_collection.tp if pg_collection is not None else \
+            parallel_state.get_tensor_model_parallel_group()
+        if config.softmax_type not in ("vanilla", "learnable"):
+            raise ValueError(f"SDPAttention: softmax_type {config.softmax_type!r} (model rules allow learnable only)")
+        self.softmax_offset = None
+        if config.softmax_type == "learnable":
+            # megatron-core's name, shape (this rank's heads), dtype and init, so checkpoints carry over to its
+            # DotProductAttention and TE's
+            self.softmax_offset = torch.nn.Parameter(torch.empty(self.heads, dtype=config.params_dtype))
+            if config.perform_initialization:
+                config.init_method(self.softmax_offset)
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **_unused):
@@ -53,6 +74,12 @@ class SDPAttention(MegatronModule):
         if attention_mask is not None and not causal:
             mask = ~attention_mask  # megatron: True = masked out; SDPA: True = attend
         dropout = self.dropout_p if self.training else 0.0
+        if self.softmax_offset is not None or self.window is not None:
+            if dropout > 0.0:
+                raise NotImplementedError("SDPAttention: attention sinks / a sliding window with attention dropout")
+            out = sink_attention(q, k, v, self.softmax_offset, self.scale, causal, mask, self.window)
+            b, h, s, dv = out.shape
+            return out.permute(2, 0, 1, 3).reshape(s, b, h * dv)
         kwargs = dict(attn_mask=mask, dropout_p=dropout, is_causal=causal and mask is None, scale=self.scale,
                       enable_gqa=k.size(1) != q.size(1))
         if dropout > 0.0:
@@ -62,6 +89,76 @@ class SDPAttention(MegatronModule):
             out = F.scaled_dot_product_attention(q, k, v, **kwargs)
         b, h, s, dv = out.shape
         return out.permute(2, 0, 1, 3).reshape(s, b, h * dv)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
+        """The learned sinks, split over tp ranks by head (as megatron-core's DotProductAttention saves them)."""
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+        state = self.state_dict(prefix="", keep_vars=True) if self.softmax_offset is not None else {}
+        return make_sharded_tensors_for_checkpoint(state, prefix, {"softmax_offset": 0}, sharded_offsets,
+                                                   tp_group=self.tp_group,
+                                                   dp_cp_group=(metadata or {}).get("dp_cp_group"))
+
+
+def _window_allows(sq: int, sk: int, window: Tuple[int, int], device) -> torch.Tensor:
+    """[sq, sk] True where query i may see key j under megatron's sliding window (get_sliding_window_causal_mask):
+    i - left <= j - (sk - sq) <= i + right."""
+    i = torch.arange(sq, device=device).unsqueeze(1) + (sk - sq)
+    j = torch.arange(sk, device=device).unsqueeze(0)
+    return (j >= i - window[0]) & (j <= i + window[1])
+
+
+def _allowed(sq: int, sk: int, causal: bool, window, allowed, device) -> Optional[torch.Tensor]:
+    """SDPA's boolean mask (True = attend) for these settings; None where is_causal (or nothing) says it all."""
+    if window is None and allowed is None and (not causal or sq == sk):
+        return None
+    if window is not None:  # megatron's window mask stands in for the causal one (window (w, 0) is causal)
+        real = _window_allows(sq, sk, window, device)
+    else:
+        real = torch.ones(sq, sk, dtype=torch.bool, device=device)
+        real = torch.tril(real, diagonal=sk - sq) if causal else real
+    return real & allowed if allowed is not None else real
+
+
+def sink_attention(q, k, v, offset: Optional[torch.Tensor], scale: float, causal: bool,
+                   allowed: Optional[torch.Tensor] = None, window: Optional[Tuple[int, int]] = None):
+    """softmax([q k^T * scale, offset[h]]) without its last column, times v: each head's learned sink is one more
+    logit in every row's softmax and attends nothing (megatron-core's softmax_type="learnable"). q [b, hq, sq, d],
+    k [b, hk, sk, d], v [b, hk, sk, dv] (hk dividing hq), offset [hq] or None (no sink: the window alone),
+    `allowed` SDPA's boolean mask (True = attend) for a non-causal call, `window` megatron's (left, right).
+
+    The sink becomes key 0 of an SDPA call with two more q/k channels: q carries offset / scale in them (split into
+    a high and a low half of its dtype, so a bf16 run keeps about 16 bits of the sink), the sink key carries 1 and
+    every real key 0, and the sink's value is 0. A zero query 0 keeps the causal diagonal where it was: query i + 1
+    sees the sink and keys 0..i. The head dim is padded to a multiple of 8, which flash and cuDNN need."""
+    b, hq, sq, d = q.shape
+    hk, sk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    if offset is None:
+        real = _allowed(sq, sk, causal, window, allowed, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=real, is_causal=causal and real is None,
+                                              scale=scale, enable_gqa=hk != hq)
+    extra = 2 + (-(d + 2)) % 8
+    x = offset.to(torch.promote_types(q.dtype, torch.float32)) / scale
+    hi = x.to(q.dtype)
+    q_sink = torch.cat([hi.unsqueeze(1), (x - hi.to(x.dtype)).to(q.dtype).unsqueeze(1), q.new_zeros(hq, extra - 2)],
+                       dim=1)
+    q2 = torch.cat([q, q_sink.view(1, hq, 1, extra).expand(b, hq, sq, extra)], dim=-1)
+    q2 = torch.cat([q2.new_zeros(b, hq, 1, d + extra), q2], dim=2)
+    k_sink = k.new_zeros(d + extra)
+    k_sink[d:d + 2] = 1.0
+    k2 = torch.cat([k, k.new_zeros(b, hk, sk, extra)], dim=-1)
+    k2 = torch.cat([k_sink.view(1, 1, 1, -1).expand(b, hk, 1, d + extra), k2], dim=2)
+    # v as wide as q / k where it was (flash needs equal head dims); MLA's narrower v stays narrower
+    v2 = torch.cat([v, v.new_zeros(b, hk, sk, extra)], dim=-1) if dv == d else v
+    v2 = torch.cat([v2.new_zeros(b, hk, 1, v2.shape[-1]), v2], dim=2)
+    mask, real = None, _allowed(sq, sk, causal, window, allowed, q.device)
+    if real is not None:
+        mask = torch.ones(*real.shape[:-2], sq + 1, sk + 1, dtype=torch.bool, device=q.device)
+        mask[..., 0, 1:] = False  # the zero query sees the sink only
+        mask[..., 1:, 1:] = real
+    out = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, is_causal=causal and mask is None,
+                                         scale=scale, enable_gqa=hk != hq)
+    return out[:, :, 1:, :dv]
 
 
 class RMSNorm(torch.nn.Module):

@@ -58,6 +58,8 @@ def transformer_config_from(kw: Dict[str, Any]):
     for k in _DTYPE_KEYS:
         kw[k] = _DTYPES[kw[k]]
     kw["activation_func"] = _ACTIVATIONS[kw["activation_func"]]
+    if kw.get("window_size") is not None:  # a list in args (JSON); megatron and TE index a tuple
+        kw["window_size"] = tuple(kw["window_size"])
     cls = MLATransformerConfig if kw.get("multi_latent_attention") else TransformerConfig
     try:
         return cls(**kw)

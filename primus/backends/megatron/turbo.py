@@ -97,7 +97,7 @@ class TurboSDPAttention(SDPAttention):
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         dropout = self.dropout_p if self.training else 0.0
         if packed_seq_params is not None or attention_bias is not None or mask_type != AttnMaskType.causal \
-                or dropout > 0.0:
+                or dropout > 0.0 or self.softmax_offset is not None or self.window is not None:
             return super().forward(query, key, value, attention_mask, attn_mask_type=attn_mask_type,
                                    attention_bias=attention_bias, packed_seq_params=packed_seq_params, **kw)
         out = turbo_attention(query, key, value, causal=True, layout="sbhd", scale=self.scale)
