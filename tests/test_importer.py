@@ -486,3 +486,20 @@ def test_a_torchtitan_deepseek_experiment_drops_the_mtp_layers_torchtitan_cannot
         return []
 
     assert mtp_issues([]) and mtp_issues(["model.mtp_num_layers=0"]) == []
+
+
+@pytest.mark.parametrize("path", ["10 /data/c4-train.en_6_text_document", ["10", "/data/c4-train.en_6_text_document"],
+                                  [10, "/data/c4-train.en_6_text_document"], "/data/c4-train.en_6_text_document"])
+def test_a_weighted_data_path_imports_its_one_prefix(tmp_path, path):
+    """Megatron-LM's --data-path is a blend, `weight prefix ...`, as one string (split on spaces) or a list: one
+    prefix with its weight is that prefix (Primus's MLPerf examples read "10 /data/c4-train...")."""
+    imp = _import_with(tmp_path, "dense.yaml", {"mock_data": False, "train_data_path": path}, PRIMUS_ROOT)
+    assert imp.sets["data.kind"] == "indexed" and imp.sets["data.path"] == "/data/c4-train.en_6_text_document"
+
+
+def test_a_blend_of_several_datasets_is_listed_as_not_importable_naming_the_count(tmp_path):
+    imp = _import_with(tmp_path, "dense.yaml", {"mock_data": False, "train_data_path": "0.7 /data/a 0.3 /data/b"},
+                       PRIMUS_ROOT)
+    reasons = {x.key: x.reason for x in imp.listed}
+    assert reasons["train_data_path"].startswith("not importable: a blend of 2 datasets; one indexed prefix")
+    assert "data.path" not in imp.sets

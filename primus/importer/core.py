@@ -247,7 +247,7 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
         raise NotPrimusExperiment(f"{path}: modules.{mod_name} names no `model:` (Primus needs config and model)")
     table = K.TABLES[framework]
     model_name = str(mod["model"])
-    why = M.unsupported_family(model_name)
+    why = M.unsupported_family(model_name, framework)
     if why:
         raise CannotImport(f"model {model_name}: this project cannot build this architecture. Missing here: {why}")
 

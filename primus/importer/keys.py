@@ -44,12 +44,22 @@ def _lower(key: str) -> Map:
     return Map(lambda v, m: {key: str(v).lower()} if v is not None else {})
 
 
+def _number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
 def _data(v, m):
     if m.get("mock_data", v if isinstance(v, bool) else False):
         return {"data.kind": "synthetic"}
     path = m.get("train_data_path") or m.get("data_path")
+    if isinstance(path, str) and len(path.split()) > 1:  # Megatron-LM splits its --data-path string on spaces
+        path = path.split()
     if isinstance(path, list):  # Megatron's weighted blend: [weight, prefix, ...] or [prefix, ...]
-        prefixes = [p for p in path if isinstance(p, str)]
+        prefixes = [p for p in path if isinstance(p, str) and not _number(p)]
         if len(prefixes) != 1:
             raise ValueError(f"a blend of {len(prefixes)} datasets; one indexed prefix is read here "
                              "(data.path): merge them into one, or set data.path to one of them")
@@ -481,13 +491,22 @@ MEGATRON: Dict[str, Entry] = {
 ARCH_ONLY = No(NO_EQUIV + ": a layer type of an architecture refused here (see the models it belongs to)")
 MEGATRON.update({k: ARCH_ONLY for k in (
     "attn_sink", "conv_bias", "conv_L_cache", "fla_mla_attn", "hc_use_sinkhorn", "hybrid_attention_enabled",
-    "kda_backend", "lfm_layer_types", "moe_latent_size", "mtp_use_separate_hc_head", "sink_sliding_window",
-    "sink_window_even_layers_only", "swiglu_limit", "use_fla_data", "use_fla_fused_gated_norm",
+    "kda_backend", "lfm_layer_types", "moe_latent_size", "mtp_use_separate_hc_head",
+    "swiglu_limit", "use_fla_data", "use_fla_fused_gated_norm",
     "use_fla_fused_norm_gated", "use_fla_fused_rmsnorm", "use_fla_fused_swiglu", "use_fla_kda_in_kernel_gate",
-    "use_fla_short_conv", "use_fla_triton_kda", "use_kimi_k3_attention_backend", "use_sink_attention",
+    "use_fla_short_conv", "use_fla_triton_kda", "use_kimi_k3_attention_backend",
     "use_v4_attention_backend", "use_v4_compiled_sinkhorn", "use_v4_csa_attention_backend", "use_v4_fp8_indexer",
     "window_attn_skip_freq", "window_size")})
 MEGATRON.update({
+    # gpt-oss's attention sinks (Primus runs them inside its turbo attention; here in every attention core). The
+    # window belongs to the sinks, as in Primus, and alternates only where it exists
+    "use_sink_attention": "model.use_sink_attention",
+    "sink_sliding_window": _when("model.sink_sliding_window", lambda m: bool(m.get("use_sink_attention")),
+                                 "no effect: use_sink_attention is off"),
+    "sink_window_even_layers_only": _when(
+        "model.sink_window_even_layers_only",
+        lambda m: bool(m.get("use_sink_attention")) and (m.get("sink_sliding_window") or 0) > 0,
+        "no effect: no sliding window (use_sink_attention off, or sink_sliding_window 0)"),
     "enable_experimental": No(NO_EQUIV + ": megatron-core's experimental features stay off"),
     "fused_ce_chunks": No(NO_EQUIV + ": no chunked fused linear + cross entropy (model.cross_entropy_loss_fusion "
                                      "fuses the loss)"),

@@ -43,6 +43,8 @@ TOKENIZER_VOCAB = {
 # (after normalize())
 PUBLISHED_CONTEXT = {
     "kimi_k2": 131072,  # moonshotai/Kimi-K2-Instruct
+    "gpt_oss_20b": 131072,  # openai/gpt-oss-20b
+    "gpt_oss_120b": 131072,  # openai/gpt-oss-120b
 }
 
 # Primus model families this project cannot build, by name prefix (after normalize()), and what is missing
@@ -50,7 +52,6 @@ UNSUPPORTED_FAMILIES = {
     "mamba": "Mamba (state-space) layers",
     "zebra_llama": "hybrid Mamba / linear-attention layers",
     "lfm2": "LFM2's short-convolution layers",
-    "gpt_oss": "attention sinks, sliding-window attention and biased, clamped-SwiGLU experts (gpt-oss)",
     "llama4": "Llama 4's interleaved dense/MoE layers and chunked attention with no-RoPE layers",
     "grok": "Grok's attention/router logit soft-capping and its extra norms",
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention",
@@ -59,6 +60,14 @@ UNSUPPORTED_FAMILIES = {
     "minimax": "MiniMax's lightning (linear) attention",
     "flux": "diffusion (Flux) transformers",
     "wan": "diffusion (Wan) transformers",
+}
+
+# Families this project builds from Primus's megatron configs but not from its TorchTitan ones, and why
+UNSUPPORTED_ON_TORCHTITAN = {
+    # Primus's megatron gpt-oss is a GQA MoE with attention sinks (model.use_sink_attention, megatron only);
+    # TorchTitan's gpt_oss model is OpenAI's layout
+    "gpt_oss": "TorchTitan's gpt_oss model (biased attention and experts, clamped SwiGLU, attention sinks with "
+               "sliding windows); Primus's megatron gpt-oss configs import (backend=megatron)",
 }
 
 # Megatron model keys whose value decides the architecture: (acceptable(value, model), what is missing otherwise)
@@ -78,7 +87,6 @@ ARCH_KEYS: Dict[str, Tuple[Any, str]] = {
     "hybrid_override_pattern": (lambda v, m: not v, "hybrid Mamba/attention layers"),
     "is_hybrid_model": (lambda v, m: not v, "hybrid Mamba/attention layers"),
     "window_size": (lambda v, m: not v, "sliding-window attention"),
-    "use_sink_attention": (lambda v, m: not v, "attention sinks"),
     "final_logit_softcapping": (lambda v, m: v is None, "logit soft-capping"),
     "attn_logit_softcapping": (lambda v, m: v is None, "attention logit soft-capping"),
     "router_logit_softcapping": (lambda v, m: v is None, "router logit soft-capping"),
@@ -108,9 +116,10 @@ def preset_for(name: str, model_dir: str = CONF_MODEL_DIR) -> Optional[str]:
     return key if preset_path(key, model_dir) else None
 
 
-def unsupported_family(name: str) -> Optional[str]:
+def unsupported_family(name: str, framework: str = "megatron") -> Optional[str]:
     key = normalize(name)
-    return next((why for prefix, why in UNSUPPORTED_FAMILIES.items() if key.startswith(prefix)), None)
+    table = {**UNSUPPORTED_FAMILIES, **(UNSUPPORTED_ON_TORCHTITAN if framework == "torchtitan" else {})}
+    return next((why for prefix, why in table.items() if key.startswith(prefix)), None)
 
 
 def architecture_issues(zoo: Dict[str, Any]) -> List[str]:

@@ -1,0 +1,157 @@
+"""Attention sinks (model.use_sink_attention, gpt-oss; Primus's use_sink_attention / sink_sliding_window /
+sink_window_even_layers_only): their rules, megatron's settings, the FLOPs and parameters counted, the import of
+Primus's gpt-oss configs, and training with them on CPU (the kernel itself: tests/test_megatron_modules.py)."""
+import os
+
+import pytest
+
+from conftest import compose_cfg, compose_dict
+from primus.backends.megatron import args as margs
+from primus.config.errors import ConfigError
+from primus.context import RunContext
+
+CPU = RunContext(device="cpu", world_size=1)
+SINKS = ["model.use_sink_attention=true"]
+DATA = os.path.join(os.path.dirname(__file__), "data", "primus")
+ROOT = os.path.join(DATA, "root")
+
+
+def _checked(overrides):
+    from primus.run import checked
+
+    return checked(compose_dict(overrides), overrides)
+
+
+def _warned(overrides):
+    _, ctx = _checked(overrides)
+    return {k: i.rule for i in ctx.warnings for k in i.keys}
+
+
+def test_megatron_gets_the_learnable_softmax_and_the_alternating_window():
+    tc = margs.build_args(compose_cfg(["backend=megatron", *SINKS, "model.sink_sliding_window=128"]), CPU)[
+        "transformer_config"]
+    assert tc["softmax_type"] == "learnable"
+    assert tc["window_size"] == [128, 0] and tc["window_attn_skip_freq"] == 2  # layers 1, 3, ... windowed
+    tc = margs.build_args(compose_cfg(["backend=megatron", *SINKS, "model.sink_sliding_window=128",
+                                       "model.sink_window_even_layers_only=false"]), CPU)["transformer_config"]
+    assert tc["window_size"] == [128, 0] and tc["window_attn_skip_freq"] is None  # every layer
+    tc = margs.build_args(compose_cfg(["backend=megatron", *SINKS]), CPU)["transformer_config"]
+    assert tc["softmax_type"] == "learnable" and "window_size" not in tc
+    tc = margs.build_args(compose_cfg(["backend=megatron"]), CPU)["transformer_config"]
+    assert "softmax_type" not in tc and "window_size" not in tc  # megatron's vanilla softmax
+
+
+def test_the_window_without_sinks_is_listed_not_silently_dropped():
+    warned = _warned(["backend=megatron", "model.sink_sliding_window=128"])
+    assert "acts only with attention sinks" in warned["model.sink_sliding_window"]
+    warned = _warned(["backend=megatron", *SINKS, "model.sink_window_even_layers_only=false"])
+    assert "acts only with a sliding window" in warned["model.sink_window_even_layers_only"]
+
+
+def test_a_negative_window_is_refused():
+    with pytest.raises(ConfigError, match=r"model.sink_sliding_window = -1: keys before each query"):
+        _checked(["backend=megatron", *SINKS, "model.sink_sliding_window=-1"])
+
+
+def test_torchtitan_says_the_sinks_are_megatron_s():
+    with pytest.raises(ConfigError, match=r"model.use_sink_attention = True: megatron-core only"):
+        _checked(["backend=torchtitan", *SINKS])
+
+
+def test_turbo_attention_with_sinks_is_warned_not_swapped_silently():
+    """Primus runs sinks inside its turbo attention; here that kernel has no sink, so SDPA runs those layers."""
+    from primus.features import turbo
+
+    cfg = compose_cfg(["backend=megatron", "backend.layer_spec=local", *SINKS, "turbo.enable_primus_turbo=true",
+                       "turbo.use_turbo_attention=true"])
+    issues = turbo.megatron_issues(cfg, RunContext(device="cpu", world_size=1, planned=True))
+    warned = [i for i in issues if "model.use_sink_attention" in i.keys]
+    assert len(warned) == 1 and warned[0].severity == "warning" and "turbo.use_turbo_attention" in warned[0].keys
+
+
+def test_flops_count_the_window_s_keys_on_the_windowed_layers():
+    from primus.metrics.flops import flops_per_token, param_counts
+
+    base = compose_cfg(["model=debug"]).model  # 4 layers, 4 heads of 32
+    win = compose_cfg(["model=debug", *SINKS, "model.sink_sliding_window=127"]).model
+    s = 4096
+    per_key = 12.0 * 4 * 32  # forward + backward QK^T and AV per head dim and key
+    # layers 0 and 2 see the window's 128 keys, layers 1 and 3 all 4096
+    assert flops_per_token(base, s) - flops_per_token(win, s) == pytest.approx(2 * per_key * (s - 128))
+    # causal: a window of w keys averages w - w^2 / 2s per query, all s keys s / 2
+    causal = flops_per_token(base, s, causal=True) - flops_per_token(win, s, causal=True)
+    assert causal == pytest.approx(2 * per_key * (s / 2 - (128 - 128 ** 2 / (2 * s))))
+    assert param_counts(win).total - param_counts(base).total == 4 * 4  # a sink per head and layer
+    assert param_counts(win).matmul_active == param_counts(base).matmul_active
+
+
+def test_primus_s_megatron_gpt_oss_imports_its_sinks_and_the_window_only_where_it_acts(monkeypatch):
+    from primus.importer.core import import_experiment
+
+    imp = import_experiment(os.path.join(DATA, "gpt_oss.yaml"), ROOT)
+    assert imp.sets["model.use_sink_attention"] is True
+    assert "model.sink_window_even_layers_only" not in imp.sets  # no window: listed
+    listed = {x.key: x.reason for x in imp.listed}
+    assert listed["sink_window_even_layers_only"].startswith("no effect: no sliding window")
+    monkeypatch.setenv("PRIMUS_SINK_WINDOW", "8")
+    imp = import_experiment(os.path.join(DATA, "gpt_oss.yaml"), ROOT)
+    assert imp.sets["model.sink_sliding_window"] == 8
+    assert imp.sets["model.sink_window_even_layers_only"] is True
+
+
+def test_primus_s_torchtitan_gpt_oss_is_refused_naming_what_is_missing():
+    from primus.importer.core import CannotImport, import_experiment
+
+    with pytest.raises(CannotImport, match=r"TorchTitan's gpt_oss model .*clamped SwiGLU.*megatron gpt-oss configs "
+                                           r"import"):
+        import_experiment(os.path.join(DATA, "gpt_oss_torchtitan.yaml"), ROOT)
+
+
+@pytest.mark.e2e
+def test_sinks_and_window_train_and_resume_from_a_checkpoint(tmp_path):
+    """The imported gpt-oss shape (a MoE with sinks, a window on layers 0 and 2) trains on megatron; its sinks are
+    in the checkpoint: resuming at step 2 continues the same losses (without them the resumed model would differ)."""
+    from parity import COMMON, REL
+    from rank_script import run_train
+
+    model = ["model=debug_moe", *SINKS, "model.sink_sliding_window=8", "training.train_iters=4"]
+    a, _ = run_train(tmp_path / "a", [*COMMON, *model, "checkpoint.interval=2"])
+    plain, _ = run_train(tmp_path / "plain", [*COMMON, "model=debug_moe", "training.train_iters=4"])
+    assert all(abs(x - y) > 1e-4 for x, y in zip(a["losses"], plain["losses"]))  # the sinks act from step 1
+    ckpt = tmp_path / "a" / "checkpoints" / "step_000002"
+    b, _ = run_train(tmp_path / "b", [*COMMON, *model, f"checkpoint.resume={ckpt}"])
+    assert b["first_step"] == 3 and len(b["losses"]) == 2
+    for x, y in zip(a["losses"][2:], b["losses"]):
+        assert abs(x - y) <= REL * abs(x), (a["losses"], b["losses"])
+
+
+@pytest.mark.scale
+def test_sinks_saved_at_tp2_resume_at_tp1(tmp_path):
+    """The sinks are split over tp ranks by head (as megatron-core saves its softmax_offset): a tp 2 checkpoint
+    resumes at tp 1 with the same losses."""
+    from parity import COMMON, REL
+    from rank_script import run_train
+
+    model = ["model=debug", *SINKS, "model.sink_sliding_window=8", "training.train_iters=4"]
+    a, _ = run_train(tmp_path / "a", [*COMMON, *model, "checkpoint.interval=2", "launcher.nproc_per_node=2",
+                                      "parallel.tensor_model_parallel_size=2"])
+    ckpt = tmp_path / "a" / "checkpoints" / "step_000002"
+    b, _ = run_train(tmp_path / "b", [*COMMON, *model, f"checkpoint.resume={ckpt}"])
+    for x, y in zip(a["losses"][2:], b["losses"]):
+        assert abs(x - y) <= REL * abs(x), (a["losses"], b["losses"])
+
+
+@pytest.mark.e2e
+def test_the_bench_entry_runs_on_cpu():
+    """bench/turbo_kernels.py --only sink_attention (the GPU figure beside plain SDPA) at its smoke size on CPU."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT as REPO
+
+    r = subprocess.run([sys.executable, "bench/turbo_kernels.py", "--smoke", "--no-tests", "--only", "sink_attention"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| sink_attention |")]
+    assert len(rows) == 3 and "(baseline)" in rows[0] and "window 8: speed" in rows[2], rows
+    assert "FAILED" not in r.stdout
