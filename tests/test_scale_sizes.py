@@ -124,6 +124,14 @@ def test_tp8_on_one_process_names_the_launcher_fix():
     assert "launcher.nproc_per_node=4 (x launcher.nnodes=2)" in msg
 
 
+def test_a_full_node_short_of_ranks_is_told_to_add_nodes_first():
+    """Primus's imports give each node 8 ranks (one per GPU): a layout needing 16 asks for a second node of 8 before
+    16 ranks on one node (which would need 16 GPUs there)."""
+    msg = refused(["model=debug_moe", "launcher.nproc_per_node=8", "parallel.expert_model_parallel_size=8",
+                   "parallel.pipeline_model_parallel_size=2", "dry_run=true"])
+    assert "(launcher.nnodes=2 (x launcher.nproc_per_node=8), or launcher.nproc_per_node=16)" in msg, msg
+
+
 # ------------------------------------------------------------------------------------------------ layout rules
 
 def test_expert_parallel_must_tile_the_world():

@@ -37,10 +37,15 @@ def ranks_fix(cfg, ctx, need: int) -> str:
     """How to launch `need` ranks, in the keys the world came from."""
     lc = cfg.launcher
     if not ctx.world_from or ctx.world_from.startswith(("launcher", "Slurm job")):  # judged before submission too
+        ways = []
         if need % lc.nnodes == 0:
-            return f"launcher.nproc_per_node={need // lc.nnodes}" + (f" (x launcher.nnodes={lc.nnodes})"
-                                                                     if lc.nnodes > 1 else "")
-        return f"launcher.nnodes x launcher.nproc_per_node = {need}"
+            ways.append(f"launcher.nproc_per_node={need // lc.nnodes}" + (f" (x launcher.nnodes={lc.nnodes})"
+                                                                          if lc.nnodes > 1 else ""))
+        if lc.nproc_per_node > 1 and need % lc.nproc_per_node == 0 and need // lc.nproc_per_node != lc.nnodes:
+            # more nodes of the same size: a node already given 8 ranks (one per GPU) has no more GPUs to give
+            more = f"launcher.nnodes={need // lc.nproc_per_node} (x launcher.nproc_per_node={lc.nproc_per_node})"
+            ways.insert(0 if lc.nproc_per_node >= 8 else len(ways), more)
+        return ", or ".join(ways) or f"launcher.nnodes x launcher.nproc_per_node = {need}"
     return f"{need} ranks (the world came from {ctx.world_from or 'the launcher'})"
 
 
