@@ -616,6 +616,36 @@ def b_attention():
             ROWS.append({"kernel": "attention", "variant": f"backend={be}", "note": f"unavailable: {str(ex)[:80]}"})
 
 
+@guarded("sink_attention")
+def b_sink_attention():
+    """Attention sinks (model.use_sink_attention) at gpt-oss's shape (64 heads of 64, 8 kv heads, seq 4096): the
+    sink as one more SDPA key (spec.sink_attention), with and without a 128-token window, against plain causal SDPA
+    at the same shape (what the layer costs without sinks). FLOPs: the causal convention of the plain call."""
+    import math
+
+    import torch.nn.functional as F
+
+    from primus.backends.megatron.spec import sink_attention
+    B, S, H, KV, D = sz((2, 4096, 64, 8, 64), (1, 64, 4, 2, 16))
+    dt = torch.float32 if SMOKE else torch.bfloat16
+    q = torch.randn(B, H, S, D, device=DEV, dtype=dt, requires_grad=True)
+    k = torch.randn(B, KV, S, D, device=DEV, dtype=dt, requires_grad=True)
+    v = torch.randn(B, KV, S, D, device=DEV, dtype=dt, requires_grad=True)
+    sinks = torch.randn(H, device=DEV, dtype=torch.float32, requires_grad=True)
+    do = torch.randn_like(q)
+    scale = 1 / math.sqrt(D)
+    fl = 4 * B * H * S * S * D / 2 * 3.5  # causal fwd (QK^T, AV) + bwd (2.5x)
+    fb = lambda fn: (lambda: fn().backward(do))
+    plain = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    t_plain = ms(fb(plain), [q, k, v])
+    row("sink_attention", f"plain causal SDPA GQA {H}/{KV} B{B} S{S} D{D} (baseline)", t_plain, flops=fl)
+    for window in (None, sz((128, 0), (8, 0))):
+        f = lambda: sink_attention(q, k, v, sinks, scale, True, window=window)
+        t = ms(fb(f), [q, k, v, sinks])
+        row("sink_attention", f"sinks{' + window ' + str(window[0]) if window else ''}: speed "
+            f"{t_plain / t:.2f}x the plain call's", t, flops=fl)
+
+
 @guarded("grouped_gemm")
 def b_grouped_gemm():
     from primus.turbo.grouped_gemm import grouped_gemm, grouped_gemm_reference
@@ -850,7 +880,7 @@ def main():
     env_and_copy()
     run_tests()
     benches = [b_rmsnorm, b_swiglu, b_swiglu_dense, b_cross_entropy, b_qkv_rope, b_casts, b_fp8_linear, b_fp8_gemms,
-               b_tuned_spaces, b_attention, b_grouped_gemm, b_grouped_wgrad_accum, b_fp8_wgrad_accum, b_router,
+               b_tuned_spaces, b_attention, b_sink_attention, b_grouped_gemm, b_grouped_wgrad_accum, b_fp8_wgrad_accum, b_router,
                b_permute]
     only = [s for s in ARGS.only.split(",") if s]
     for b in benches:
