@@ -80,11 +80,13 @@ def test_zoo_only_model_becomes_a_preset_with_its_sizes_and_every_key_is_account
     assert s["training.weight_decay"] == 0.01  # Primus's pre_trainer.yaml over its trainer_base.yaml
     assert s["training.lr_warmup_iters"] == 1  # a module default
     assert "precision.fp8_recipe" not in s  # the module's default recipe (delayed): fp8 is off, nothing reads it
-    assert "logging.wandb_project" in s
+    # no disable_wandb here (Primus's module config says true): the sink stays off, so the project is listed
+    assert "logging.wandb_project" not in s and "logging.wandb" not in s
     over = yaml.safe_load(open(_f("dense.yaml")))["modules"]["pre_trainer"]["overrides"]
     assert _accounted(imp, over) == []
     reasons = {i.key: i.reason for i in imp.listed}
     assert reasons["log_avg_reset_interval"] == K.LOG_ONLY
+    assert reasons["wandb_project"] == "no effect: acts only with the Weights & Biases sink (logging.wandb=true)"
     assert reasons["manual_gc"].startswith(K.NO_EQUIV)
     assert set(reasons) >= {"work_group", "user_name", "exp_name", "workspace", "finetune", "valid_data_path"}
     # untouched Primus defaults with no equivalent are listed by name, with where they came from
@@ -156,14 +158,17 @@ def test_settings_that_would_act_on_nothing_are_listed_with_what_they_need(tmp_p
                                                      "memory.optimizer", "memory.overlap", "overlap.overlap_p2p",
                                                      "overlap.async"))]
     reasons = {i.key: i.reason for i in imp.listed}
-    assert reasons["fp8_recipe"] == K.FP8_OFF and "delayed" in reasons["fp8_margin"]
+    # each with what it acts under, as the schema's ACTS_ONLY_WITH rows say it
+    assert reasons["fp8_recipe"] == "no effect: acts only with fp8 on (precision.fp8)"
+    assert "delayed" in reasons["fp8_margin"]
     assert "fp16" in reasons["loss_scale"] and "fp16" in reasons["hysteresis"]
-    assert reasons["optimizer_offload_fraction"] == reasons["overlap_cpu_optimizer_d2h_h2d"] == K.OFFLOAD_OFF
+    assert reasons["optimizer_offload_fraction"] == reasons["overlap_cpu_optimizer_d2h_h2d"] == (
+        "no effect: acts only with optimizer offload (memory.optimizer_cpu_offload=true)")
     assert "interleaved" in reasons["overlap_p2p_comm"] and "tensor_model_parallel_size 1" in reasons[
         "async_tensor_model_parallel_allreduce"]
-    assert "selective" in reasons["recompute_modules"] and "fp4 is off" in reasons["fp4_recipe"]
+    assert "selective" in reasons["recompute_modules"] and "fp4 on" in reasons["fp4_recipe"]
     assert "first_last_layers_bf16" in reasons["num_layers_at_start_in_bf16"]
-    assert "model.cross_entropy_fusion_impl" not in imp.sets and "loss_fusion is off" in reasons[
+    assert "model.cross_entropy_fusion_impl" not in imp.sets and "cross_entropy_loss_fusion=true" in reasons[
         "cross_entropy_fusion_impl"]
     assert reasons["data_parallel_replicate_degree"].startswith("not importable: Megatron-FSDP's 2 replicas")
     with_fp8 = _import_with(tmp_path, "llama2_7b.yaml", {"fp8_recipe": "delayed", "fp8_margin": 1})
@@ -180,9 +185,10 @@ def test_profiler_sink_evaluation_and_schedule_leftovers_are_listed_where_their_
     leftovers = ("profile.", "logging.wandb_project", "training.eval", "training.adam", "training.min_lr")
     assert [k for k in imp.sets if k.startswith(leftovers)] == ["profile.enabled"], imp.sets
     reasons = {i.key: i.reason for i in imp.listed}
-    assert reasons["torch_profiler_with_stack"] == K.PROFILE_OFF and "profile" in reasons["profile_step_start"]
-    assert "disable_wandb" in reasons["wandb_project"] and "evaluation is off" in reasons["eval_interval"]
-    assert "sgd" in reasons["adam_beta2"] and "constant" in reasons["min_lr"]
+    assert reasons["torch_profiler_with_stack"] == "no effect: acts only with the profiler (profile.enabled=true)"
+    assert "the profiler" in reasons["profile_step_start"] and "the profiler" in reasons["profile_step_end"]
+    assert "Weights & Biases" in reasons["wandb_project"] and "evaluation is off" in reasons["eval_interval"]
+    assert "an Adam optimizer" in reasons["adam_beta2"] and "a decaying learning rate" in reasons["min_lr"]
     on = {**off, "profile": True, "disable_wandb": False, "eval_iters": 8, "optimizer": "adam",
           "lr_decay_style": "cosine"}
     imp = _import_with(tmp_path, "llama2_7b.yaml", on)
@@ -282,8 +288,11 @@ def test_torchtitan_experiment_maps_sections_and_the_fp8_converter():
     assert s["training.micro_batch_size"] == 2 and s["training.seq_length"] == 8192 and s["training.train_iters"] == 50
     assert s["training.lr_warmup_iters"] == 10 and s["training.log_interval"] == 1
     assert s["training.lr"] == 0.0008  # Primus's torchtitan pre_trainer.yaml
-    assert s["precision.fp8"] == "hybrid" and s["turbo.enable_primus_turbo"] is True
+    assert s["precision.fp8"] == "hybrid"
     reasons = {i.key: i.reason for i in imp.listed}
+    # the master switch with every Turbo path off turns nothing on: listed, not set
+    assert "turbo.enable_primus_turbo" not in s
+    assert reasons["primus_turbo.enable_primus_turbo"].startswith("no effect: acts only with a Turbo feature flag")
     assert reasons["training.gc_freq"].startswith(K.NO_EQUIV)
     assert reasons["sink_level"] == "null: stderr_sink_level and file_sink_level decide"
 

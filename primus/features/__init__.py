@@ -105,30 +105,35 @@ def idle_settings(cfg, ctx=None) -> List[Any]:
     defaults while it does not hold. Nothing would read them, so each is an error, or a WARNING where a row says
     so (a model preset's architecture fields, which a switch such as rope_type=rope leaves behind). Fields that
     only the other backend reads are left to other_backend_issues, which names the backend instead."""
-    from primus.config.errors import ERROR, ConfigIssue
+    from primus.config.errors import ConfigIssue
 
     other = BACKEND_NAMES[cfg.backend.name.value][0]
     out = []
-    for feature in modules():
-        rows = getattr(feature, "ACTS_ONLY_WITH", ())
-        if not rows:
-            continue
-        group = feature.__name__.rsplit(".", 1)[1]
+    for feature, keys, need, fix, severity in idle_rows(cfg):
         theirs = set(getattr(feature, f"{other}_only", lambda c: ())(cfg))
-        for fields, need, holds, fix, *severity in rows:
-            if holds(cfg):
-                continue
-            set_ = {}
-            for k in fields:  # a field of the module's group, or "group.field" of another group it owns
-                g, _, k = k.rpartition(".")
-                section = getattr(cfg, g or group)
-                if k not in theirs and getattr(section, k) != default_of(section, k):
-                    set_[f"{g or group}.{k}"] = getattr(getattr(section, k), "value", getattr(section, k))
-            if set_:
-                out.append(ConfigIssue(list(set_), set_[next(iter(set_))] if len(set_) == 1 else set_,
-                                       f"acts only with {need}: nothing would read it", fix,
-                                       severity=severity[0] if severity else ERROR))
+        set_ = {}
+        for key in keys:
+            g, k = key.split(".")
+            section = getattr(cfg, g)
+            if k not in theirs and getattr(section, k) != default_of(section, k):
+                set_[key] = getattr(getattr(section, k), "value", getattr(section, k))
+        if set_:
+            out.append(ConfigIssue(list(set_), set_[next(iter(set_))] if len(set_) == 1 else set_,
+                                   f"acts only with {need}: nothing would read it", fix, severity=severity))
     return out
+
+
+def idle_rows(cfg):
+    """The `ACTS_ONLY_WITH` rows that do not hold for cfg: (feature module, their "group.field" keys, what they act
+    under, the fix, the severity). idle_settings judges a run by them; the Primus importer leaves their fields out."""
+    from primus.config.errors import ERROR
+
+    for feature in modules():
+        group = feature.__name__.rsplit(".", 1)[1]
+        for fields, need, holds, fix, *severity in getattr(feature, "ACTS_ONLY_WITH", ()):
+            if not holds(cfg):  # a field of the module's group, or "group.field" of another group it owns
+                yield (feature, [k if "." in k else f"{group}.{k}" for k in fields], need, fix,
+                       severity[0] if severity else ERROR)
 
 
 rule(idle_settings)

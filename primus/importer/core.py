@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import os
 import typing
 from dataclasses import dataclass, field
@@ -306,6 +307,7 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
     out.overrides = list(over_flat)
 
     defaults_unmapped: Dict[str, List[str]] = {}
+    givers: Dict[str, List[str]] = {}  # a setting here -> the Primus keys that gave it a value
     for key, value in view.items():
         src = source[key]
         if framework == "torchtitan" and key.startswith("model."):
@@ -344,6 +346,7 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
                 continue  # an override already decided it
             out.sets[target] = v
             out.origin[target] = key
+            givers.setdefault(target, []).append(key)
     if not _is_moe(out, model_dir):
         _drop_moe_settings(out)
     for applies, settings, why in K.DERIVED:
@@ -381,12 +384,69 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
         out.origin["model.mtp_num_layers"] = "TorchTitan's deepseek_v3"
         out.notes.append(f"set model.mtp_num_layers=0: model={out.model_preset} has {depth} multi-token-prediction "
                          "layer(s); TorchTitan 0.2.2 builds none, so Primus's TorchTitan run trains without them")
+    _drop_idle(out, view, source, givers, model_dir)
     for src, ks in defaults_unmapped.items():
         out.listed.append(Listed(", ".join(sorted(ks)), None, src,
                                  "Primus defaults with no equivalent here (this project's defaults apply)"))
     if zoo and out.new_model is None and framework == "megatron":
         out.notes += _preset_differences(zoo, table, preset, model_dir)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _base_config(framework: str):
+    """`python train.py backend=<framework>` composed once (Hydra's compose costs about a second)."""
+    from hydra import compose, initialize_config_dir
+
+    from primus.config.schema import register
+
+    register()
+    with initialize_config_dir(config_dir=os.path.dirname(M.CONF_MODEL_DIR), version_base="1.3"):
+        return compose("config", overrides=[f"backend={framework}"])
+
+
+def _config_of(out: Imported, model_dir: str):
+    """The typed config `python train.py <this import>` composes (unvalidated), or None where it does not compose
+    (the dry run then names why)."""
+    from omegaconf import OmegaConf
+
+    from primus.config.schema import ModelConfig
+    from primus.importer import write
+
+    if out.new_model is not None:
+        model = dict(out.new_model)
+    else:
+        model = read_yaml(M.preset_path(out.model_preset, model_dir)) or {}
+    model = {k: v for k, v in model.items() if k in ModelConfig.__dataclass_fields__}
+    try:
+        merged = OmegaConf.merge(_base_config(out.framework), {"model": model}, write.nested(out.sets))
+        return OmegaConf.to_object(merged)
+    except Exception:  # noqa: BLE001 - a value the schema refuses: validation names it when the import is run
+        return None
+
+
+def _drop_idle(out: Imported, view: Dict[str, Any], source: Dict[str, str], givers: Dict[str, List[str]],
+               model_dir: str) -> None:
+    """Settings that act only under another setting (the features' ACTS_ONLY_WITH rows, judged on the config this
+    import composes to) are left out: Primus's module defaults carry many of them for every run (a profiler window,
+    delayed scaling's margin, Adam's betas under sgd). One the experiment itself sets is listed with what it needs."""
+    from primus.features import idle_rows
+
+    for _ in range(3):  # dropping one setting can idle another
+        cfg = _config_of(out, model_dir)
+        dropped = False
+        for _feature, keys, need, _fix, _severity in (idle_rows(cfg) if cfg is not None else ()):
+            for key in keys:
+                primus_key = out.origin.get(key)
+                if key not in out.sets or primus_key not in source:  # not imported, or set by the import itself
+                    continue
+                del out.sets[key], out.origin[key]
+                dropped = True
+                for k in givers.get(key, [primus_key]):
+                    if source.get(k) == "overrides" and not any(x.key == k for x in out.listed):
+                        out.listed.append(Listed(k, view.get(k), "overrides", f"no effect: acts only with {need}"))
+        if not dropped:
+            return
 
 
 def _preset_value(out: Imported, model_dir: str, key: str) -> Any:

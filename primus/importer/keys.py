@@ -117,13 +117,9 @@ def _raise(why: str):
     raise ValueError(why)
 
 
-OFFLOAD_OFF = "no effect: optimizer_cpu_offload is off"
-PROFILE_OFF = "no effect: profile is off"
-FP8_OFF = "no effect: fp8 is off"
-
-
-# Settings that act only under another (the schema's ACTS_ONLY_WITH rows): Primus's module defaults carry them for
-# every run, so each is imported where it acts and listed ("no effect: ...") where Megatron would ignore it.
+# A setting that acts only under another: the schema's ACTS_ONLY_WITH rows decide that for every key mapped here
+# (core._drop_idle leaves such a setting out, and lists it, where its row does not hold). _when is for the
+# conditions that exist only in Primus's key space, such as TorchTitan's float8 converter list.
 def _when(key: str, on: Callable[[Dict[str, Any]], bool], idle: str) -> Map:
     return Map(lambda v, m: {key: v} if v is not None and on(m) else {}, idle)
 
@@ -159,28 +155,15 @@ def _no_dropout(v, m):
 
 def _profile_steps(v, m):
     start, end = m.get("profile_step_start"), m.get("profile_step_end")
-    if start is None or not end or not (m.get("profile") or m.get("record_memory_history")):
+    if start is None or not end:
         return {}
     return {"profile.start_step": start, "profile.steps": max(1, end - start)}
-
-
-def _profiling(key: str) -> Map:
-    return _when(key, lambda m: bool(m.get("profile")), PROFILE_OFF)
 
 
 def _evaluating(key: str) -> Map:
     # Megatron-LM evaluates every eval_interval steps for eval_iters batches: either 0 (or null) turns it off
     return _when(key, lambda m: bool(m.get("eval_interval")) and bool(m.get("eval_iters")),
                  "no effect: evaluation is off (eval_interval or eval_iters is 0)")
-
-
-def _adam(key: str) -> Map:
-    return _when(key, lambda m: m.get("optimizer", "adam") != "sgd", "no effect: the optimizer is sgd")
-
-
-def _decaying(key: str) -> Map:
-    return _when(key, lambda m: m.get("lr_decay_style", "linear") != "constant",
-                 "no effect: lr_decay_style is constant")
 
 
 def _tt_ac(v, m):
@@ -199,20 +182,20 @@ MEGATRON: Dict[str, Entry] = {
     "global_batch_size": "training.global_batch_size",
     "seq_length": "training.seq_length",
     "lr": "training.lr",
-    "min_lr": _decaying("training.min_lr"),
+    "min_lr": "training.min_lr",
     "lr_warmup_iters": "training.lr_warmup_iters",
-    "lr_decay_iters": _decaying("training.lr_decay_iters"),
+    "lr_decay_iters": "training.lr_decay_iters",
     "lr_decay_style": "training.lr_decay_style",
     "weight_decay": "training.weight_decay",
-    "adam_beta1": _adam("training.adam_beta1"),
-    "adam_beta2": _adam("training.adam_beta2"),
-    "adam_eps": _adam("training.adam_eps"),
+    "adam_beta1": "training.adam_beta1",
+    "adam_beta2": "training.adam_beta2",
+    "adam_eps": "training.adam_eps",
     "clip_grad": "training.clip_grad",
     "init_method_std": "training.init_method_std",
     "seed": "training.seed",
     "optimizer": "training.optimizer",
     "log_interval": "training.log_interval",
-    "eval_iters": _evaluating("training.eval_iters"),
+    "eval_iters": "training.eval_iters",
     "eval_interval": _evaluating("training.eval_interval"),
     "gradient_accumulation_fusion": "training.gradient_accumulation_fusion",
     "PRIMUS_DETERMINISTIC": Map(lambda v, m: {"training.deterministic": bool(v)}),
@@ -278,10 +261,8 @@ MEGATRON: Dict[str, Entry] = {
     "use_precision_aware_optimizer": "memory.use_precision_aware_optimizer",
     "empty_unused_memory_level": "memory.empty_unused_memory_level",
     "optimizer_cpu_offload": "memory.optimizer_cpu_offload",
-    "optimizer_offload_fraction": Map(lambda v, m: {"memory.optimizer_offload_fraction": v}
-                                      if m.get("optimizer_cpu_offload") else {}, OFFLOAD_OFF),
-    "overlap_cpu_optimizer_d2h_h2d": Map(lambda v, m: {"memory.overlap_cpu_optimizer_d2h_h2d": bool(v)}
-                                         if m.get("optimizer_cpu_offload") else {}, OFFLOAD_OFF),
+    "optimizer_offload_fraction": "memory.optimizer_offload_fraction",
+    "overlap_cpu_optimizer_d2h_h2d": Map(lambda v, m: {"memory.overlap_cpu_optimizer_d2h_h2d": bool(v)}),
     "main_grads_dtype": No(NO_EQUIV + ": main grads are fp32"),
     "exp_avg_dtype": No(NO_EQUIV + ": Adam states are fp32 (memory.use_precision_aware_optimizer keeps them low)"),
     "exp_avg_sq_dtype": No(NO_EQUIV + ": Adam states are fp32 (memory.use_precision_aware_optimizer keeps them low)"),
@@ -293,36 +274,27 @@ MEGATRON: Dict[str, Entry] = {
     "recompute_granularity": Map(lambda v, m: {"recompute.recompute_granularity": None if _no_full(m) else v}),
     "recompute_method": Map(lambda v, m: {"recompute.recompute_method": v} if _full(m) else {},
                             "no effect: no full recompute (recompute_granularity null/selective, or 0 layers)"),
-    "recompute_num_layers": Map(lambda v, m: {"recompute.recompute_num_layers": v} if _full(m) else {},
-                                "no effect: no full recompute (recompute_granularity null/selective, or 0 layers)"),
+    "recompute_num_layers": "recompute.recompute_num_layers",
     "recompute_layer_ids": Map(lambda v, m: {"recompute.recompute_layer_ids": [int(x) for x in str(v).split(",")]
                                              if isinstance(v, (str, int)) else v}),
-    "recompute_modules": Map(lambda v, m: {"recompute.recompute_modules": list(v)}
-                             if v and m.get("recompute_granularity") == "selective" else {},
-                             "no effect: recompute_granularity is not selective"),
+    "recompute_modules": Map(lambda v, m: {"recompute.recompute_modules": list(v)} if v else {}),
     "moe_layer_recompute": No(NO_EQUIV + ": recompute.recompute_modules=[moe] recomputes the MoE layers"),
     # precision
     "bf16": "precision.bf16",
     "fp16": "precision.fp16",
-    # fp16's loss scaling, fp8's and fp4's recipes act only with their format on (Primus's module defaults carry
-    # them for every run): imported where they act, listed where they would be dropped
-    **{k: Map(lambda v, m, k=k: {f"precision.{k}": v} if m.get("fp16") else {},
-              "no effect: loss scaling is fp16's (bf16 and fp32 need none)")
-       for k in ("loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis")},
+    # fp16's loss scaling, fp8's and fp4's recipes and delayed scaling's settings act only with their format on
+    # (Primus's module defaults carry them for every run): the import leaves them out where they would not act
+    **{k: f"precision.{k}" for k in ("loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window",
+                                     "hysteresis", "fp8_margin", "fp8_interval", "fp8_amax_history_len",
+                                     "fp8_amax_compute_algo")},
     "fp8": "precision.fp8",
-    "fp8_recipe": Map(lambda v, m: {"precision.fp8_recipe": v} if m.get("fp8") else {}, FP8_OFF),
-    # delayed scaling's settings; the other recipes scale from each tensor's current amax
-    **{k: Map(lambda v, m, k=k: {f"precision.{k}": v} if m.get("fp8") and m.get("fp8_recipe") == "delayed" else {},
-              "no effect: delayed scaling's setting, and fp8 is off or its recipe is not delayed")
-       for k in ("fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo")},
+    "fp8_recipe": "precision.fp8_recipe",
     "fp4": "precision.fp4",
-    "fp4_recipe": Map(lambda v, m: {"precision.fp4_recipe": v} if m.get("fp4") else {}, "no effect: fp4 is off"),
+    "fp4_recipe": "precision.fp4_recipe",
     "first_last_layers_bf16": Map(lambda v, m: {"precision.first_last_layers_bf16": bool(v)}
                                   if m.get("fp8") or m.get("fp4") else {}, "no effect: fp8 and fp4 are off"),
-    **{k: Map(lambda v, m, k=k: {f"precision.{k}": v} if m.get("first_last_layers_bf16") and
-              (m.get("fp8") or m.get("fp4")) else {},
-              "no effect: first_last_layers_bf16 is off (or fp8 and fp4 are)")
-       for k in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")},
+    "num_layers_at_start_in_bf16": "precision.num_layers_at_start_in_bf16",
+    "num_layers_at_end_in_bf16": "precision.num_layers_at_end_in_bf16",
     "fp8_param_gather": No(NO_EQUIV + ": parameters are gathered in bf16"),
     "no_fp8_weight_transpose_cache": No(NO_EQUIV + ": precision.fp8_weight_cache decides the fp8 weight cache"),
     "disable_delayed_scaling_patches": No(NO_EQUIV + ": Primus-internal patch switch"),
@@ -370,9 +342,7 @@ MEGATRON: Dict[str, Entry] = {
     "spec": No(NO_EQUIV + ": backend.layer_spec picks the TE or the local layer spec"),
     # loss and fusions
     "cross_entropy_loss_fusion": "model.cross_entropy_loss_fusion",
-    "cross_entropy_fusion_impl": Map(lambda v, m: {"model.cross_entropy_fusion_impl": v}
-                                     if m.get("cross_entropy_loss_fusion") else {},
-                                     "no effect: cross_entropy_loss_fusion is off"),
+    "cross_entropy_fusion_impl": "model.cross_entropy_fusion_impl",
     # Primus's true is Transformer Engine's fused RoPE, which runs under q/k layernorm too; here true requires the
     # fusion where it cannot always run (primus' split + RoPE kernel, not under q/k layernorm), null takes it wherever
     # it runs
@@ -446,8 +416,7 @@ MEGATRON: Dict[str, Entry] = {
     "dist_ckpt_strictness": No(NO_EQUIV + ": a checkpoint must match the model exactly"),
     "exit_on_missing_checkpoint": No(NO_EQUIV + ": a resume path that does not exist is an error before start"),
     # logging and profiling
-    "wandb_project": _when("logging.wandb_project", lambda m: not m.get("disable_wandb", False),
-                           "no effect: disable_wandb is true"),
+    "wandb_project": "logging.wandb_project",
     "disable_wandb": _not("logging.wandb"),
     "disable_tensorboard": _not("logging.tensorboard"),
     "tensorboard_dir": No("TensorBoard writes to <run dir>/tensorboard"),
@@ -466,15 +435,14 @@ MEGATRON: Dict[str, Entry] = {
     "nvtx_ranges": No(LOG_ONLY),
     "profile": "profile.enabled",
     "use_pytorch_profiler": No("profile.enabled uses torch.profiler"),
-    "profile_step_start": Map(_profile_steps, "no effect: profile and record_memory_history are off"),
-    "profile_step_end": Map(_profile_steps, "no effect: profile and record_memory_history are off"),
-    "profile_ranks": _when("profile.ranks", lambda m: bool(m.get("profile") or m.get("record_memory_history")),
-                           "no effect: profile and record_memory_history are off"),
-    "record_shapes": _profiling("profile.record_shapes"),
-    "torch_profiler_record_shapes": _profiling("profile.record_shapes"),
-    "torch_profiler_with_stack": _profiling("profile.with_stack"),
-    "pytorch_profiler_collect_shapes": _profiling("profile.record_shapes"),
-    "pytorch_profiler_collect_callstack": _profiling("profile.with_stack"),
+    "profile_step_start": Map(_profile_steps, "no profiling window: profile_step_start or profile_step_end is null"),
+    "profile_step_end": Map(_profile_steps, "no profiling window: profile_step_start or profile_step_end is null"),
+    "profile_ranks": "profile.ranks",
+    "record_shapes": "profile.record_shapes",
+    "torch_profiler_record_shapes": "profile.record_shapes",
+    "torch_profiler_with_stack": "profile.with_stack",
+    "pytorch_profiler_collect_shapes": "profile.record_shapes",
+    "pytorch_profiler_collect_callstack": "profile.with_stack",
     "pytorch_profiler_collect_chakra": No(NO_EQUIV + ": no Chakra execution traces"),
     "torch_profiler_use_gzip": No(NO_EQUIV + ": traces are written uncompressed"),
     "disable_profiler_activity_cpu": No(NO_EQUIV + ": traces record CPU and GPU activity"),
@@ -498,15 +466,10 @@ MEGATRON.update({k: ARCH_ONLY for k in (
     "use_v4_attention_backend", "use_v4_compiled_sinkhorn", "use_v4_csa_attention_backend", "use_v4_fp8_indexer",
     "window_attn_skip_freq", "window_size")})
 MEGATRON.update({
-    # gpt-oss's attention sinks (Primus runs them inside its turbo attention; here in every attention core). The
-    # window belongs to the sinks, as in Primus, and alternates only where it exists
+    # gpt-oss's attention sinks (Primus runs them inside its turbo attention; here in every attention core)
     "use_sink_attention": "model.use_sink_attention",
-    "sink_sliding_window": _when("model.sink_sliding_window", lambda m: bool(m.get("use_sink_attention")),
-                                 "no effect: use_sink_attention is off"),
-    "sink_window_even_layers_only": _when(
-        "model.sink_window_even_layers_only",
-        lambda m: bool(m.get("use_sink_attention")) and (m.get("sink_sliding_window") or 0) > 0,
-        "no effect: no sliding window (use_sink_attention off, or sink_sliding_window 0)"),
+    "sink_sliding_window": "model.sink_sliding_window",
+    "sink_window_even_layers_only": "model.sink_window_even_layers_only",
     "enable_experimental": No(NO_EQUIV + ": megatron-core's experimental features stay off"),
     "fused_ce_chunks": No(NO_EQUIV + ": no chunked fused linear + cross entropy (model.cross_entropy_loss_fusion "
                                      "fuses the loss)"),
