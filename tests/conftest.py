@@ -65,6 +65,18 @@ def compose_cfg(overrides=()):
     return OmegaConf.to_object(compose_dict(overrides))
 
 
+def turbo_kernels_smoke(only: str):
+    """`bench/turbo_kernels.py --smoke --only <only>` (the CPU smoke size): its rows for that kernel. Fails on a
+    non-zero exit or a FAILED row."""
+    import subprocess
+
+    r = subprocess.run([PY, "bench/turbo_kernels.py", "--smoke", "--no-tests", "--only", only], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "FAILED" not in r.stdout, r.stdout[-2000:]
+    return [line for line in r.stdout.splitlines() if line.startswith(f"| {only} |")]
+
+
 def modelled_gap_s(slow, fast, gpu, world=1):
     """How many seconds a step the planner's step model (primus.plan.advice.step_cost_s, on each config's own memory
     estimate) puts config `fast` ahead of config `slow`."""

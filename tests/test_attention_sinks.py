@@ -145,14 +145,7 @@ def test_sinks_saved_at_tp2_resume_at_tp1(tmp_path):
 @pytest.mark.e2e
 def test_the_bench_entry_runs_on_cpu():
     """bench/turbo_kernels.py --only sink_attention (the GPU figure beside plain SDPA) at its smoke size on CPU."""
-    import subprocess
-    import sys
+    from conftest import turbo_kernels_smoke
 
-    from conftest import ROOT as REPO
-
-    r = subprocess.run([sys.executable, "bench/turbo_kernels.py", "--smoke", "--no-tests", "--only", "sink_attention"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    rows = [line for line in r.stdout.splitlines() if line.startswith("| sink_attention |")]
+    rows = turbo_kernels_smoke("sink_attention")
     assert len(rows) == 3 and "(baseline)" in rows[0] and "window 8: speed" in rows[2], rows
-    assert "FAILED" not in r.stdout
