@@ -149,3 +149,37 @@ def test_the_bench_entry_runs_on_cpu():
 
     rows = turbo_kernels_smoke("sink_attention")
     assert len(rows) == 3 and "(baseline)" in rows[0] and "window 8: speed" in rows[2], rows
+
+
+@pytest.mark.e2e
+def test_an_imported_primus_gpt_oss_experiment_trains_on_the_first_try(tmp_path):
+    """python -m primus.importer <gpt-oss experiment> --out ..., then train.py on it: it trains (one CPU rank, the
+    sinks with a window of 8 on layers 0 and 2), the sinks in the model megatron builds."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT as REPO
+
+    conf = tmp_path / "conf"
+    out = conf / "experiment" / "oss.yaml"
+    env = {**os.environ, "GPUS_PER_NODE": "1", "NNODES": "1", "PRIMUS_SINK_WINDOW": "8"}
+    r = subprocess.run([sys.executable, "-m", "primus.importer", os.path.join(DATA, "gpt_oss.yaml"), "--primus-root",
+                        ROOT, "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "train.py", f"hydra.searchpath=[file://{conf}]", "experiment=oss",
+                        "device=cpu", "logging.tensorboard=false", f"hydra.run.dir={run}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((run / "result.json").read_text())
+    assert res["status"] == "ok" and len(res["losses"]) == 4 and all(x == x for x in res["losses"])
+    model = res["config"]["model"]
+    assert (model["use_sink_attention"], model["sink_sliding_window"], model["sink_window_even_layers_only"]) == (
+        True, 8, True)
+    # the model megatron built has a sink per head and layer (its parameter count is the planner's, sinks included)
+    from primus.config.schema import ModelConfig
+    from primus.metrics.flops import param_counts
+
+    without = param_counts(ModelConfig(**{**model, "use_sink_attention": False})).total
+    assert res["params"] == without + model["num_attention_heads"] * model["num_layers"]
