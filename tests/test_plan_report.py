@@ -564,3 +564,22 @@ def test_the_measured_mfu_follows_precision_moe_and_recompute_and_a_setting_wins
     assert mfu("model=llama3_8b", "precision=fp8", "plan.assumed_mfu=0.3") == (0.3, "plan.assumed_mfu")
     text = plan(compose_cfg(["model=llama3_8b", "plan.gpu=H200"]), GPU_CTX, advise=False).text
     assert "(measured for megatron, bf16, dense; plan.assumed_mfu sets another)" in text
+
+
+def test_attention_sinks_widen_what_sdpa_saves_and_a_window_adds_its_mask():
+    """spec.sink_attention hands SDPA q, k and v widened by the sink's channels (head dim 32 -> 40 here) as new
+    tensors, so v no longer keeps the fused QKV output alive; a windowed layer also leaves SDPA its bf16 mask, [s + 1]
+    x [s + 17] (its last dim padded to 16), on half the layers with the alternation."""
+    from primus.plan.memory import BackendHints, layer_activation_bytes, layout_of
+
+    base = ["backend=megatron", "model=debug", "training=bench"]  # 4 heads of 32, 2 kv heads; mb 8 x seq 4096
+    plain = compose_cfg(base)
+    sinks = compose_cfg(base + ["model.use_sink_attention=true"])
+    window = compose_cfg(base + ["model.use_sink_attention=true", "model.sink_sliding_window=128"])
+    hints = BackendHints(te_linears=False, v_keeps_qkv=True)
+    p, s, w = (layer_activation_bytes(c, layout_of(c, 1), hints) for c in (plain, sinks, window))
+    T, a = 8 * 4096, 2
+    assert p["qkv"] == T * (128 + 64 + (128 + 64 + 64)) * a  # q, k and the whole QKV output behind v
+    assert s["qkv"] == T * (128 + 64 + 64) * 40 / 32 * a and "window_mask" not in s
+    assert s["core_attn"] - p["core_attn"] == T * 128 * (40 / 32 - 1) * a
+    assert w["window_mask"] == 2 * 4097 * (4096 + 17) * 2 / 4  # 2 of the 4 layers windowed, as a per-layer mean
