@@ -619,13 +619,14 @@ def b_attention():
 @guarded("sink_attention")
 def b_sink_attention():
     """Attention sinks (model.use_sink_attention) at gpt-oss's shape (64 heads of 64, 8 kv heads, seq 4096): the
-    sink as one more SDPA key (spec.sink_attention), with and without a 128-token window, against plain causal SDPA
-    at the same shape (what the layer costs without sinks). FLOPs: the causal convention of the plain call."""
+    sink as one more SDPA key (attention_sinks.sink_attention), with and without a 128-token window, against plain
+    causal SDPA at the same shape (what the layer costs without sinks). FLOPs: the causal convention of the plain
+    call."""
     import math
 
     import torch.nn.functional as F
 
-    from primus.backends.megatron.spec import sink_attention
+    from primus.backends.attention_sinks import sink_attention
     B, S, H, KV, D = sz((2, 4096, 64, 8, 64), (1, 64, 4, 2, 16))
     dt = torch.float32 if SMOKE else torch.bfloat16
     q = torch.randn(B, H, S, D, device=DEV, dtype=dt, requires_grad=True)

@@ -1,6 +1,7 @@
 """Attention sinks (model.use_sink_attention, gpt-oss; Primus's use_sink_attention / sink_sliding_window /
-sink_window_even_layers_only): their rules, megatron's settings, the FLOPs and parameters counted, the import of
-Primus's gpt-oss configs, and training with them on CPU (the kernel itself: tests/test_megatron_modules.py)."""
+sink_window_even_layers_only): their rules, megatron's settings and TorchTitan's flavor, the FLOPs and parameters
+counted, the import of Primus's gpt-oss configs, and training with them on CPU on both backends (the kernel itself:
+tests/test_megatron_modules.py)."""
 import os
 
 import pytest
@@ -53,9 +54,24 @@ def test_a_negative_window_is_refused():
         _checked(["backend=megatron", *SINKS, "model.sink_sliding_window=-1"])
 
 
-def test_torchtitan_says_the_sinks_are_megatron_s():
-    with pytest.raises(ConfigError, match=r"model.use_sink_attention = True: megatron-core only"):
-        _checked(["backend=torchtitan", *SINKS])
+def test_torchtitan_builds_the_sinks_into_its_qwen3_family():
+    from primus.backends.torchtitan.flavors import QWEN3, build_flavor
+
+    flavor = build_flavor(compose_cfg(["backend=torchtitan", "model=debug", *SINKS, "model.sink_sliding_window=8"]))
+    assert flavor.spec == QWEN3 and not flavor.issues  # a dense Llama-shaped model, in the family with the sinks
+    assert (flavor.args["use_sink_attention"], flavor.args["sink_sliding_window"],
+            flavor.args["sink_window_even_layers_only"]) == (True, 8, True)
+    assert "use_sink_attention" not in build_flavor(compose_cfg(["backend=torchtitan", "model=debug_moe"])).args
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2"], "no tensor or context parallelism"),
+    (["model=deepseek_v2_lite"], "not its deepseek_v3 \\(multi-latent attention\\)"),
+    (["turbo=torchtitan"], "the turbo attention kernel has no attention sinks"),
+])
+def test_torchtitan_refuses_what_its_sinks_cannot_serve(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        _checked(["backend=torchtitan", *overrides, *SINKS, "dry_run=true"])
 
 
 def test_turbo_attention_with_sinks_is_warned_not_swapped_silently():
@@ -100,6 +116,23 @@ def test_primus_s_megatron_gpt_oss_imports_its_sinks_and_the_window_only_where_i
     assert imp.sets["model.sink_window_even_layers_only"] is True
 
 
+def test_the_new_preset_leaves_megatron_s_kernel_switches_to_the_experiment_so_torchtitan_builds_it(tmp_path):
+    """Primus's model config carries megatron's fusion switches; in the new preset they would make it megatron's
+    only (TorchTitan has no such settings), so they go to the (megatron) experiment."""
+    from primus.importer import write
+    from primus.importer.core import import_experiment
+
+    imp = import_experiment(os.path.join(DATA, "gpt_oss.yaml"), ROOT)
+    assert not {"apply_rope_fusion", "bias_activation_fusion"} & set(imp.new_model)
+    assert imp.sets["model.apply_rope_fusion"] is False and imp.sets["model.bias_activation_fusion"] is True
+    conf = tmp_path / "conf"
+    (conf / "model").mkdir(parents=True)
+    (conf / "model" / "gpt_oss_tiny.yaml").write_text(write.model_yaml(imp))
+    cfg, _ = _checked([f"hydra.searchpath=[file://{conf}]", "backend=torchtitan", "model=gpt_oss_tiny",
+                       "moe.moe_router_load_balancing_type=none", *SINKS])
+    assert cfg.model.name == "gpt_oss_tiny" and cfg.model.use_sink_attention
+
+
 def test_primus_s_torchtitan_gpt_oss_is_refused_naming_what_is_missing():
     from primus.importer.core import CannotImport, import_experiment
 
@@ -121,6 +154,25 @@ def test_sinks_and_window_train_and_resume_from_a_checkpoint(tmp_path):
     assert all(abs(x - y) > 1e-4 for x, y in zip(a["losses"], plain["losses"]))  # the sinks act from step 1
     ckpt = tmp_path / "a" / "checkpoints" / "step_000002"
     b, _ = run_train(tmp_path / "b", [*COMMON, *model, f"checkpoint.resume={ckpt}"])
+    assert b["first_step"] == 3 and len(b["losses"]) == 2
+    for x, y in zip(a["losses"][2:], b["losses"]):
+        assert abs(x - y) <= REL * abs(x), (a["losses"], b["losses"])
+
+
+@pytest.mark.e2e
+def test_torchtitan_trains_with_sinks_and_resumes_them_from_a_checkpoint(tmp_path):
+    """TorchTitan's qwen3 with the sinks and a window on layers 0 and 2 trains; the model it builds has a sink per
+    head and layer, and they are in its DCP checkpoint (resuming at step 2 continues the same losses)."""
+    from parity import COMMON, REL, TORCHTITAN
+    from rank_script import run_train
+
+    model = [*TORCHTITAN, "model=debug", "training.train_iters=4"]
+    sinks = [*model, *SINKS, "model.sink_sliding_window=8"]
+    a, _ = run_train(tmp_path / "a", [*COMMON, *sinks, "checkpoint.interval=2"])
+    plain, _ = run_train(tmp_path / "plain", [*COMMON, *model])
+    assert a["params"] == plain["params"] + 4 * 4
+    ckpt = tmp_path / "a" / "checkpoints" / "step_000002"
+    b, _ = run_train(tmp_path / "b", [*COMMON, *sinks, f"checkpoint.resume={ckpt}"])
     assert b["first_step"] == 3 and len(b["losses"]) == 2
     for x, y in zip(a["losses"][2:], b["losses"]):
         assert abs(x - y) <= REL * abs(x), (a["losses"], b["losses"])

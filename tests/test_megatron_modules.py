@@ -118,7 +118,7 @@ def test_sink_attention_in_bf16_keeps_the_sink_to_16_bits():
     (the sinks / scale, 101.28 and 90.65, rounded to 101.0 and 90.5) is 3.1% and 2.1% off."""
     import math
 
-    from primus.backends.megatron.spec import sink_attention
+    from primus.backends.attention_sinks import sink_attention
 
     s, d = 6, 64
     q = torch.zeros(1, 2, s, d, dtype=torch.bfloat16)

@@ -126,6 +126,14 @@ def test_torchtitan_param_and_adam_counts_exact(tmp_path):
     assert bd.optimizer_state_numel == states == 2 * params
 
 
+def test_torchtitan_attention_sinks_counted_exactly(tmp_path):
+    ov = TITAN + ["model=debug", "model.use_sink_attention=true", "model.sink_sliding_window=16"]
+    _, bd = _estimate(ov)
+    params, states = _torchtitan_counts(ov, str(tmp_path))
+    assert bd.params_numel == params == 1_311_872 + 4 * 4  # TorchTitan's qwen3 + a sink per head and layer
+    assert bd.optimizer_state_numel == states == 2 * params
+
+
 def test_flops_param_count_matches_plain_torch_llama():
     """Without any backend: the shared param count (primus.metrics.flops) vs a plain torch Llama block stack."""
     import torch.nn as nn

@@ -567,9 +567,9 @@ def test_the_measured_mfu_follows_precision_moe_and_recompute_and_a_setting_wins
 
 
 def test_attention_sinks_widen_what_sdpa_saves_and_a_window_adds_its_mask():
-    """spec.sink_attention hands SDPA q, k and v widened by the sink's channels (head dim 32 -> 40 here) as new
-    tensors, so v no longer keeps the fused QKV output alive; a windowed layer also leaves SDPA its bf16 mask, [s + 1]
-    x [s + 17] (its last dim padded to 16), on half the layers with the alternation."""
+    """attention_sinks.sink_attention hands SDPA q, k and v widened by the sink's channels (head dim 32 -> 40 here) as
+    new tensors, so v no longer keeps the fused QKV output alive; a windowed layer also leaves SDPA its bf16 mask,
+    [s + 1] x [s + 17] (its last dim padded to 16), on half the layers with the alternation."""
     from primus.plan.memory import BackendHints, layer_activation_bytes, layout_of
 
     base = ["backend=megatron", "model=debug", "training=bench"]  # 4 heads of 32, 2 kv heads; mb 8 x seq 4096

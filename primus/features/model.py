@@ -415,9 +415,7 @@ def torchtitan(cfg, ctx) -> Dict[str, Any]:
 
 def megatron_only(cfg) -> tuple:
     # megatron's fused-kernel switches: TorchTitan's models run their own RoPE, SwiGLU and loss (compiled)
-    # and attention sinks: TorchTitan 0.2.2 has them in its gpt_oss model only, not in the families built here
-    return ("cross_entropy_fusion_impl", "apply_rope_fusion", "bias_activation_fusion", "use_sink_attention",
-            "sink_sliding_window", "sink_window_even_layers_only")
+    return ("cross_entropy_fusion_impl", "apply_rope_fusion", "bias_activation_fusion")
 
 
 def torchtitan_issues(cfg, ctx) -> List[ConfigIssue]:
@@ -425,6 +423,13 @@ def torchtitan_issues(cfg, ctx) -> List[ConfigIssue]:
     from primus.backends.torchtitan import flavors
 
     m, par, issues = cfg.model, cfg.parallel, list(flavors.build_flavor(cfg).issues)
+    if m.use_sink_attention:
+        split = {k: v for k, v in (("tensor_model_parallel_size", par.tensor_model_parallel_size),
+                                   ("context_parallel_size", par.context_parallel_size)) if v > 1}
+        if split:  # spec.SinkSDPA holds every head's sink; TorchTitan's tp and cp would split its q/k/v
+            issues.append(ConfigIssue(["model.use_sink_attention"] + [f"parallel.{k}" for k in split], split,
+                                      "attention sinks on TorchTitan are built for whole heads and sequences: no "
+                                      "tensor or context parallelism", "use FSDP / pp there, or backend=megatron"))
     if m.cross_entropy_loss_fusion:
         issues.append(ConfigIssue(["model.cross_entropy_loss_fusion"], True,
                                   "torchtitan 0.2.2 has no fused cross entropy", "set false"))

@@ -424,7 +424,7 @@ def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
         # Primus runs sinks inside its turbo attention; the kernel here has no sink (or window) argument
         out.append(ConfigIssue(["turbo.use_turbo_attention", "model.use_sink_attention"], True,
                                "the turbo attention kernel has no attention sinks: every layer runs torch's SDPA "
-                               "with the sink as one more key instead (primus.backends.megatron.spec.sink_attention)",
+                               "with the sink as one more key instead (primus.backends.attention_sinks)",
                                "drop turbo.use_turbo_attention (nothing else changes)", severity=WARNING))
     if turbo_linears(cfg) and p.fp8 is not None:
         r = p.fp8_recipe.value
@@ -548,6 +548,12 @@ def torchtitan_issues(cfg, ctx) -> List[ConfigIssue]:
     issues: List[ConfigIssue] = []
     if not t.enable_primus_turbo:
         return issues
+    if t.use_turbo_attention and cfg.model.use_sink_attention:
+        # the converter swaps TorchTitan's SDPA wrapper; every attention core here is the sink one
+        issues.append(ConfigIssue(["turbo.use_turbo_attention", "model.use_sink_attention"], True,
+                                  "the turbo attention kernel has no attention sinks, and every layer's attention "
+                                  "core is the sink one: it would swap nothing",
+                                  "set turbo.use_turbo_attention=false"))
     if turbo_fp8(cfg):  # precision.fp8 served by primus.turbo.fp8_linear instead of torchao's converter
         if p.fp8_recipe.value not in PORTABLE_FP8_RECIPES:
             issues.append(ConfigIssue(["turbo.use_turbo_float8_linear", "precision.fp8_recipe"], p.fp8_recipe.value,

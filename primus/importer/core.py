@@ -170,6 +170,14 @@ def _apply(entry: K.Entry, key: str, value: Any, view: Dict[str, Any]) -> Dict[s
     return entry.fn(value, view)
 
 
+def _run_switches() -> Tuple[str, ...]:
+    """Model fields that switch megatron's kernels rather than shape the model: a new preset leaves them to the
+    experiment, so that the preset also builds on TorchTitan (which has none of them)."""
+    from primus.features import model
+
+    return tuple(f"model.{k}" for k in model.megatron_only(None) + ("cross_entropy_loss_fusion",))
+
+
 def _model_fields(zoo: Dict[str, Any], table: Dict[str, K.Entry], name: str,
                   notes: Optional[List[str]] = None) -> Dict[str, Any]:
     """A preset's fields from a Primus (megatron) model config: its model.* keys and its router settings. What the
@@ -184,6 +192,8 @@ def _model_fields(zoo: Dict[str, Any], table: Dict[str, K.Entry], name: str,
         except ValueError as e:
             raise CannotImport(f"model {name}: {key}: {e}") from e
         for target, v in got.items():
+            if target in _run_switches():
+                continue
             if target.startswith("model.") and v is not None:
                 fields[target[len("model."):]] = v
             elif key in MODEL_ROUTER and v is not None:
@@ -335,7 +345,8 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
             out.listed.append(Listed(key, value, src, entry.idle if isinstance(entry, K.Map) else
                                      "null in Primus: this project's default applies"))
         for target, v in got.items():
-            if from_model and (target.startswith("model.") or key in MODEL_ROUTER):
+            if from_model and (target.startswith("model.") or key in MODEL_ROUTER) and not (
+                    out.new_model is not None and target in _run_switches()):
                 continue  # the model preset carries the model's own settings
             problem = schema_problem(target, v)
             if problem:

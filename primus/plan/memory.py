@@ -271,8 +271,8 @@ def layer_activation_bytes(cfg: PrimusConfig, lay: Layout, hints: BackendHints, 
     qkv_w = hq + hk + (hq + hk + hv if hints.v_keeps_qkv else hv)
     o_w = ho
     if m.use_sink_attention and not hints.te_linears:
-        # spec.sink_attention: SDPA saves q, k, v widened by the sink's channels (the head dim padded to a multiple
-        # of 8; v only where it is as wide as q / k), new tensors: the fused QKV output is not kept alive by v
+        # attention_sinks.sink_attention: SDPA saves q, k, v widened by the sink's channels (the head dim padded to a
+        # multiple of 8; v only where it is as wide as q / k), new tensors: the fused QKV output is not kept alive by v
         dqk, dv = hq // m.num_attention_heads, ho // m.num_attention_heads
         fq = (dqk + 2 + (-(dqk + 2)) % 8) / dqk
         fv = fq if dv == dqk else 1.0

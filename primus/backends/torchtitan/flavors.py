@@ -5,7 +5,8 @@ registered into TorchTitan's registry (see `spec.py`) under our own train-spec n
 
 - dense Llama (no QK-norm, head dim = hidden / heads)  -> `primus_llama3` (TorchTitan's llama3 model; tied
   embeddings through a small subclass in `spec.py`, since llama3 itself never ties)
-- QK-norm, an explicit head dim, or MoE without MLA     -> `primus_qwen3` (TorchTitan's qwen3, dense or MoE)
+- QK-norm, an explicit head dim, attention sinks, or MoE without MLA -> `primus_qwen3` (TorchTitan's qwen3, dense
+  or MoE; sinks through a small subclass in `spec.py`)
 - multi-latent attention (DeepSeek)                     -> `primus_deepseek_v3`
 
 Shapes TorchTitan 0.2.2 cannot build come back as ConfigIssues, never as a silently different model.
@@ -63,7 +64,7 @@ def _head_dim(m: ModelConfig) -> int:
 def _spec_for(m: ModelConfig) -> str:
     if m.multi_latent_attention:
         return DEEPSEEK_V3
-    if m.num_experts or m.qk_layernorm or _head_dim(m) * m.num_attention_heads != m.hidden_size:
+    if m.num_experts or m.qk_layernorm or m.use_sink_attention or _head_dim(m) * m.num_attention_heads != m.hidden_size:
         return QWEN3
     return LLAMA3
 
@@ -152,6 +153,9 @@ def build_flavor(cfg: PrimusConfig) -> Flavor:
             "enable_weight_tying": m.tie_word_embeddings,
             "moe_enabled": bool(m.num_experts),
         }
+        if m.use_sink_attention:  # fields of our subclass (spec.py)
+            args.update({"use_sink_attention": True, "sink_sliding_window": m.sink_sliding_window,
+                         "sink_window_even_layers_only": m.sink_window_even_layers_only})
         if m.num_experts:
             args["moe_inter_dim"] = m.moe_ffn_hidden_size or m.ffn_hidden_size
             args["moe_args"] = _moe_args(cfg, issues)
@@ -165,6 +169,11 @@ def build_flavor(cfg: PrimusConfig) -> Flavor:
                                       True, "tied embeddings across pipeline stages are not supported",
                                       "untie or set pp=1"))
     else:
+        if m.use_sink_attention:
+            issues.append(ConfigIssue(["model.use_sink_attention", "model.multi_latent_attention"], True,
+                                      "attention sinks are built into TorchTitan's qwen3 family here, not its "
+                                      "deepseek_v3 (multi-latent attention)",
+                                      "use backend=megatron, or model.use_sink_attention=false"))
         if not m.num_experts:
             issues.append(ConfigIssue(["model.multi_latent_attention", "model.num_experts"], None,
                                       "torchtitan 0.2.2 builds MLA only in deepseek_v3, which is MoE",

@@ -2,7 +2,8 @@
 
 Each spec is TorchTitan's own (model, parallelize, pipelining, optimizer, LR, loss) with four swaps: our flavor
 table, our offline data builders (data.py), a metrics processor that records the step's metrics instead of
-printing them (the shared loop prints), and, for llama3, a subclass that can tie embeddings.
+printing them (the shared loop prints), and subclasses of two models: llama3 that can tie embeddings, qwen3 with
+attention sinks (TorchTitan 0.2.2 has them in its gpt_oss model only).
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.models.llama3 import Transformer, TransformerModelArgs
+from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
+from torchtitan.models.qwen3.model.model import Qwen3Model
 from torchtitan.protocols import train_spec as ts
 
 from primus.backends.torchtitan import data, patches
@@ -65,6 +68,50 @@ class PrimusLlama(Transformer):
         return F.linear(self.norm(h), self.embedding.weight)
 
 
+@dataclasses.dataclass
+class PrimusQwen3Args(Qwen3ModelArgs):
+    use_sink_attention: bool = False  # model.use_sink_attention and its window (flavors.py)
+    sink_sliding_window: int = 0
+    sink_window_even_layers_only: bool = True
+
+
+class SinkSDPA(torch.nn.Module):
+    """An attention core with learned sinks (one logit per head; primus.backends.attention_sinks), in the place of
+    TorchTitan's SDPA wrapper: the same call (q, k, v as [b, heads, s, d], scale, enable_gqa, is_causal)."""
+
+    def __init__(self, n_heads: int, window: Optional[tuple]):
+        super().__init__()
+        self.sinks = torch.nn.Parameter(torch.empty(n_heads))
+        self.window = window
+
+    def forward(self, q, k, v, *, scale=None, enable_gqa=False, is_causal=True):
+        from primus.backends.attention_sinks import sink_attention
+
+        return sink_attention(q, k, v, self.sinks, scale if scale is not None else q.shape[-1] ** -0.5, is_causal,
+                              window=self.window)
+
+
+class PrimusQwen3(Qwen3Model):
+    """TorchTitan's qwen3, with attention sinks in every layer's attention core where the flavor asks for them:
+    the window on layers 0, 2, ... (gpt-oss's alternation, megatron's window_attn_skip_freq=2) or on all."""
+
+    def __init__(self, model_args: PrimusQwen3Args):
+        super().__init__(model_args)
+        if not model_args.use_sink_attention:
+            return
+        w = model_args.sink_sliding_window
+        for layer_id, block in self.layers.items():
+            windowed = w > 0 and (not model_args.sink_window_even_layers_only or int(layer_id) % 2 == 0)
+            block.attention.inner_attention = SinkSDPA(model_args.n_heads, (w, 0) if windowed else None)
+
+    def init_weights(self, buffer_device: Optional[torch.device] = None):
+        super().init_weights(buffer_device=buffer_device)
+        with torch.no_grad():  # as megatron-core's learnable softmax offset: normal(0, 0.02)
+            for m in self.modules():
+                if isinstance(m, SinkSDPA):
+                    torch.nn.init.normal_(m.sinks, mean=0.0, std=0.02)
+
+
 class RecordingMetricsProcessor(MetricsProcessor):
     """Keeps the metrics TorchTitan computes each step (global loss, grad norm, lr) for the shared loop, which
     does the printing, timing and result.json; TorchTitan's own console line is not printed."""
@@ -105,7 +152,9 @@ def _family(spec_name: str):
         return fam.get_train_spec(), PrimusLlamaArgs, PrimusLlama
     if spec_name == QWEN3:
         from torchtitan.models import qwen3 as fam
-    elif spec_name == DEEPSEEK_V3:
+
+        return fam.get_train_spec(), PrimusQwen3Args, PrimusQwen3
+    if spec_name == DEEPSEEK_V3:
         from torchtitan.models import deepseek_v3 as fam
     else:
         raise ValueError(f"unknown Primus train spec {spec_name}")
