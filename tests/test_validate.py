@@ -213,6 +213,11 @@ def test_stage3_ignored_when_tuning_off(tmp_path, monkeypatch):
 def test_missing_data_path(tmp_path):
     msg = error_of(["data=indexed", f"data.path={tmp_path}/nothing"])
     assert "data.path" in msg and "indexed dataset files not found" in msg
+    assert "the prefix of a .bin/.idx pair on this machine" in msg and "data=synthetic" in msg
+    (tmp_path / "c4.bin").write_bytes(b"")
+    (tmp_path / "c4.idx").write_bytes(b"")
+    msg = error_of(["data=indexed", f"data.path={tmp_path}/c4.bin"])  # the file, not its prefix
+    assert f"give the prefix without .bin: data.path={tmp_path}/c4" in msg
     assert "does not exist" in error_of(["data=jsonl", f"data.path={tmp_path}/none.jsonl", f"data.tokenizer={tmp_path}"])
 
 

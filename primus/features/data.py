@@ -82,8 +82,11 @@ def data_paths(cfg, ctx):
     if kind == "indexed":
         missing = [p for p in (d.path + ".bin", d.path + ".idx") if not os.path.isfile(p)]
         if missing:
-            out.append(ConfigIssue(["data.path"], d.path, f"indexed dataset files not found: {missing}",
-                                   "give the prefix without .bin/.idx (build one with python -m primus.data.megatron_preprocess)"))
+            stem, ext = os.path.splitext(d.path)
+            fix = (f"give the prefix without {ext}: data.path={stem}" if ext in (".bin", ".idx") else
+                   "point data.path at the prefix of a .bin/.idx pair on this machine (python -m "
+                   "primus.data.megatron_preprocess builds one from jsonl), or use data=synthetic")
+            out.append(ConfigIssue(["data.path"], d.path, f"indexed dataset files not found: {missing}", fix))
     elif not os.path.exists(d.path):
         out.append(ConfigIssue(["data.path"], d.path, "does not exist", "point data.path at a local jsonl file or folder"))
     out += _tokenizer_issues(cfg)
