@@ -235,3 +235,21 @@ def test_an_imported_primus_gpt_oss_experiment_trains_on_the_first_try(tmp_path)
 
     without = param_counts(ModelConfig(**{**model, "use_sink_attention": False})).total
     assert res["params"] == without + model["num_attention_heads"] * model["num_layers"]
+
+
+@pytest.mark.scale
+@pytest.mark.parametrize("layout", [["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"],
+                                    ["parallel.pipeline_model_parallel_size=2",
+                                     "parallel.decoder_first_pipeline_num_layers=1"]], ids=["tp2+sp", "pp2 1+3"])
+def test_sinks_and_window_train_alike_split_over_two_ranks(tmp_path, layout):
+    """tp 2 splits the sinks with their heads; pp 2 with 1 + 3 layers numbers the layers across stages, so the
+    window stays on layers 0 and 2 (a stage counting its own layers would put it on 1 and 3): both train like one
+    process (the parity matrix's bound)."""
+    from parity import COMMON, REL
+    from rank_script import run_train
+
+    model = ["model=debug", *SINKS, "model.sink_sliding_window=8"]
+    one, _ = run_train(tmp_path / "one", [*COMMON, *model])
+    two, _ = run_train(tmp_path / "two", [*COMMON, *model, "launcher.nproc_per_node=2", *layout])
+    for x, y in zip(one["losses"], two["losses"]):
+        assert abs(x - y) <= REL * abs(x), (one["losses"], two["losses"])
