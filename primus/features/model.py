@@ -41,6 +41,10 @@ class ModelConfig:
     vocab_size: int = 2048  # tokenizer vocabulary
     max_position_embeddings: int = 4096  # RoPE table length
     rotary_base: float = 10000.0  # RoPE theta
+    # Llama-3.x RoPE frequency scaling (Megatron-LM's names): low frequencies divided by the factor, over an
+    # original context of 8192 (megatron-core's and TorchTitan's fixed low / high frequency factors 1 and 4)
+    use_rope_scaling: bool = False
+    rope_scaling_factor: float = 8.0
     norm_epsilon: float = 1e-5  # RMSNorm eps
     tie_word_embeddings: bool = False  # share input embedding and output projection
     qk_layernorm: bool = False  # RMSNorm on q and k per head (Qwen3)
@@ -51,6 +55,9 @@ class ModelConfig:
     moe_ffn_hidden_size: Optional[int] = None  # expert inner size; None = ffn_hidden_size
     moe_shared_expert_intermediate_size: Optional[int] = None  # total shared-expert inner size; None = no shared experts
     moe_first_k_dense: int = 0  # leading dense layers before MoE layers (DeepSeek first_k_dense_replace)
+    # after them, every N-th layer is MoE and the rest dense (Megatron-LM's integer moe_layer_freq; Llama 4
+    # Maverick: 2); 1 = every layer
+    moe_layer_freq: int = 1
     # the model's router and balancing loss (moe.<same name> overrides them for a run)
     moe_router_score_function: ScoreFunction = ScoreFunction.softmax  # router scores
     moe_router_pre_softmax: bool = False  # softmax over all experts before top-k (else over the chosen k)
@@ -93,7 +100,8 @@ class ModelConfig:
 # behind (`model=deepseek_v2_lite model.rope_type=rope` keeps the preset's YaRN factors) is harmless: warned, as
 # MoE settings on a dense model are, and listed in result.json's ignored_settings.
 ACTS_ONLY_WITH = (
-    (("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_first_k_dense")
+    (("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_first_k_dense",
+      "moe_layer_freq")
      + MOE_ROUTER, "experts (model.num_experts)", lambda c: bool(c.model.num_experts),
      "drop them, or choose a MoE model (e.g. model=debug_moe)", WARNING),
     (("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"),
@@ -105,6 +113,10 @@ ACTS_ONLY_WITH = (
     (("rotary_scaling_factor", "original_max_position_embeddings", "mscale", "mscale_all_dim"),
      "YaRN RoPE scaling (model.rope_type=yarn)", lambda c: c.model.rope_type == RopeType.yarn,
      "drop them, or set model.rope_type=yarn (multi-latent attention)", WARNING),
+    (("rope_scaling_factor",), "Llama-3.x RoPE scaling (model.use_rope_scaling=true)",
+     lambda c: c.model.use_rope_scaling, "drop it, or set model.use_rope_scaling=true", WARNING),
+    (("use_rope_scaling",), "plain RoPE attention (multi-latent attention applies its own RoPE: rope_type=yarn)",
+     lambda c: not c.model.multi_latent_attention, "drop it (MLA's RoPE scaling is model.rope_type=yarn)", WARNING),
     # the window belongs to sink attention, as in Primus (its sink_sliding_window is read by the sink kernel only)
     (("sink_sliding_window", "sink_window_even_layers_only"), "attention sinks (model.use_sink_attention=true)",
      lambda c: c.model.use_sink_attention, "drop them, or set model.use_sink_attention=true", WARNING),
@@ -145,6 +157,9 @@ def model_values(cfg, ctx):
                                     "rotary_scaling_factor": m.rotary_scaling_factor},
                                    "YaRN needs the original context length and a scaling factor > 0",
                                    "e.g. original_max_position_embeddings=4096 rotary_scaling_factor=40 (DeepSeek-V2)"))
+    if m.use_rope_scaling and m.rope_scaling_factor <= 0:
+        out.append(ConfigIssue(["model.rope_scaling_factor"], m.rope_scaling_factor, "a scaling factor must be > 0",
+                               "e.g. 8 (Llama 3.1) or 16 (Llama 4 Scout)"))
     if m.sink_sliding_window < 0:
         out.append(ConfigIssue(["model.sink_sliding_window"], m.sink_sliding_window,
                                "keys before each query in the window: must be >= 0 (0 = no window)",
@@ -154,6 +169,9 @@ def model_values(cfg, ctx):
                                "multi-latent attention's low-rank q/kv projections have no biases (megatron-core "
                                "builds them bias-free whatever add_qkv_bias says)",
                                "set model.add_qkv_bias=false for an MLA model"))
+    if m.num_experts and m.moe_first_k_dense < m.num_layers and m.moe_layer_freq < 1:
+        out.append(ConfigIssue(["model.moe_layer_freq"], m.moe_layer_freq, "every N-th layer is MoE: N must be >= 1",
+                               "use 1 (every layer) or e.g. 2 (every other layer)"))
     if m.num_experts and m.moe_first_k_dense >= m.num_layers:
         out.append(ConfigIssue(["model.moe_first_k_dense", "model.num_layers"],
                                {"moe_first_k_dense": m.moe_first_k_dense, "num_layers": m.num_layers},
@@ -193,9 +211,17 @@ def padded_vocab_size(cfg) -> int:
     return ((v + mult - 1) // mult) * mult
 
 
+def moe_layers(m) -> List[int]:
+    """1 for each MoE layer, 0 for each dense one: moe_first_k_dense dense layers, then every moe_layer_freq-th
+    layer MoE (from the first after them). All 0 for a dense model."""
+    if not m.num_experts:
+        return [0] * m.num_layers
+    k, n = m.moe_first_k_dense, max(1, m.moe_layer_freq)
+    return [int(i >= k and (i - k) % n == 0) for i in range(m.num_layers)]
+
+
 def moe_layer_freq(cfg) -> List[int]:
-    m = cfg.model
-    return [0] * m.moe_first_k_dense + [1] * (m.num_layers - m.moe_first_k_dense)
+    return moe_layers(cfg.model)
 
 
 def _triton_importable() -> bool:
@@ -361,6 +387,8 @@ def megatron(cfg, ctx) -> Dict[str, Any]:
         # megatron types it int; a fractional theta is passed as it is rather than truncated
         "rotary_base": int(m.rotary_base) if float(m.rotary_base).is_integer() else m.rotary_base,
         "rotary_percent": 1.0,
+        **({"rope_scaling": True, "rope_scaling_factor": m.rope_scaling_factor}
+           if m.use_rope_scaling and not m.multi_latent_attention else {}),
         "share_embeddings_and_output_weights": m.tie_word_embeddings,
         "parallel_output": True,
     }

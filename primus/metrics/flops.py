@@ -55,7 +55,9 @@ def shared_expert_params(m: ModelConfig) -> int:
 
 
 def num_moe_layers(m: ModelConfig) -> int:
-    return 0 if not m.num_experts else m.num_layers - m.moe_first_k_dense
+    from primus.features.model import moe_layers
+
+    return sum(moe_layers(m))
 
 
 @dataclass

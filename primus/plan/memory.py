@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 from primus.config.schema import Backend, PrimusConfig
-from primus.features.model import windowed_layers
+from primus.features.model import moe_layers, windowed_layers
 from primus.features.parallel import uneven
 from primus.features.precision import recipes, te_available
 from primus.metrics.flops import (attention_params, dense_mlp_params, expert_params, flops_per_token, head_dim,
@@ -189,10 +189,10 @@ def stage_params(cfg: PrimusConfig, lay: Layout, stage: int) -> StageParams:
     m = cfg.model
     ids = _stage_ids(cfg, lay, stage)
     per_stage = len(ids)
-    moe_start = m.num_layers - num_moe_layers(m)
+    is_moe = moe_layers(m)
     layer_total, linear, experts, largest = 0, 0, 0, 0
     for i in ids:
-        d = _layer_params(m, bool(m.num_experts) and i >= moe_start, lay.tp, lay.ep)
+        d = _layer_params(m, bool(is_moe[i]), lay.tp, lay.ep)
         layer_total += d["linear"] + d["other"]
         linear += d["linear"]
         experts += d["experts"]
@@ -349,7 +349,7 @@ def stage_activation_bytes(cfg: PrimusConfig, lay: Layout, hints: BackendHints, 
     m = cfg.model
     ids = _stage_ids(cfg, lay, stage)
     per_stage = len(ids)
-    moe_start = m.num_layers - num_moe_layers(m)
+    is_moe = moe_layers(m)
     in_flight = min(lay.pp - stage, lay.num_microbatches) if lay.pp > 1 else 1
     if lay.vp > 1 and stage == 0:
         in_flight *= 1 + (lay.pp - 1) / (lay.pp * lay.vp)
@@ -357,7 +357,7 @@ def stage_activation_bytes(cfg: PrimusConfig, lay: Layout, hints: BackendHints, 
     r = cfg.recompute
     per_layer_full, per_layer_kept = [], []
     for i in ids:
-        parts = layer_activation_bytes(cfg, lay, hints, moe_layer=bool(m.num_experts) and i >= moe_start)
+        parts = layer_activation_bytes(cfg, lay, hints, moe_layer=bool(is_moe[i]))
         full = sum(parts.values())
         per_layer_full.append(full)
         per_layer_kept.append((full, parts["input"], _selective_saved(cfg, parts, lay)))

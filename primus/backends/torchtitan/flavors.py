@@ -81,6 +81,10 @@ def _moe_args(cfg: PrimusConfig, issues: List[ConfigIssue]) -> Dict[str, Any]:
             "multiple of the expert size", "use a multiple of moe_ffn_hidden_size or backend=megatron"))
     from primus.features.moe import router
 
+    if m.moe_layer_freq != 1:
+        issues.append(ConfigIssue(["model.moe_layer_freq"], m.moe_layer_freq,
+                                  "torchtitan 0.2.2's MoE models make every layer MoE (after deepseek_v3's leading "
+                                  "dense ones): no dense layers between MoE ones", "use backend=megatron"))
     lb = router(cfg, "moe_router_load_balancing_type")
     lb_key = "moe" if moe.moe_router_load_balancing_type is not None else "model"
     if lb != LoadBalancing.none:
@@ -113,6 +117,11 @@ def build_flavor(cfg: PrimusConfig) -> Flavor:
     m = cfg.model
     spec = _spec_for(m)
     issues: List[ConfigIssue] = []
+    if m.use_rope_scaling and spec == QWEN3:
+        issues.append(ConfigIssue(["model.use_rope_scaling"], True,
+                                  "torchtitan 0.2.2 scales RoPE in its llama3 family only; this model (QK-norm, MoE, "
+                                  "an explicit head dim or attention sinks) builds as its qwen3",
+                                  "use backend=megatron, or model.use_rope_scaling=false"))
     seq = cfg.training.seq_length
     if m.mtp_num_layers:
         issues.append(ConfigIssue(["model.mtp_num_layers"], m.mtp_num_layers,
@@ -127,9 +136,12 @@ def build_flavor(cfg: PrimusConfig) -> Flavor:
             **llama3_ffn_args(m.hidden_size, m.ffn_hidden_size),
             "norm_eps": m.norm_epsilon,
             "rope_theta": m.rotary_base,
-            # llama3 always applies Llama-3.1 RoPE scaling; factor 1 makes it the identity (plain RoPE, as ours)
-            "rope_scaling_args": {"scaling_factor": 1.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                  "original_max_position_embeddings": m.max_position_embeddings},
+            # llama3 always applies Llama-3.1 RoPE scaling: model.use_rope_scaling's factor over 8192 positions (as
+            # megatron-core), else factor 1, the identity (plain RoPE)
+            "rope_scaling_args": {"scaling_factor": m.rope_scaling_factor, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+            if m.use_rope_scaling else {"scaling_factor": 1.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": m.max_position_embeddings},
             "max_seq_len": seq,
             "attn_type": "sdpa",
             "attn_mask_type": "causal",
