@@ -289,6 +289,8 @@ def test_torchtitan_experiment_maps_sections_and_the_fp8_converter():
     assert s["training.lr_warmup_iters"] == 10 and s["training.log_interval"] == 1
     assert s["training.lr"] == 0.0008  # Primus's torchtitan pre_trainer.yaml
     assert s["precision.fp8"] == "hybrid"
+    # TorchTitan's llama3 scales RoPE as Llama 3.1 in every flavor: Primus's TorchTitan run does, so this one does
+    assert (s["model.use_rope_scaling"], s["model.rope_scaling_factor"]) == (True, 8.0)
     reasons = {i.key: i.reason for i in imp.listed}
     # the master switch with every Turbo path off turns nothing on: listed, not set
     assert "turbo.enable_primus_turbo" not in s

@@ -210,7 +210,7 @@ def _model_fields(zoo: Dict[str, Any], table: Dict[str, K.Entry], name: str,
         fields["vocab_size"] = M.TOKENIZER_VOCAB[tok]
     if "num_experts" not in fields or not fields["num_experts"]:
         for k in ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-                  "moe_first_k_dense") + MODEL_ROUTER:
+                  "moe_first_k_dense", "moe_layer_freq") + MODEL_ROUTER:
             fields.pop(k, None)
     if not fields.get("add_qkv_bias"):
         fields.pop("add_qkv_bias", None)  # the default here: only a model with q/k/v biases names them
@@ -386,6 +386,15 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
         out.origin["moe.moe_router_load_balancing_type"] = "TorchTitan's MoE"
         out.notes.append("set moe.moe_router_load_balancing_type=none: TorchTitan 0.2.2's MoE balances with its "
                          "aux-loss-free expert bias, not an auxiliary loss")
+    if framework == "torchtitan" and tt_model.get("name") == "llama3" and "model.use_rope_scaling" not in out.sets:
+        # TorchTitan's llama3 model scales RoPE as Llama 3.1 does in every flavor (its RoPEScalingArgs default:
+        # factor 8 over 8192 positions), so Primus's TorchTitan runs of Llama 3.x train with it
+        out.sets.update({"model.use_rope_scaling": True, "model.rope_scaling_factor": 8.0})
+        out.origin.update({"model.use_rope_scaling": "TorchTitan's llama3", "model.rope_scaling_factor":
+                           "TorchTitan's llama3"})
+        out.notes.append("set model.use_rope_scaling=true model.rope_scaling_factor=8.0: TorchTitan's llama3 model "
+                         "applies Llama-3.1 RoPE scaling (factor 8 over 8192 positions) in every flavor, as Primus's "
+                         "TorchTitan run does")
     if framework == "torchtitan" and "model.mtp_num_layers" not in out.sets and _preset_value(out, model_dir,
                                                                                                  "mtp_num_layers"):
         # TorchTitan 0.2.2's deepseek_v3 builds no multi-token-prediction layers, so Primus's TorchTitan runs of

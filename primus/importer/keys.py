@@ -86,17 +86,20 @@ def _resume(v, m):
 
 
 def _layer_freq(v, m):
-    # "([0]*k+[1]*n)" (k leading dense layers), 1 (every layer MoE) or an explicit list
+    # an integer N (every N-th layer MoE, from layer 0), "([0]*k+[1]*n)" (k leading dense layers) or any list
     pattern = eval(v, {"__builtins__": {}}) if isinstance(v, str) else v  # Megatron evaluates the same expression
     if isinstance(pattern, int):
-        if pattern != 1:
-            raise ValueError(f"MoE every {pattern} layers; here MoE layers follow model.moe_first_k_dense dense ones")
-        return {"model.moe_first_k_dense": 0}
+        if pattern < 1:
+            raise ValueError(f"MoE every {pattern} layers: Megatron needs N >= 1")
+        return {"model.moe_first_k_dense": 0, "model.moe_layer_freq": pattern}
+    pattern = [int(bool(x)) for x in pattern]
     k = next((i for i, x in enumerate(pattern) if x), len(pattern))
-    if any(not x for x in pattern[k:]):
-        raise ValueError(f"pattern {pattern}: dense layers after MoE ones; here only leading dense layers "
-                         "(model.moe_first_k_dense) are built")
-    return {"model.moe_first_k_dense": k, "model.num_layers": len(pattern)}
+    rest = [i for i, x in enumerate(pattern) if x]
+    n = rest[1] - rest[0] if len(rest) > 1 else 1
+    if pattern != [int(i >= k and (i - k) % n == 0) for i in range(len(pattern))]:
+        raise ValueError(f"pattern {pattern}: MoE layers here are every N-th after the leading dense ones "
+                         "(model.moe_first_k_dense, model.moe_layer_freq)")
+    return {"model.moe_first_k_dense": k, "model.moe_layer_freq": n, "model.num_layers": len(pattern)}
 
 
 def _no_full(m):
@@ -312,6 +315,8 @@ MEGATRON: Dict[str, Entry] = {
     "vocab_size": _if_set("model.vocab_size"),
     "max_position_embeddings": "model.max_position_embeddings",
     "rotary_base": "model.rotary_base",
+    "use_rope_scaling": "model.use_rope_scaling",
+    "rope_scaling_factor": "model.rope_scaling_factor",
     "norm_epsilon": "model.norm_epsilon",
     "layernorm_epsilon": "model.norm_epsilon",
     "qk_layernorm": "model.qk_layernorm",

@@ -37,6 +37,7 @@ TOKENIZER_VOCAB = {
     "Qwen/Qwen2.5-0.5B": 151936, "Qwen/Qwen2.5-1.5B": 151936, "Qwen/Qwen2.5-3B": 151936, "Qwen/Qwen2.5-7B": 152064,
     "Qwen/Qwen2.5-14B": 152064, "Qwen/Qwen2.5-32B": 152064, "Qwen/Qwen2.5-72B": 152064,
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": 151936, "moonshotai/Kimi-K2-Instruct": 163840,
+    "meta-llama/Llama-4-Scout-17B-16E": 202048, "meta-llama/Llama-4-Maverick-17B-128E": 202048,
 }
 
 # Published context lengths (HF config.json max_position_embeddings) of zoo models whose Primus config gives none
@@ -52,7 +53,6 @@ UNSUPPORTED_FAMILIES = {
     "mamba": "Mamba (state-space) layers",
     "zebra_llama": "hybrid Mamba / linear-attention layers",
     "lfm2": "LFM2's short-convolution layers",
-    "llama4": "Llama 4's interleaved dense/MoE layers and chunked attention with no-RoPE layers",
     "grok": "Grok's attention/router logit soft-capping and its extra norms",
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention",
     "kimi_k3": "Kimi's linear (KDA) attention layers",
@@ -68,6 +68,10 @@ UNSUPPORTED_ON_TORCHTITAN = {
     # TorchTitan's gpt_oss model is OpenAI's layout
     "gpt_oss": "TorchTitan's gpt_oss model (biased attention and experts, clamped SwiGLU, attention sinks with "
                "sliding windows); Primus's megatron gpt-oss configs import (backend=megatron)",
+    # Primus's megatron Llama 4 is a MoE with Llama-3.x RoPE scaling (and every other layer MoE for Maverick);
+    # TorchTitan's llama4 also has chunked attention and no-RoPE layers
+    "llama4": "TorchTitan's llama4 model (chunked attention, no-RoPE layers, interleaved dense/MoE layers); Primus's "
+              "megatron Llama 4 configs import (backend=megatron)",
 }
 
 # Megatron model keys whose value decides the architecture: (acceptable(value, model), what is missing otherwise)
@@ -78,7 +82,6 @@ ARCH_KEYS: Dict[str, Tuple[Any, str]] = {
     "add_bias_linear": (lambda v, m: not v, "biases in the linear layers"),
     "position_embedding_type": (lambda v, m: v in (None, "rope") or m.get("multi_latent_attention"),
                                 "a position embedding other than RoPE"),
-    "use_rope_scaling": (lambda v, m: not v, "Llama-3.x RoPE frequency scaling"),
     "rotary_percent": (lambda v, m: v in (None, 1.0, 1), "partial rotary embeddings"),
     "rotary_interleaved": (lambda v, m: not v, "interleaved RoPE"),
     "qk_l2_norm": (lambda v, m: not v, "q/k L2 normalisation"),
