@@ -339,6 +339,8 @@ def test_this_project_s_own_preset_is_not_a_primus_experiment(capsys):
 
 @pytest.mark.parametrize("name,missing", [("bias.yaml", "biases in the linear layers (add_bias_linear: True)"),
                                           ("mamba.yaml", "Mamba"),
+                                          ("softcap.yaml", "logit soft-capping (final_logit_softcapping: 50.0); "
+                                                           "router logit soft-capping"),
                                           ("sft.yaml", "post-training")])
 def test_what_cannot_be_built_is_named(capsys, name, missing):
     assert main([_f(name), "--primus-root", PRIMUS_ROOT]) == 1

@@ -53,7 +53,6 @@ UNSUPPORTED_FAMILIES = {
     "mamba": "Mamba (state-space) layers",
     "zebra_llama": "hybrid Mamba / linear-attention layers",
     "lfm2": "LFM2's short-convolution layers",
-    "grok": "Grok's attention/router logit soft-capping and its extra norms",
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention",
     "kimi_k3": "Kimi's linear (KDA) attention layers",
     "glm": "GLM's attention and MTP layout",
