@@ -469,10 +469,19 @@ def test_kimi_k2_without_a_context_length_in_primus_s_config_takes_the_published
     assert imp.model_preset == "kimi_k2" and imp.new_model["multi_latent_attention"] is True
     assert imp.new_model["max_position_embeddings"] == 131072
     assert any("gives no max_position_embeddings" in n and "131072" in n for n in imp.notes), imp.notes
-    # another zoo model without one is still refused, naming the key
+    # without a published one, the experiment's (128 here); with neither, the import is refused, naming the key
     monkeypatch.setattr("primus.importer.models.PUBLISHED_CONTEXT", {})
+    assert import_experiment(_f("dense.yaml"), PRIMUS_ROOT).new_model["max_position_embeddings"] == 128
+
+
+def test_a_model_with_no_context_length_anywhere_is_refused_naming_the_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIMUS_MODEL", "glm_tiny")
+    src = yaml.safe_load(open(_f("dense.yaml")))
+    del src["modules"]["pre_trainer"]["overrides"]["max_position_embeddings"]
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(src))
     with pytest.raises(CannotImport, match="gives no max_position_embeddings"):
-        import_experiment(_f("dense.yaml"), PRIMUS_ROOT)
+        import_experiment(str(p), PRIMUS_ROOT)
 
 
 def test_a_torchtitan_deepseek_experiment_drops_the_mtp_layers_torchtitan_cannot_build(tmp_path):
@@ -516,3 +525,12 @@ def test_a_blend_of_several_datasets_is_listed_as_not_importable_naming_the_coun
     reasons = {x.key: x.reason for x in imp.listed}
     assert reasons["train_data_path"].startswith("not importable: a blend of 2 datasets; one indexed prefix")
     assert "data.path" not in imp.sets
+
+
+def test_a_model_with_no_known_context_length_takes_the_experiment_s(monkeypatch):
+    """Primus's GLM-5 config names no max_position_embeddings and its published one is not in models.py: the
+    preset takes the experiment's (dense.yaml: 128), with a note, rather than refusing the import."""
+    monkeypatch.setenv("PRIMUS_MODEL", "glm_tiny")
+    imp = import_experiment(_f("dense.yaml"), PRIMUS_ROOT)
+    assert imp.model_preset == "glm_tiny" and imp.new_model["max_position_embeddings"] == 128
+    assert any("the preset takes the experiment's, 128" in n for n in imp.notes), imp.notes

@@ -179,7 +179,7 @@ def _run_switches() -> Tuple[str, ...]:
 
 
 def _model_fields(zoo: Dict[str, Any], table: Dict[str, K.Entry], name: str,
-                  notes: Optional[List[str]] = None) -> Dict[str, Any]:
+                  notes: Optional[List[str]] = None, run_context: Optional[int] = None) -> Dict[str, Any]:
     """A preset's fields from a Primus (megatron) model config: its model.* keys and its router settings. What the
     preset takes from elsewhere than Primus's config is appended to `notes`."""
     fields: Dict[str, Any] = {"name": name}
@@ -225,6 +225,12 @@ def _model_fields(zoo: Dict[str, Any], table: Dict[str, K.Entry], name: str,
             notes.append(f"model {name}: Primus's model config gives no max_position_embeddings; the preset takes the "
                          f"published context length, {M.PUBLISHED_CONTEXT[name]} (the experiment's own "
                          "max_position_embeddings, if it sets one, still applies to the run)")
+    elif fields.get("max_position_embeddings") is None and run_context:
+        fields["max_position_embeddings"] = run_context
+        if notes is not None:
+            notes.append(f"model {name}: Primus's model config gives no max_position_embeddings and the published "
+                         f"context length is not known here; the preset takes the experiment's, {run_context} (set "
+                         "max_position_embeddings in the preset for longer runs)")
     missing = [k for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                            "max_position_embeddings") if fields.get(k) is None]
     if missing:
@@ -304,7 +310,8 @@ def import_experiment(path: str, primus_root: Optional[str] = None, model_dir: s
             raise CannotImport(f"model {model_name} has no preset here (conf/model/{M.normalize(model_name)}.yaml); "
                                "pass --primus-root <Primus checkout> to import it from Primus's model zoo")
         preset = M.normalize(model_name)
-        out.new_model = _model_fields(zoo, table, preset, out.notes)
+        out.new_model = _model_fields(zoo, table, preset, out.notes,
+                                      (mod.get("overrides") or {}).get("max_position_embeddings"))
     out.model_preset = preset
 
     # Primus: the model's keys join the module's where the module has none; overrides come last

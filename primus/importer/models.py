@@ -37,7 +37,7 @@ TOKENIZER_VOCAB = {
     "Qwen/Qwen2.5-0.5B": 151936, "Qwen/Qwen2.5-1.5B": 151936, "Qwen/Qwen2.5-3B": 151936, "Qwen/Qwen2.5-7B": 152064,
     "Qwen/Qwen2.5-14B": 152064, "Qwen/Qwen2.5-32B": 152064, "Qwen/Qwen2.5-72B": 152064,
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": 151936, "moonshotai/Kimi-K2-Instruct": 163840,
-    "meta-llama/Llama-4-Scout-17B-16E": 202048, "meta-llama/Llama-4-Maverick-17B-128E": 202048,
+    "THUDM/glm-4-9b": 151552, "meta-llama/Llama-4-Scout-17B-16E": 202048, "meta-llama/Llama-4-Maverick-17B-128E": 202048,
 }
 
 # Published context lengths (HF config.json max_position_embeddings) of zoo models whose Primus config gives none
@@ -55,7 +55,6 @@ UNSUPPORTED_FAMILIES = {
     "lfm2": "LFM2's short-convolution layers",
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention",
     "kimi_k3": "Kimi's linear (KDA) attention layers",
-    "glm": "GLM's attention and MTP layout",
     "minimax": "MiniMax's lightning (linear) attention",
     "flux": "diffusion (Flux) transformers",
     "wan": "diffusion (Wan) transformers",
