@@ -23,6 +23,21 @@ def _checked(overrides):
     return checked(compose_dict(overrides), overrides)
 
 
+def _resumed(tmp_path, first, second):
+    """`first` for 4 steps with a checkpoint at step 2, then `second` resumed from it: steps 3-4 must continue the
+    first run's losses (the parity matrix's bound). Returns both runs' result.json."""
+    from parity import COMMON, REL
+    from rank_script import run_train
+
+    a, _ = run_train(tmp_path / "a", [*COMMON, *first, "checkpoint.interval=2"])
+    ckpt = tmp_path / "a" / "checkpoints" / "step_000002"
+    b, _ = run_train(tmp_path / "b", [*COMMON, *second, f"checkpoint.resume={ckpt}"])
+    assert b["first_step"] == 3 and len(b["losses"]) == 2
+    for x, y in zip(a["losses"][2:], b["losses"]):
+        assert abs(x - y) <= REL * abs(x), (a["losses"], b["losses"])
+    return a, b
+
+
 def _warned(overrides):
     _, ctx = _checked(overrides)
     return {k: i.rule for i in ctx.warnings for k in i.keys}
@@ -145,53 +160,35 @@ def test_primus_s_torchtitan_gpt_oss_is_refused_naming_what_is_missing():
 def test_sinks_and_window_train_and_resume_from_a_checkpoint(tmp_path):
     """The imported gpt-oss shape (a MoE with sinks, a window on layers 0 and 2) trains on megatron; its sinks are
     in the checkpoint: resuming at step 2 continues the same losses (without them the resumed model would differ)."""
-    from parity import COMMON, REL
+    from parity import COMMON
     from rank_script import run_train
 
     model = ["model=debug_moe", *SINKS, "model.sink_sliding_window=8", "training.train_iters=4"]
-    a, _ = run_train(tmp_path / "a", [*COMMON, *model, "checkpoint.interval=2"])
+    a, _ = _resumed(tmp_path, model, model)
     plain, _ = run_train(tmp_path / "plain", [*COMMON, "model=debug_moe", "training.train_iters=4"])
     assert all(abs(x - y) > 1e-4 for x, y in zip(a["losses"], plain["losses"]))  # the sinks act from step 1
-    ckpt = tmp_path / "a" / "checkpoints" / "step_000002"
-    b, _ = run_train(tmp_path / "b", [*COMMON, *model, f"checkpoint.resume={ckpt}"])
-    assert b["first_step"] == 3 and len(b["losses"]) == 2
-    for x, y in zip(a["losses"][2:], b["losses"]):
-        assert abs(x - y) <= REL * abs(x), (a["losses"], b["losses"])
 
 
 @pytest.mark.e2e
 def test_torchtitan_trains_with_sinks_and_resumes_them_from_a_checkpoint(tmp_path):
     """TorchTitan's qwen3 with the sinks and a window on layers 0 and 2 trains; the model it builds has a sink per
     head and layer, and they are in its DCP checkpoint (resuming at step 2 continues the same losses)."""
-    from parity import COMMON, REL, TORCHTITAN
+    from parity import COMMON, TORCHTITAN
     from rank_script import run_train
 
     model = [*TORCHTITAN, "model=debug", "training.train_iters=4"]
     sinks = [*model, *SINKS, "model.sink_sliding_window=8"]
-    a, _ = run_train(tmp_path / "a", [*COMMON, *sinks, "checkpoint.interval=2"])
+    a, _ = _resumed(tmp_path, sinks, sinks)
     plain, _ = run_train(tmp_path / "plain", [*COMMON, *model])
     assert a["params"] == plain["params"] + 4 * 4
-    ckpt = tmp_path / "a" / "checkpoints" / "step_000002"
-    b, _ = run_train(tmp_path / "b", [*COMMON, *sinks, f"checkpoint.resume={ckpt}"])
-    assert b["first_step"] == 3 and len(b["losses"]) == 2
-    for x, y in zip(a["losses"][2:], b["losses"]):
-        assert abs(x - y) <= REL * abs(x), (a["losses"], b["losses"])
 
 
 @pytest.mark.scale
 def test_sinks_saved_at_tp2_resume_at_tp1(tmp_path):
     """The sinks are split over tp ranks by head (as megatron-core saves its softmax_offset): a tp 2 checkpoint
     resumes at tp 1 with the same losses."""
-    from parity import COMMON, REL
-    from rank_script import run_train
-
     model = ["model=debug", *SINKS, "model.sink_sliding_window=8", "training.train_iters=4"]
-    a, _ = run_train(tmp_path / "a", [*COMMON, *model, "checkpoint.interval=2", "launcher.nproc_per_node=2",
-                                      "parallel.tensor_model_parallel_size=2"])
-    ckpt = tmp_path / "a" / "checkpoints" / "step_000002"
-    b, _ = run_train(tmp_path / "b", [*COMMON, *model, f"checkpoint.resume={ckpt}"])
-    for x, y in zip(a["losses"][2:], b["losses"]):
-        assert abs(x - y) <= REL * abs(x), (a["losses"], b["losses"])
+    _resumed(tmp_path, [*model, "launcher.nproc_per_node=2", "parallel.tensor_model_parallel_size=2"], model)
 
 
 @pytest.mark.e2e
