@@ -89,6 +89,21 @@ def test_torchtitan_refuses_what_its_sinks_cannot_serve(overrides, match):
         _checked(["backend=torchtitan", *overrides, *SINKS, "dry_run=true"])
 
 
+@pytest.mark.parametrize("te,refused", [("2.5.0+cu12", True), ("2.8.0", False), (None, False)])
+def test_transformer_engine_older_than_2_8_is_refused_for_sinks_before_start(monkeypatch, te, refused):
+    """megatron-core asserts TE >= 2.8.0 for softmax_type only when it builds the model: said before start."""
+    from primus.backends.megatron import args as margs_mod
+    from primus.features import model
+
+    monkeypatch.setattr(margs_mod, "resolved_layer_spec", lambda cfg: "te")
+    monkeypatch.setattr(model, "_te_version", lambda: te)
+    issues = model.megatron_issues(compose_cfg(["backend=megatron", *SINKS]), RunContext(device="cuda", world_size=1))
+    named = [i for i in issues if "need TE >= 2.8.0" in i.rule]
+    assert bool(named) == refused
+    if refused:
+        assert "backend.layer_spec=local" in named[0].fix and "2.5.0+cu12" in named[0].rule
+
+
 def test_turbo_attention_with_sinks_is_warned_not_swapped_silently():
     """Primus runs sinks inside its turbo attention; here that kernel has no sink, so SDPA runs those layers."""
     from primus.features import turbo

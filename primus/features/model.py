@@ -252,6 +252,25 @@ def rope_fusion_blockers(cfg, ctx) -> List[str]:
     return out + triton_kernel_blockers(ctx)
 
 
+def _te_version() -> Optional[str]:
+    from importlib import metadata
+
+    for dist in ("transformer_engine", "transformer-engine", "transformer_engine_torch"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _te_older_than(least: tuple) -> bool:
+    v = _te_version()
+    if v is None:
+        return False  # not installed: the TE spec's own issue says so
+    parts = tuple(int(x) for x in v.split("+")[0].split(".")[:2] if x.isdigit())
+    return parts < least
+
+
 def turbo_loss(cfg) -> bool:
     """model.cross_entropy_loss_fusion=true + model.cross_entropy_fusion_impl=turbo: primus.turbo.cross_entropy (Triton)
     serves each post-process chunk's LM loss (perf.turbo_loss); megatron itself is told cross_entropy_loss_fusion=false
@@ -422,6 +441,12 @@ def megatron_issues(cfg, ctx) -> List[ConfigIssue]:
                                "the fused cross entropy is a GPU kernel (torch.compile'd / TE)",
                                "set model.cross_entropy_loss_fusion=false on CPU"))
     out += turbo_loss_issues(cfg, ctx)
+    if m.use_sink_attention and spec == "te" and _te_older_than((2, 8)):
+        # megatron-core 0.16.1's TEDotProductAttention asserts TE >= 2.8.0 for softmax_type (when it builds the model)
+        out.append(ConfigIssue(["model.use_sink_attention", "backend.layer_spec"], True,
+                               f"attention sinks in Transformer Engine's attention need TE >= 2.8.0 (here "
+                               f"{_te_version()})", "set backend.layer_spec=local (the SDPA sink path), or "
+                               "upgrade Transformer Engine"))
     if m.mtp_num_layers and cfg.parallel.pipeline_model_parallel_size > 1:
         out.append(ConfigIssue(["model.mtp_num_layers", "parallel.pipeline_model_parallel_size"], m.mtp_num_layers,
                                "multi-token prediction with pipeline parallelism is not wired in this backend",
