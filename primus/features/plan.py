@@ -47,10 +47,8 @@ def check_fits(cfg, ctx) -> Optional[ConfigIssue]:
     """The refusal before a real run: None when it fits or with plan.enforce=false. On a GPU the estimate is set
     against the GPU; on CPU every local process holds its share in host memory, and a run that cannot fit there
     would be killed by the kernel's OOM killer minutes in, after building the model."""
-    from primus.plan.memory import plan_settings
-
     P = _estimate()
-    if getattr(ctx, "planned", False) or not plan_settings(cfg).enforce:
+    if getattr(ctx, "planned", False) or not cfg.plan.enforce:
         return None
     if ctx.device != "cuda":
         return _check_fits_host(cfg, ctx)

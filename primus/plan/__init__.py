@@ -37,11 +37,10 @@ class Plan:
 def target_gpu(cfg: PrimusConfig, ctx: Optional[RunContext] = None):
     """plan.gpu_memory_gb, else plan.gpu, else the local GPU, else H200."""
     from primus.plan.gpus import resolve_gpu
-    from primus.plan.memory import plan_settings
+    from primus.plan.memory import target_gpu_name
 
-    s = plan_settings(cfg)
     detect = ctx is None or ctx.device == "cuda"
-    return resolve_gpu(s.gpu, s.gpu_memory_gb, allow_detect=detect)
+    return resolve_gpu(target_gpu_name(cfg), cfg.plan.gpu_memory_gb, allow_detect=detect)
 
 
 def plan(cfg: PrimusConfig, ctx: Optional[RunContext] = None, world: Optional[int] = None, advise: bool = True) -> Plan:

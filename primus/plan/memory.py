@@ -48,26 +48,15 @@ from primus.plan.gpus import GiB, Gpu
 # ------------------------------------------------------------------------------------------------ settings
 
 
-@dataclass
-class PlanSettings:
-    """The `plan.*` group (owned by the schema); read through `plan_settings` so this module works without it."""
-    gpu: Optional[str] = None  # H100 | H200 | MI300X | MI325X | MI355X; None / "auto" = detect, else H200
-    gpu_memory_gb: Optional[float] = None  # explicit capacity in GiB (wins over gpu)
-    assumed_mfu: Optional[float] = None  # MFU that turns FLOPs into step time and tokens/s; None: measured_mfu()
-    enforce: bool = True  # train.py refuses a config whose estimate does not fit
-    reserve_gb: float = 1.0  # CUDA context + cuBLAS workspaces, not counted by the allocator
-    fragmentation: float = 0.05  # caching-allocator slack on top of the peak allocated
+# The `plan.*` settings are the schema's (primus/features/plan.py: PlanConfig); these two are the planner's own
+RESERVE_GB = 1.0  # CUDA context + cuBLAS workspaces, not counted by the allocator
+FRAGMENTATION = 0.05  # caching-allocator slack on top of the peak allocated
 
 
-def plan_settings(cfg: PrimusConfig) -> PlanSettings:
-    p = getattr(cfg, "plan", None)
-    d = PlanSettings()
-    if p is None:
-        return d
-    s = PlanSettings(**{k: getattr(p, k, getattr(d, k)) for k in d.__dataclass_fields__})
-    if s.gpu is not None and str(s.gpu).lower() == "auto":
-        s.gpu = None
-    return s
+def target_gpu_name(cfg: PrimusConfig) -> Optional[str]:
+    """plan.gpu, None for auto (this machine's GPU, else H200)."""
+    gpu = cfg.plan.gpu
+    return None if gpu is None or str(gpu).lower() == "auto" else gpu
 
 
 @dataclass
@@ -564,7 +553,6 @@ def _torchtitan_stage(cfg, lay, hints, stage, sp: StageParams) -> Dict[str, floa
 def estimate_memory(cfg: PrimusConfig, gpu: Gpu, world: Optional[int] = None) -> MemoryBreakdown:
     lay = layout_of(cfg, world)
     hints = backend_hints(cfg)
-    settings = plan_settings(cfg)
     best: Optional[MemoryBreakdown] = None
     # the first and last stages hold the embedding / output; with an uneven split a middle stage may hold the most
     # layers, and stage 1 keeps the most micro batches in flight of the middle ones
@@ -604,7 +592,7 @@ def estimate_memory(cfg: PrimusConfig, gpu: Gpu, world: Optional[int] = None) ->
         else:
             grads_shown = grads
             params_b = d["weights"] + d.get("fp8_weight_copies_at_step", 0)
-        reserve = settings.reserve_gb * GiB + (0.5 * GiB if lay.world > 1 else 0.0) + settings.fragmentation * total
+        reserve = RESERVE_GB * GiB + (0.5 * GiB if lay.world > 1 else 0.0) + FRAGMENTATION * total
         details = {k: float(v) for k, v in d.items() if not k.endswith("numel")}
         details.update({f"act_{k}": v for k, v in acts.items()})
         details["logits"] = logits
@@ -682,7 +670,7 @@ def measured_mfu(cfg: PrimusConfig) -> Tuple[float, str]:
     times RECOMPUTE_MFU for its recompute."""
     from primus.features.recompute import ac_mode
 
-    given = plan_settings(cfg).assumed_mfu
+    given = cfg.plan.assumed_mfu
     if given is not None:
         return given, "plan.assumed_mfu"
     p = cfg.precision
