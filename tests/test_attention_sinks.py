@@ -65,7 +65,7 @@ def test_the_window_without_sinks_is_listed_not_silently_dropped():
 
 
 def test_a_negative_window_is_refused():
-    with pytest.raises(ConfigError, match=r"model.sink_sliding_window = -1: keys before each query"):
+    with pytest.raises(ConfigError, match=r"model.sink_sliding_window = -1: must be >= 0 \(a count that may be 0\)"):
         _checked(["backend=megatron", *SINKS, "model.sink_sliding_window=-1"])
 
 

@@ -49,7 +49,7 @@ def test_torchtitan_refuses_dense_layers_between_moe_ones():
 
 
 def test_a_layer_frequency_below_one_is_refused():
-    with pytest.raises(ConfigError, match="model.moe_layer_freq = 0: every N-th layer is MoE"):
+    with pytest.raises(ConfigError, match=r"model.moe_layer_freq = 0: must be >= 1 \(a count\)"):
         _checked(["model=debug_moe", "model.moe_layer_freq=0"])
 
 

@@ -160,18 +160,11 @@ def model_values(cfg, ctx):
     if m.use_rope_scaling and m.rope_scaling_factor <= 0:
         out.append(ConfigIssue(["model.rope_scaling_factor"], m.rope_scaling_factor, "a scaling factor must be > 0",
                                "e.g. 8 (Llama 3.1) or 16 (Llama 4 Scout)"))
-    if m.sink_sliding_window < 0:
-        out.append(ConfigIssue(["model.sink_sliding_window"], m.sink_sliding_window,
-                               "keys before each query in the window: must be >= 0 (0 = no window)",
-                               "use 0, or e.g. 128 (gpt-oss)"))
     if m.add_qkv_bias and m.multi_latent_attention:
         out.append(ConfigIssue(["model.add_qkv_bias", "model.multi_latent_attention"], True,
                                "multi-latent attention's low-rank q/kv projections have no biases (megatron-core "
                                "builds them bias-free whatever add_qkv_bias says)",
                                "set model.add_qkv_bias=false for an MLA model"))
-    if m.num_experts and m.moe_first_k_dense < m.num_layers and m.moe_layer_freq < 1:
-        out.append(ConfigIssue(["model.moe_layer_freq"], m.moe_layer_freq, "every N-th layer is MoE: N must be >= 1",
-                               "use 1 (every layer) or e.g. 2 (every other layer)"))
     if m.num_experts and m.moe_first_k_dense >= m.num_layers:
         out.append(ConfigIssue(["model.moe_first_k_dense", "model.num_layers"],
                                {"moe_first_k_dense": m.moe_first_k_dense, "num_layers": m.num_layers},
