@@ -534,3 +534,17 @@ def test_a_model_with_no_known_context_length_takes_the_experiment_s(monkeypatch
     imp = import_experiment(_f("dense.yaml"), PRIMUS_ROOT)
     assert imp.model_preset == "glm_tiny" and imp.new_model["max_position_embeddings"] == 128
     assert any("the preset takes the experiment's, 128" in n for n in imp.notes), imp.notes
+
+
+def test_an_import_that_does_not_compose_says_its_idle_settings_were_kept(tmp_path, monkeypatch):
+    """Where the imported config cannot be composed here, the settings that act only under another cannot be
+    judged: they stay in the import (validation names them) and a note says so, rather than a silent skip."""
+    from primus.importer import core
+
+    def broken(framework):
+        raise ValueError("conf/ unreadable")
+
+    monkeypatch.setattr(core, "_base_config", broken)
+    imp = _import_with(tmp_path, "llama2_7b.yaml", {"fp8": None, "fp8_recipe": "delayed"})
+    assert imp.sets["precision.fp8_recipe"] == "delayed"  # not judged, so kept
+    assert any("were not left out" in n and "conf/ unreadable" in n for n in imp.notes), imp.notes

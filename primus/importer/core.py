@@ -433,8 +433,8 @@ def _base_config(framework: str):
 
 
 def _config_of(out: Imported, model_dir: str):
-    """The typed config `python train.py <this import>` composes (unvalidated), or None where it does not compose
-    (the dry run then names why)."""
+    """The typed config `python train.py <this import>` composes (unvalidated); where it does not compose, a note
+    says why and None (nothing is left out then: the dry run names what validation refuses)."""
     from omegaconf import OmegaConf
 
     from primus.config.schema import ModelConfig
@@ -448,7 +448,9 @@ def _config_of(out: Imported, model_dir: str):
     try:
         merged = OmegaConf.merge(_base_config(out.framework), {"model": model}, write.nested(out.sets))
         return OmegaConf.to_object(merged)
-    except Exception:  # noqa: BLE001 - a value the schema refuses: validation names it when the import is run
+    except Exception as e:  # noqa: BLE001 - a value the schema refuses: validation names it when the import is run
+        out.notes.append(f"settings that act only under another were not left out: the imported config does not "
+                         f"compose here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); the dry run names them")
         return None
 
 
@@ -461,8 +463,10 @@ def _drop_idle(out: Imported, view: Dict[str, Any], source: Dict[str, str], give
 
     for _ in range(3):  # dropping one setting can idle another
         cfg = _config_of(out, model_dir)
+        if cfg is None:
+            return
         dropped = False
-        for _feature, keys, need, _fix, _severity in (idle_rows(cfg) if cfg is not None else ()):
+        for _feature, keys, need, _fix, _severity in idle_rows(cfg):
             for key in keys:
                 primus_key = out.origin.get(key)
                 if key not in out.sets or primus_key not in source:  # not imported, or set by the import itself
